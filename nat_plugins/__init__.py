@@ -1,0 +1,10 @@
+"""nat-plugins: fairseq plugins for fast (non-/semi-autoregressive) NMT decoding.
+
+Importing the package (or ``--user-dir nat_plugins``) registers its task, models and criterions with
+fairseq and lets torch >= 2.6 load fairseq checkpoints (see :mod:`nat_plugins.compat`). Nothing is printed.
+"""
+
+__version__ = "0.1.0"
+
+from . import compat  # noqa: F401  (must come before anything loads a checkpoint)
+from . import criterions, models, tasks  # noqa: F401  (registration)

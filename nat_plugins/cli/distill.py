@@ -1,0 +1,174 @@
+"""Sequence-level knowledge distillation (Kim & Rush 2016): re-translate a split with the AR teacher.
+
+    python -m nat_plugins.cli.distill DATA_BIN --path teacher.pt --gen-subset train --beam 4 --max-tokens 8000
+    # shard a large corpus over machines/GPUs, then merge (the shards come back in sentence order):
+    python -m nat_plugins.cli.distill DATA_BIN --path teacher.pt --num-shards 4 --shard-id 0 --no-merge  # ... 3
+    python -m nat_plugins.cli.distill DATA_BIN --num-shards 4 --merge-only
+
+Takes fairseq-generate's options (beam, lenpen, batching, --fp16, --cpu). Each shard writes
+``{shard_dir}/{split}.kd.{tgt}.shard{I}of{N}`` (``id<TAB>subwords`` lines, written to a temporary file and
+renamed when complete). Merging checks that every sentence id is there exactly once and writes, next to
+the binarized data, ``{split}.kd.{tgt}.txt`` (subword text, one line per sentence in corpus order) and
+``{split}.kd.{tgt}.bin/.idx`` (binarized with the teacher's target dictionary), which the
+``translation_nat`` task loads (``--use-distilled target|side``).
+"""
+
+import ast
+import glob
+import logging
+import os
+
+import torch
+from fairseq import checkpoint_utils, options, tasks, utils
+from fairseq.data import indexed_dataset
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.logging import progress_bar
+
+logger = logging.getLogger("nat_plugins.cli.distill")
+
+
+def add_distill_args(parser):
+    group = parser.add_argument_group("distillation")
+    group.add_argument("--shard-dir", default=None,
+                       help="where shard outputs go (default: DATA_BIN/kd-shards)")
+    group.add_argument("--no-merge", action="store_true",
+                       help="only decode this shard; merge later with --merge-only once all shards are done")
+    group.add_argument("--merge-only", action="store_true",
+                       help="do not decode: merge the --num-shards shard files and binarize them")
+    return parser
+
+
+def shard_path(shard_dir, split, tgt, shard_id, num_shards):
+    return os.path.join(shard_dir, f"{split}.kd.{tgt}.shard{shard_id}of{num_shards}")
+
+
+def decode_shard(cfg, task, shard_file):
+    """Beam-search one shard of ``cfg.dataset.gen_subset`` with the teacher; write ``id<TAB>subwords`` lines."""
+    use_cuda = torch.cuda.is_available() and not cfg.common.cpu
+    models, saved_cfg = checkpoint_utils.load_model_ensemble(
+        utils.split_paths(cfg.common_eval.path),
+        arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides),
+        task=task,
+    )
+    for model in models:
+        if cfg.common.fp16:
+            model.half()
+        if use_cuda:
+            model.cuda()
+        model.prepare_for_inference_(cfg)
+    split = cfg.dataset.gen_subset
+    task.load_dataset(split, task_cfg=saved_cfg.task)
+    generator = task.build_generator(models, cfg.generation)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split),
+        max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models]),
+        ignore_invalid_inputs=False,  # every sentence must get a distilled target
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=cfg.common.seed,
+        num_shards=cfg.dataset.num_shards,
+        shard_id=cfg.dataset.shard_id,
+        num_workers=cfg.dataset.num_workers,
+    ).next_epoch_itr(shuffle=False)
+    progress = progress_bar.progress_bar(
+        itr, log_format=cfg.common.log_format, log_interval=cfg.common.log_interval,
+        prefix=f"distill {split} shard {cfg.dataset.shard_id + 1}/{cfg.dataset.num_shards}",
+        default_log_format="tqdm" if not cfg.common.no_progress_bar else "simple",
+    )
+    tgt_dict = task.target_dictionary
+    n_sentences = n_empty = 0
+    tmp = shard_file + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        for sample in progress:
+            sample = utils.move_to_cuda(sample) if use_cuda else sample
+            if "net_input" not in sample:
+                continue
+            hypos = task.inference_step(generator, models, sample)
+            for i, sample_id in enumerate(sample["id"].tolist()):
+                text = tgt_dict.string(hypos[i][0]["tokens"].int().cpu())
+                n_empty += text == ""
+                out.write(f"{sample_id}\t{text}\n")
+            n_sentences += len(hypos)
+    os.replace(tmp, shard_file)
+    logger.info(f"wrote {n_sentences} distilled targets to {shard_file}")
+    if n_empty:
+        logger.warning(f"{n_empty} distilled targets are empty (the teacher emitted EOS at once)")
+
+
+def merge_shards(shard_files, num_sentences, text_out, tgt_dict, bin_prefix):
+    """Merge shard files into corpus order, check coverage, write text and the binarized dataset."""
+    targets = [None] * num_sentences
+    for path in shard_files:
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                sample_id, _, text = line.rstrip("\n").partition("\t")
+                sample_id = int(sample_id)
+                if not 0 <= sample_id < num_sentences:
+                    raise ValueError(f"{path}:{line_no}: sentence id {sample_id} is outside the split (0..{num_sentences - 1})")
+                if targets[sample_id] is not None:
+                    raise ValueError(f"{path}:{line_no}: sentence {sample_id} was distilled twice (overlapping shards?)")
+                targets[sample_id] = text
+    missing = [i for i, t in enumerate(targets) if t is None]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of {num_sentences} sentences have no distilled target (first ids: {missing[:5]}); "
+            "were all shards decoded with the same --num-shards?"
+        )
+    with open(text_out, "w", encoding="utf-8") as f:
+        f.writelines(t + "\n" for t in targets)
+    builder = indexed_dataset.make_builder(bin_prefix + ".bin", impl="mmap", vocab_size=len(tgt_dict))
+    for text in targets:
+        builder.add_item(tgt_dict.encode_line(text, add_if_not_exist=False, append_eos=True).long())
+    builder.finalize(bin_prefix + ".idx")
+    logger.info(f"merged {len(shard_files)} shard(s): {text_out}, {bin_prefix}.bin/.idx")
+
+
+def main(args):
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.import_user_module(cfg.common)
+    num_shards, shard_id = cfg.dataset.num_shards, cfg.dataset.shard_id
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"--shard-id {shard_id} must be in [0, --num-shards {num_shards})")
+    if args.merge_only and args.no_merge:
+        raise ValueError("--merge-only and --no-merge exclude each other")
+    task = tasks.setup_task(cfg.task)
+    data_dir = utils.split_paths(cfg.task.data)[0]
+    split, tgt = cfg.dataset.gen_subset, task.cfg.target_lang
+    shard_dir = args.shard_dir or os.path.join(data_dir, "kd-shards")
+    os.makedirs(shard_dir, exist_ok=True)
+
+    if not args.merge_only:
+        if cfg.common_eval.path is None:
+            raise ValueError("--path TEACHER.pt is required to decode (or pass --merge-only)")
+        decode_shard(cfg, task, shard_path(shard_dir, split, tgt, shard_id, num_shards))
+        if args.no_merge:
+            return
+    shard_files = [shard_path(shard_dir, split, tgt, i, num_shards) for i in range(num_shards)]
+    absent = [p for p in shard_files if not os.path.exists(p)]
+    if absent:
+        stale = sorted(set(glob.glob(os.path.join(shard_dir, f"{split}.kd.{tgt}.shard*"))) - set(shard_files))
+        raise FileNotFoundError(
+            f"cannot merge: missing shard file(s) {absent}; decode them with --shard-id"
+            + (f" (found shards of another --num-shards: {stale})" if stale else "")
+        )
+    if split not in task.datasets:
+        task.load_dataset(split)
+    prefix = os.path.join(data_dir, f"{split}.kd.{tgt}")
+    merge_shards(shard_files, len(task.dataset(split)), prefix + ".txt", task.target_dictionary, prefix)
+
+
+def get_parser():
+    parser = options.get_generation_parser(default_task="translation")
+    parser.set_defaults(gen_subset="train")  # distillation is about the training data
+    return add_distill_args(parser)
+
+
+def cli_main(argv=None):
+    args = options.parse_args_and_arch(get_parser(), input_args=argv)
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
+    main(args)
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,92 @@
+"""Compatibility fixes applied when the plugin is imported: checkpoint loading and ``--help``.
+
+**Checkpoint loading under torch >= 2.6.**
+
+torch >= 2.6 unpickles ``torch.load`` files with ``weights_only=True`` by default, which refuses every
+fairseq checkpoint because fairseq stores its configuration as ``argparse.Namespace`` objects. On import
+this module adds the handful of plain-data classes fairseq pickles to torch's allow-list, so that
+``fairseq-train --restore-file``, ``fairseq-generate`` and ``fairseq-interactive`` load checkpoints with
+the plugin loaded and no environment variable. Nothing else becomes loadable: a checkpoint that pickles
+any other class still fails with torch's error naming that class.
+
+Checkpoints are pickles all the same: load only files you trust.
+
+**``--help`` lists the task's and model's options.** fairseq's ``parse_args_and_arch`` answers ``--help``
+before it adds the options of ``--task``/``--arch``/``--criterion``, so ``fairseq-generate --help --user-dir
+nat_plugins --task translation_nat`` would not show the task's options. :func:`help_with_component_options`
+wraps it so that help is printed after those options were added.
+"""
+
+import argparse
+import contextlib
+import functools
+import io
+import sys
+
+import numpy as np
+import torch
+from fairseq import options as fairseq_options
+
+FAIRSEQ_CHECKPOINT_GLOBALS = [
+    argparse.Namespace,  # cfg.model / cfg.task of argparse-style fairseq models
+    # numpy scalars that fairseq's metrics can leave in extra_state (e.g. a best score)
+    np.dtype,
+    np.dtypes.Float64DType,
+    np.dtypes.Float32DType,
+    np.dtypes.Int64DType,
+    np._core.multiarray.scalar,
+    (np._core.multiarray.scalar, "numpy.core.multiarray.scalar"),  # pickled under numpy < 2
+]
+
+
+def allow_fairseq_checkpoints():
+    """Add fairseq's pickled plain-data classes to torch's ``weights_only`` allow-list (torch >= 2.4)."""
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is not None:
+        add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+
+def help_with_component_options(parse_args_and_arch):
+    """Wrap fairseq's ``options.parse_args_and_arch`` so ``-h/--help`` shows task/model/criterion options."""
+
+    @functools.wraps(parse_args_and_arch)
+    def wrapper(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        argv = sys.argv[1:] if input_args is None else list(input_args)
+        if "-h" not in argv and "--help" not in argv:
+            return parse_args_and_arch(parser, input_args, parse_known, suppress_defaults, modify_parser)
+        rest = [a for a in argv if a not in ("-h", "--help")]
+        # this adds every component's options to `parser`, then stops at missing required ones (e.g. DATA)
+        with contextlib.suppress(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            parse_args_and_arch(parser, rest, parse_known=True, modify_parser=modify_parser)
+        parser.print_help()
+        parser.exit()
+
+    wrapper.nat_plugins_wrapped = True
+    return wrapper
+
+
+def plugin_checkpoint_loaded(version):
+    """Called when a checkpoint written under ``translation_nat`` is unpickled.
+
+    Unpickling it imports ``nat_plugins``, which registers the plugin's models, so a plugin model loaded
+    by a fairseq command run without ``--user-dir nat_plugins`` reaches its own check (see
+    :class:`nat_plugins.models.plugin_model.NATPluginModel`) and fails with a message saying what to add,
+    rather than an opaque registry error — or a silent decode with the wrong generator.
+    """
+    return {"version": version}
+
+
+class PluginCheckpointMarker:
+    """Stored in the task state of every ``translation_nat`` checkpoint (see :func:`plugin_checkpoint_loaded`)."""
+
+    def __reduce__(self):
+        from . import __version__
+
+        return plugin_checkpoint_loaded, (__version__,)
+
+
+FAIRSEQ_CHECKPOINT_GLOBALS.append(plugin_checkpoint_loaded)
+allow_fairseq_checkpoints()
+if not getattr(fairseq_options.parse_args_and_arch, "nat_plugins_wrapped", False):
+    fairseq_options.parse_args_and_arch = help_with_component_options(fairseq_options.parse_args_and_arch)

@@ -1,0 +1,1 @@
+"""Training objectives, one file per criterion (registered with fairseq on import)."""

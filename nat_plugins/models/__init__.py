@@ -1,0 +1,1 @@
+"""Plugin models, one file per system (registered with fairseq on import)."""

@@ -1,0 +1,246 @@
+"""Task ``translation_nat``: fairseq's ``translation`` plus the side inputs and generators of nat_plugins.
+
+One task serves every plugin model (DESIGN.md §2). On top of :class:`fairseq.tasks.translation.TranslationTask`
+it
+
+* loads optional per-split side files from the data directory:
+
+  - ``{split}.fert.{src}``: text, one line per sentence, one non-negative integer per source subword
+    (the appended EOS excluded), summing to the length of the target it goes with (without EOS) —
+    the distilled target when one is loaded for the split, else the real one; batches carry it as
+    ``sample["fertility"]`` (B x S, aligned with ``src_tokens``, 0 on padding and EOS);
+  - ``{split}.kd.{tgt}.{bin,idx}``: sequence-level distilled targets binarized with the target
+    dictionary (written by ``nat_plugins.cli.distill``). ``--use-distilled target`` trains on them
+    instead of the real targets (training split only: validation BLEU keeps the real references);
+    ``--use-distilled side`` keeps the real targets and adds ``sample["kd_target"]`` (Encoder-NAD-AD);
+
+* checks the side files a model or criterion declares it needs (``required_side_inputs``) and fails
+  with an error naming the missing or inconsistent file;
+* builds the generator the model declares (``model.make_generator(task, models, gen_args)``) in
+  :meth:`build_generator`, falling back to fairseq's ``SequenceGenerator`` for plain AR models such as
+  the teacher. ``--eval-bleu`` goes through the same method, so every plugin model is validated with its
+  own decoder.
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import utils
+from fairseq.data import BaseWrapperDataset, LanguagePairDataset, data_utils
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from ..compat import PluginCheckpointMarker
+
+logger = logging.getLogger(__name__)
+
+SIDE_INPUTS = ("fertility", "kd_target")
+DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
+
+
+class SideFileError(ValueError):
+    """A side file (fertilities, distilled targets) is missing or disagrees with the data."""
+
+
+@dataclass
+class TranslationNATConfig(TranslationConfig):
+    use_distilled: DISTILLED_MODES = field(
+        default="none",
+        metadata={
+            "help": "sequence-level distilled targets ({split}.kd.{tgt}.bin/.idx, made by nat_plugins.cli.distill): "
+            "'none' trains on the real targets; 'target' replaces the targets of the training split (validation "
+            "keeps real references); 'side' keeps the real targets and adds sample['kd_target'] (Encoder-NAD-AD)"
+        },
+    )
+
+
+def side_file_paths(data_path, split, src, tgt):
+    """Where the side files of ``split`` live: {"fertility": text file, "kd_target": indexed-dataset prefix}."""
+    return {
+        "fertility": os.path.join(data_path, f"{split}.fert.{src}"),
+        "kd_target": os.path.join(data_path, f"{split}.kd.{tgt}"),
+    }
+
+
+def read_fertility_file(path, src_sizes, tgt_sizes):
+    """Read ``{split}.fert.{src}`` and check it line by line against the binarized data.
+
+    ``src_sizes``/``tgt_sizes`` are the dataset's token counts *including* the EOS fairseq appends, so a
+    line must hold ``src_sizes[i] - 1`` integers summing to ``tgt_sizes[i] - 1``.
+    """
+    fertilities = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if i >= len(src_sizes):
+                raise SideFileError(f"{path} has more lines than the {len(src_sizes)} sentences of its split")
+            fields = line.split()
+            try:
+                values = [int(v) for v in fields]
+            except ValueError:
+                raise SideFileError(f"{path}:{i + 1}: fertilities must be integers, got {line.strip()!r}") from None
+            if any(v < 0 for v in values):
+                raise SideFileError(f"{path}:{i + 1}: fertilities must be >= 0")
+            if len(values) != src_sizes[i] - 1:
+                raise SideFileError(
+                    f"{path}:{i + 1}: {len(values)} fertilities for a source of {src_sizes[i] - 1} subwords "
+                    "(one per source subword, EOS excluded); was the file made from this data?"
+                )
+            if sum(values) != tgt_sizes[i] - 1:
+                raise SideFileError(
+                    f"{path}:{i + 1}: fertilities sum to {sum(values)} but the target has {tgt_sizes[i] - 1} "
+                    "subwords (EOS excluded); fertilities must be computed on the target the model is trained on"
+                )
+            fertilities.append(torch.tensor(values, dtype=torch.long))
+    if len(fertilities) != len(src_sizes):
+        raise SideFileError(f"{path} has {len(fertilities)} lines but its split has {len(src_sizes)} sentences")
+    return fertilities
+
+
+def load_distilled_targets(prefix, dictionary, num_sentences, split, required):
+    """Load ``{prefix}.bin/.idx``; None when absent and not ``required``; an error naming it otherwise."""
+    if not os.path.exists(prefix + ".idx"):
+        if not required:
+            return None
+        raise SideFileError(
+            f"--use-distilled target needs {prefix}.bin/.idx: run `python -m nat_plugins.cli.distill` "
+            "(run_scripts/distill.sh) with the AR teacher on this data-bin first"
+        )
+    kd = data_utils.load_indexed_dataset(prefix, dictionary)
+    if kd is None or len(kd) != num_sentences:
+        raise SideFileError(
+            f"{prefix}.bin/.idx holds {0 if kd is None else len(kd)} sentences but split '{split}' has "
+            f"{num_sentences}: it was distilled from other data; re-run nat_plugins.cli.distill on this data-bin"
+        )
+    return kd
+
+
+class SideInputDataset(BaseWrapperDataset):
+    """A :class:`LanguagePairDataset` whose batches also carry fertilities and/or distilled targets."""
+
+    def __init__(self, pair, fertility=None, kd_target=None):
+        super().__init__(pair)
+        self.fertility = fertility
+        self.kd_target = kd_target
+
+    def __getitem__(self, index):
+        item = self.dataset[index]
+        if self.fertility is not None:
+            item["fertility"] = self.fertility[index]
+        if self.kd_target is not None:
+            item["kd_target"] = self.kd_target[index]
+        return item
+
+    def collater(self, samples):
+        batch = self.dataset.collater(samples)
+        if len(samples) == 0 or "id" not in batch:
+            return batch
+        by_id = {s["id"]: s for s in samples}
+        ordered = [by_id[i] for i in batch["id"].tolist()]  # the pair collater sorts by source length
+        pair = self.dataset
+        if self.fertility is not None:
+            # pad like the source and give EOS fertility 0, so fertility[b, j] belongs to src_tokens[b, j]
+            fert = [torch.cat([s["fertility"], s["fertility"].new_zeros(1)]) for s in ordered]
+            batch["fertility"] = data_utils.collate_tokens(fert, 0, left_pad=pair.left_pad_source)
+        if self.kd_target is not None:
+            kd = [s["kd_target"] for s in ordered]
+            batch["kd_target"] = data_utils.collate_tokens(kd, pair.tgt_dict.pad(), left_pad=pair.left_pad_target)
+            batch["kd_ntokens"] = sum(len(t) for t in kd)
+        return batch
+
+
+@register_task("translation_nat", dataclass=TranslationNATConfig)
+class TranslationNATTask(TranslationTask):
+    """fairseq's translation task with side files and model-declared generators (see module docstring)."""
+
+    cfg: TranslationNATConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.required_side_inputs = set()
+
+    # ----- data -------------------------------------------------------------------------------------
+    def side_file_paths(self, split, epoch=1):
+        """Side files of ``split`` sit next to its binarized data (same directory choice as fairseq's)."""
+        paths = utils.split_paths(self.cfg.data)
+        if split != self.cfg.train_subset:
+            paths = paths[:1]
+        return side_file_paths(paths[(epoch - 1) % len(paths)], split, self.cfg.source_lang, self.cfg.target_lang)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
+        pair = self.datasets[split]
+        paths = self.side_file_paths(split, epoch)
+
+        replace_targets = self.cfg.use_distilled == "target" and split == self.cfg.train_subset
+        kd = None
+        if replace_targets or self.cfg.use_distilled == "side":
+            kd = load_distilled_targets(paths["kd_target"], self.tgt_dict, len(pair), split, required=replace_targets)
+        if replace_targets:
+            pair = LanguagePairDataset(
+                pair.src, pair.src_sizes, pair.src_dict, kd, kd.sizes, pair.tgt_dict,
+                left_pad_source=pair.left_pad_source, left_pad_target=pair.left_pad_target,
+                shuffle=pair.shuffle, pad_to_multiple=self.cfg.required_seq_len_multiple,
+            )
+            logger.info(f"{split}: training on the distilled targets {paths['kd_target']}")
+            kd = None  # the targets *are* the distilled ones now
+
+        fertility = None
+        if os.path.exists(paths["fertility"]):
+            fertility_tgt_sizes = kd.sizes if kd is not None else pair.tgt_sizes
+            fertility = read_fertility_file(paths["fertility"], pair.src_sizes, fertility_tgt_sizes)
+
+        self.datasets[split] = SideInputDataset(pair, fertility=fertility, kd_target=kd)
+        self.check_side_inputs(split)
+
+    def check_side_inputs(self, split):
+        """Fail early, naming the file, when a loaded split lacks a side input the model/criterion needs."""
+        dataset = self.datasets.get(split)
+        if not isinstance(dataset, SideInputDataset):
+            return
+        paths = self.side_file_paths(split)
+        for name in sorted(self.required_side_inputs):
+            if getattr(dataset, name) is None:
+                how = {
+                    "fertility": "make it with the fertility pipeline (word alignment -> fertilities)",
+                    "kd_target": "make it with nat_plugins.cli.distill and pass --use-distilled side",
+                }[name]
+                suffix = ".bin/.idx" if name == "kd_target" else ""
+                raise SideFileError(f"split '{split}' needs {paths[name]}{suffix} ({name}), which is missing: {how}")
+
+    def require_side_inputs(self, names, who):
+        """Record side inputs a model/criterion needs and check the splits already loaded."""
+        unknown = set(names) - set(SIDE_INPUTS)
+        if unknown:
+            raise ValueError(f"{who} asks for unknown side inputs {sorted(unknown)}; known: {SIDE_INPUTS}")
+        self.required_side_inputs |= set(names)
+        for split in list(self.datasets):
+            self.check_side_inputs(split)
+
+    def state_dict(self):
+        """Task state plus a marker whose unpickling imports nat_plugins (see ``compat.plugin_checkpoint_loaded``)."""
+        return {**super().state_dict(), "nat_plugins": PluginCheckpointMarker()}
+
+    # ----- models, criterions, generators ----------------------------------------------------------
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        if not from_checkpoint:
+            self.require_side_inputs(getattr(model, "required_side_inputs", ()), type(model).__name__)
+        return model
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        criterion = super().build_criterion(cfg, from_checkpoint)
+        self.require_side_inputs(getattr(criterion, "required_side_inputs", ()), type(criterion).__name__)
+        return criterion
+
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        """The generator the model declares via ``make_generator``; fairseq's otherwise (AR teachers)."""
+        make_generator = getattr(models[0], "make_generator", None)
+        if make_generator is None:
+            return super().build_generator(
+                models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
+            )
+        return make_generator(self, models, args)
+

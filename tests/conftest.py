@@ -1,0 +1,47 @@
+import os
+
+import pytest
+
+import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
+
+from .utils import MULTI30K_DIR, TINY_TRANSFORMER, binarize, train_model, write_dummy_parallel
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: end-to-end pipeline runs (minutes); deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped here with the reason)")
+
+
+@pytest.fixture(autouse=True)
+def no_torch_load_escape_hatch(monkeypatch):
+    """Checkpoint loading must work without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (the plugin fixes it)."""
+    monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
+
+
+@pytest.fixture(scope="session")
+def dummy_raw(tmp_path_factory):
+    return write_dummy_parallel(str(tmp_path_factory.mktemp("raw")))
+
+
+@pytest.fixture(scope="session")
+def dummy_data_bin(dummy_raw, tmp_path_factory):
+    return binarize(dummy_raw, str(tmp_path_factory.mktemp("data-bin")))
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher(dummy_data_bin, tmp_path_factory):
+    """A tiny AR Transformer trained under translation_nat with --eval-bleu checkpoint selection."""
+    save_dir = str(tmp_path_factory.mktemp("teacher"))
+    train_model(dummy_data_bin, save_dir, TINY_TRANSFORMER + [
+        "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--best-checkpoint-metric", "bleu",
+        "--maximize-best-checkpoint-metric",
+    ], max_update=60)
+    return os.path.join(save_dir, "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir():
+    if not os.path.exists(os.path.join(MULTI30K_DIR, "train.en")):
+        pytest.skip(f"Multi30k raw data not found at {MULTI30K_DIR} (set MULTI30K_DIR)")
+    return MULTI30K_DIR

@@ -1,0 +1,209 @@
+"""translation_nat: side-file loading and its errors, batch alignment, generator dispatch, the task check."""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq.models.transformer import TransformerModel
+from fairseq.utils import strip_pad
+from fairseq.sequence_generator import SequenceGenerator
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from nat_plugins.cli.distill import merge_shards
+from nat_plugins.models.plugin_model import NATPluginModel
+from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
+
+from .utils import REPO_ROOT, USER_DIR
+
+
+@pytest.fixture
+def data_bin(dummy_data_bin, tmp_path):
+    """A private copy of the dummy data-bin that a test may add side files to."""
+    return shutil.copytree(dummy_data_bin, str(tmp_path / "bin"))
+
+
+def make_task(data_bin, **overrides):
+    cfg = TranslationNATConfig(data=data_bin, source_lang="src", target_lang="tgt", train_subset="train",
+                               dataset_impl=None, required_seq_len_multiple=1, **overrides)
+    return TranslationNATTask.setup_task(cfg)
+
+
+def raw_lines(task, split, side):
+    pair = getattr(task.dataset(split), "dataset", task.dataset(split))
+    dictionary = task.src_dict if side == "src" else task.tgt_dict
+    data = pair.src if side == "src" else pair.tgt
+    return [dictionary.string(data[i]) for i in range(len(pair))]
+
+
+def write_fertility(data_bin, split, rows):
+    with open(os.path.join(data_bin, f"{split}.fert.src"), "w") as f:
+        f.writelines(" ".join(str(v) for v in row) + "\n" for row in rows)
+
+
+def write_distilled(task, data_bin, split, lines):
+    shard = os.path.join(data_bin, "shard")
+    with open(shard, "w") as f:
+        f.writelines(f"{i}\t{line}\n" for i, line in enumerate(lines))
+    prefix = os.path.join(data_bin, f"{split}.kd.tgt")
+    merge_shards([shard], len(lines), prefix + ".txt", task.tgt_dict, prefix)
+
+
+def reversed_targets(task, split):
+    return [" ".join(reversed(line.split())) for line in raw_lines(task, split, "tgt")]
+
+
+# ----- registration, import, checkpoint loading ---------------------------------------------------------
+def test_import_registers_task_and_prints_nothing():
+    code = "import nat_plugins\nfrom fairseq.tasks import TASK_REGISTRY\nassert 'translation_nat' in TASK_REGISTRY"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "" and run.stderr == ""
+
+
+def test_fairseq_generate_help_lists_task_options():
+    run = subprocess.run(["fairseq-generate", "--help", "--user-dir", USER_DIR, "--task", "translation_nat"],
+                         capture_output=True, text=True, cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "--use-distilled" in run.stdout
+
+
+def test_torch_load_accepts_fairseq_globals_but_nothing_else(tmp_path):
+    path = str(tmp_path / "ck.pt")
+    torch.save({"cfg": {"model": argparse.Namespace(arch="transformer")}}, path)
+    assert torch.load(path)["cfg"]["model"].arch == "transformer"  # default weights_only=True
+    torch.save({"x": subprocess.CompletedProcess(args=[], returncode=0)}, path)
+    with pytest.raises(Exception, match="CompletedProcess"):
+        torch.load(path)
+
+
+# ----- fertility side files -----------------------------------------------------------------------------
+def test_fertility_batches_align_with_left_padded_source(data_bin):
+    task = make_task(data_bin)
+    task.load_dataset("valid")
+    n_src = [len(line.split()) for line in raw_lines(task, "valid", "src")]
+    # dummy targets are word-by-word translations: fertility 1 everywhere, except a 2/0 swap on long sentences
+    rows = [[2, 0] + [1] * (n - 2) if n > 2 else [1] * n for n in n_src]
+    write_fertility(data_bin, "valid", rows)
+    task = make_task(data_bin)
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    batch = dataset.collater([dataset[i] for i in range(8)])
+    src, fert = batch["net_input"]["src_tokens"], batch["fertility"]
+    assert fert.shape == src.shape
+    pad, eos = task.src_dict.pad(), task.src_dict.eos()
+    for b, sample_id in enumerate(batch["id"].tolist()):
+        real = (src[b] != pad) & (src[b] != eos)
+        assert fert[b][real].tolist() == rows[sample_id]  # same order as the source tokens
+        assert fert[b][~real].eq(0).all()  # padding and EOS get 0
+        assert fert[b].sum() == (batch["target"][b] != pad).sum() - 1  # sums to target length w/o EOS
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda rows: [r + [1] for r in rows], "fertilities for a source of"),
+    (lambda rows: [[r[0] + 1] + r[1:] for r in rows], "fertilities sum to"),
+    (lambda rows: rows[:-1], "has 39 lines but its split has 40"),
+    (lambda rows: rows + [[1]], "has more lines than"),
+    (lambda rows: [["x"] + r[1:] for r in rows], "must be integers"),
+    (lambda rows: [[-1, 2] + r[2:] if len(r) > 1 else r for r in rows], "must be >= 0"),
+])
+def test_bad_fertility_file_is_named_in_the_error(data_bin, mutate, message):
+    task = make_task(data_bin)
+    task.load_dataset("valid")
+    rows = [[1] * len(line.split()) for line in raw_lines(task, "valid", "src")]
+    write_fertility(data_bin, "valid", mutate(rows))
+    with pytest.raises(SideFileError, match=message) as error:
+        make_task(data_bin).load_dataset("valid")
+    assert "valid.fert.src" in str(error.value)
+
+
+def test_required_fertility_missing_is_reported_with_its_path(data_bin):
+    task = make_task(data_bin)
+    task.load_dataset("valid")
+    with pytest.raises(SideFileError, match=r"valid\.fert\.src.*missing"):
+        task.require_side_inputs(["fertility"], "SomeNATModel")
+    with pytest.raises(ValueError, match="unknown side inputs"):
+        task.require_side_inputs(["alignment"], "SomeNATModel")
+
+
+# ----- distilled targets -------------------------------------------------------------------------------
+def test_use_distilled_target_replaces_training_targets_only(data_bin):
+    task = make_task(data_bin)
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    write_distilled(task, data_bin, "train", reversed_targets(task, "train"))
+    write_distilled(task, data_bin, "valid", reversed_targets(task, "valid"))
+    real_valid = raw_lines(task, "valid", "tgt")
+
+    task = make_task(data_bin, use_distilled="target")
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    train_targets = raw_lines(task, "train", "tgt")
+    plain = make_task(data_bin)
+    plain.load_dataset("train")
+    assert train_targets == [" ".join(reversed(t.split())) for t in raw_lines(plain, "train", "tgt")]
+    assert raw_lines(task, "valid", "tgt") == real_valid  # validation BLEU keeps real references
+    assert "kd_target" not in task.dataset("train").collater([task.dataset("train")[0]])
+
+
+def test_use_distilled_side_adds_kd_target_in_batch_order(data_bin):
+    task = make_task(data_bin)
+    task.load_dataset("train")
+    kd_lines = reversed_targets(task, "train")
+    write_distilled(task, data_bin, "train", kd_lines)
+    task = make_task(data_bin, use_distilled="side")
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    batch = dataset.collater([dataset[i] for i in range(10)])
+    real = raw_lines(task, "train", "tgt")
+    for b, sample_id in enumerate(batch["id"].tolist()):
+        pad = task.tgt_dict.pad()
+        assert task.tgt_dict.string(strip_pad(batch["kd_target"][b], pad)) == kd_lines[sample_id]
+        assert task.tgt_dict.string(strip_pad(batch["target"][b], pad)) == real[sample_id]
+    assert batch["kd_ntokens"] == sum(len(line.split()) + 1 for line in (kd_lines[i] for i in batch["id"].tolist()))
+
+
+def test_distilled_target_errors_name_the_file(data_bin):
+    with pytest.raises(SideFileError, match=r"train\.kd\.tgt\.bin/\.idx.*nat_plugins\.cli\.distill"):
+        make_task(data_bin, use_distilled="target").load_dataset("train")
+    task = make_task(data_bin)
+    task.load_dataset("valid")
+    write_distilled(task, data_bin, "train", raw_lines(task, "valid", "tgt"))  # valid's 40 lines for train's 300
+    with pytest.raises(SideFileError, match="holds 40 sentences but split 'train' has 300"):
+        make_task(data_bin, use_distilled="side").load_dataset("train")
+
+
+# ----- models and generators ---------------------------------------------------------------------------
+class _GeneratorDeclaringModel(NATPluginModel, TransformerModel):
+    def make_generator(self, task, models, gen_args):
+        return ("declared generator", task, gen_args.beam)
+
+
+def test_build_generator_uses_the_models_generator_else_fairseqs(data_bin):
+    task = make_task(data_bin)
+    model = TransformerModel.build_model(tiny_transformer_args(), task)
+    assert isinstance(task.build_generator([model], argparse.Namespace(beam=2)), SequenceGenerator)
+    plugin_model = _GeneratorDeclaringModel.build_model(tiny_transformer_args(), task)
+    assert task.build_generator([plugin_model], argparse.Namespace(beam=3)) == ("declared generator", task, 3)
+
+
+def test_plugin_model_refuses_other_tasks(data_bin):
+    translation = TranslationTask.setup_task(TranslationConfig(data=data_bin, source_lang="src", target_lang="tgt"))
+    with pytest.raises(ValueError, match="--user-dir nat_plugins --task translation_nat"):
+        _GeneratorDeclaringModel.build_model(tiny_transformer_args(), translation)
+
+
+def tiny_transformer_args():
+    from fairseq.models.transformer import base_architecture
+
+    args = argparse.Namespace(
+        encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16,
+        encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+        share_all_embeddings=True, max_source_positions=64, max_target_positions=64,
+    )
+    base_architecture(args)
+    return args
+

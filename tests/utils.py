@@ -1,0 +1,99 @@
+"""In-process fairseq helpers for the tests (after fairseq's own ``tests/utils.py``): dummy data, binarize,
+train, generate, interactive — each a call of the fairseq CLI's ``main`` with parsed arguments, so a test
+pays fairseq's ~5 s import once per session instead of once per command."""
+
+import contextlib
+import io
+import os
+import random
+
+from fairseq import options
+from fairseq_cli import generate, interactive, preprocess, train
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(REPO_ROOT, "nat_plugins")
+MULTI30K_DIR = os.environ.get("MULTI30K_DIR") or os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k")
+
+TINY_TRANSFORMER = [
+    "--arch", "transformer", "--share-all-embeddings",
+    "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+
+
+def write_dummy_parallel(raw_dir, n_train=300, n_valid=40, n_test=40, seed=0):
+    """A learnable toy language pair: each source word ``sN`` maps to target word ``tN``, order kept.
+
+    Returns the raw directory holding ``{train,valid,test}.{src,tgt}`` (word-level, no subwords)."""
+    rng = random.Random(seed)
+    os.makedirs(raw_dir, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        src_lines, tgt_lines = [], []
+        for _ in range(n):
+            words = [rng.randrange(24) for _ in range(rng.randint(2, 10))]
+            src_lines.append(" ".join(f"s{w}" for w in words))
+            tgt_lines.append(" ".join(f"t{w}" for w in words))
+        for lang, lines in (("src", src_lines), ("tgt", tgt_lines)):
+            with open(os.path.join(raw_dir, f"{split}.{lang}"), "w") as f:
+                f.writelines(line + "\n" for line in lines)
+    return raw_dir
+
+
+def binarize(raw_dir, dest_dir, src="src", tgt="tgt"):
+    parser = options.get_preprocessing_parser()
+    args = parser.parse_args([
+        "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", os.path.join(raw_dir, "train"), "--validpref", os.path.join(raw_dir, "valid"),
+        "--testpref", os.path.join(raw_dir, "test"), "--destdir", dest_dir, "--joined-dictionary", "--workers", "1",
+    ])
+    preprocess.main(args)
+    return dest_dir
+
+
+def train_model(data_bin, save_dir, extra_args, max_update=20):
+    """``fairseq-train`` in-process on CPU with the plugin loaded."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir, "--cpu", "--num-workers", "0",
+        "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", str(max_update),
+        "--no-progress-bar", "--log-interval", "10", "--no-epoch-checkpoints", "--seed", "1",
+    ] + list(extra_args))
+    train.main(args)
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+def generate_lines(data_bin, checkpoint, extra_args=()):
+    """``fairseq-generate`` in-process; returns the lines it printed."""
+    parser = options.get_generation_parser()
+    args = options.parse_args_and_arch(parser, [
+        data_bin, "--path", checkpoint, "--user-dir", USER_DIR, "--cpu", "--batch-size", "16",
+        "--num-workers", "0", "--no-progress-bar",
+    ] + list(extra_args))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        generate.main(args)
+    return out.getvalue().splitlines()
+
+
+def interactive_lines(data_bin, checkpoint, input_file, extra_args=()):
+    """``fairseq-interactive`` in-process reading ``input_file``; returns the lines it printed."""
+    parser = options.get_interactive_generation_parser()
+    args = options.parse_args_and_arch(parser, [
+        data_bin, "--path", checkpoint, "--user-dir", USER_DIR, "--cpu", "--input", input_file,
+    ] + list(extra_args))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        interactive.main(args)
+    return out.getvalue().splitlines()
+
+
+def hypotheses(lines, prefix="H-"):
+    """``{sentence id: hypothesis}`` from fairseq-generate/-interactive output lines."""
+    result = {}
+    for line in lines:
+        if line.startswith(prefix):
+            key, _score, text = line.split("\t", 2)
+            result[int(key[len(prefix):])] = text
+    return result
