@@ -29,13 +29,14 @@ from fairseq import options as fairseq_options
 
 FAIRSEQ_CHECKPOINT_GLOBALS = [
     argparse.Namespace,  # cfg.model / cfg.task of argparse-style fairseq models
-    # numpy scalars that fairseq's metrics can leave in extra_state (e.g. a best score)
+    # numpy scalars and arrays that fairseq's metrics leave in extra_state (best score, --eval-bleu counts)
     np.dtype,
-    np.dtypes.Float64DType,
-    np.dtypes.Float32DType,
-    np.dtypes.Int64DType,
+    np.ndarray,
+    *[cls for cls in vars(np.dtypes).values() if isinstance(cls, type) and issubclass(cls, np.dtype)],
     np._core.multiarray.scalar,
+    np._core.multiarray._reconstruct,
     (np._core.multiarray.scalar, "numpy.core.multiarray.scalar"),  # pickled under numpy < 2
+    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
 ]
 
 
@@ -44,7 +45,6 @@ def allow_fairseq_checkpoints():
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:
         add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
-
 
 
 def help_with_component_options(parse_args_and_arch):

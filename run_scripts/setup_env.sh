@@ -2,7 +2,7 @@
 # Idempotent set-up of ./.venv (git-ignored) for nat-plugins, in the order DESIGN.md §3 verified:
 #   torch (an already installed torch is kept; otherwise torch==2.13.0) -> build prerequisites ->
 #   fairseq-fixed==0.12.3.1 (--no-build-isolation --no-deps) -> fairseq's runtime deps (no torchaudio)
-#   -> sentencepiece, sacrebleu, matplotlib, pytest -> this package (editable).
+#   -> sentencepiece, sacrebleu, matplotlib, pytest, tensorboardX (fairseq logs a hint at import without it) -> this package (editable).
 # A second run only checks a stamp and returns in seconds. Set NAT_VENV to use another location,
 # NAT_SETUP_EXTRAS="eflomal fastbpe" to add the optional tools.
 set -euo pipefail
@@ -55,7 +55,7 @@ fi
 
 log "fairseq's runtime dependencies (without torchaudio) and the project's tools"
 "${PIP[@]}" cffi hydra-core==1.3.2 omegaconf==2.3.0 regex sacrebleu==2.6.* tqdm bitarray scikit-learn packaging \
-  sentencepiece matplotlib pytest
+  tensorboardX sentencepiece matplotlib pytest
 
 for extra in $EXTRAS; do
   case $extra in

@@ -14,12 +14,21 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO_ROOT, "nat_plugins")
 MULTI30K_DIR = os.environ.get("MULTI30K_DIR") or os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k")
 
+TINY_TEACHER_UPDATES = 150  # enough for the toy task: validation BLEU ~48
 TINY_TRANSFORMER = [
     "--arch", "transformer", "--share-all-embeddings",
     "--encoder-layers", "1", "--decoder-layers", "1",
     "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]
+
+
+# the tiny teacher of tests/conftest.py: AR Transformer under translation_nat, checkpoints selected by BLEU
+TINY_TEACHER_ARGS = TINY_TRANSFORMER + [
+    "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--best-checkpoint-metric", "bleu",
+    "--maximize-best-checkpoint-metric", "--lr", "0.005",
 ]
 
 

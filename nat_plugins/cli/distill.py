@@ -65,7 +65,7 @@ def decode_shard(cfg, task, shard_file):
         max_sentences=cfg.dataset.batch_size,
         max_positions=utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models]),
         ignore_invalid_inputs=False,  # every sentence must get a distilled target
-        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        required_batch_size_multiple=1,  # >1 makes fairseq drop a last partial batch, i.e. sentences
         seed=cfg.common.seed,
         num_shards=cfg.dataset.num_shards,
         shard_id=cfg.dataset.shard_id,

@@ -1,6 +1,12 @@
-"""What every nat_plugins model shares: the task check and the hooks ``translation_nat`` calls."""
+"""What every nat_plugins model shares: the task check, AR initialisation and the hooks ``translation_nat`` calls."""
+
+import logging
+
+from fairseq import checkpoint_utils
 
 from ..tasks.translation_nat import TranslationNATTask
+
+logger = logging.getLogger(__name__)
 
 
 class NATPluginModel:
@@ -12,6 +18,10 @@ class NATPluginModel:
     * ``make_generator(task, models, gen_args)`` returns the model's decoder (called by
       ``TranslationNATTask.build_generator``, hence by fairseq-generate/-interactive and ``--eval-bleu``).
     * ``required_side_inputs`` names the side files training needs ("fertility", "kd_target").
+    * ``init_from_ar(path)`` copies the matching parameters of an AR Transformer checkpoint; the task calls it
+      for a freshly built model when the model's args have ``init_from_ar`` set (never when a checkpoint is
+      loaded, so ``fairseq-generate`` does not need the teacher file). ``ar_parameter_name`` maps a name of
+      this model to the AR checkpoint's name (identity by default; ``None`` = never initialise it).
     """
 
     required_side_inputs = ()
@@ -28,3 +38,34 @@ class NATPluginModel:
 
     def make_generator(self, task, models, gen_args):
         raise NotImplementedError(f"{type(self).__name__} must return its generator from make_generator()")
+
+    def ar_parameter_name(self, name):
+        return name
+
+    def init_from_ar(self, path):
+        """Copy every parameter whose (mapped) name and shape match the AR checkpoint at ``path``; returns the
+        names loaded. Logs what was loaded, what had another shape and what stayed randomly initialised."""
+        try:
+            ar_state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"--init-from-ar: AR checkpoint {path!r} does not exist") from err
+        own_state = self.state_dict()
+        loaded, wrong_shape = {}, []
+        for name, tensor in own_state.items():
+            ar_name = self.ar_parameter_name(name)
+            if ar_name is None or ar_name not in ar_state:
+                continue
+            if ar_state[ar_name].shape != tensor.shape:
+                wrong_shape.append(name)
+                continue
+            loaded[name] = ar_state[ar_name].to(tensor.dtype)
+        if not loaded:
+            raise ValueError(f"--init-from-ar {path!r}: no parameter of {type(self).__name__} matches that checkpoint")
+        self.load_state_dict(loaded, strict=False)
+        left = sorted(set(own_state) - set(loaded) - set(wrong_shape))
+        logger.info(f"initialised {len(loaded)}/{len(own_state)} tensors of {type(self).__name__} from {path}")
+        if wrong_shape:
+            logger.info(f"kept random (other shape in the AR checkpoint): {', '.join(wrong_shape)}")
+        if left:
+            logger.info(f"kept random (not in the AR checkpoint): {', '.join(left)}")
+        return sorted(loaded)

@@ -55,6 +55,15 @@ class TranslationNATConfig(TranslationConfig):
             "keeps real references); 'side' keeps the real targets and adds sample['kd_target'] (Encoder-NAD-AD)"
         },
     )
+    # blockwise parallel decoding (blockwise_transformer, Stern et al. 2018): verify-accept options
+    block_accept: str = field(
+        default="exact",
+        metadata={"help": "blockwise: accept a proposal if it is p1's argmax ('exact': output = greedy decoding of "
+                  "head 1) or among p1's top M ('topk:M')"},
+    )
+    min_block_size: int = field(
+        default=1, metadata={"help": "blockwise: accept at least this many proposals per step (1..--block-size)"}
+    )
 
 
 def side_file_paths(data_path, split, src, tgt):
@@ -223,11 +232,27 @@ class TranslationNATTask(TranslationTask):
         """Task state plus a marker whose unpickling imports nat_plugins (see ``compat.plugin_checkpoint_loaded``)."""
         return {**super().state_dict(), "nat_plugins": PluginCheckpointMarker()}
 
+    def get_batch_iterator(self, dataset, *args, required_batch_size_multiple=1, **kwargs):
+        """fairseq's iterator, except that no split but the training one loses sentences.
+
+        fairseq 0.12's ``data_utils.batch_by_size`` drops the last batch when its size is not a multiple of
+        ``--required-batch-size-multiple`` (default 8), so ``fairseq-generate`` and ``--eval-bleu``
+        validation would silently skip up to 7 of the longest sentences. Here the multiple is 1 off the
+        training split."""
+        if dataset is not self.datasets.get(self.cfg.train_subset):
+            required_batch_size_multiple = 1
+        return super().get_batch_iterator(
+            dataset, *args, required_batch_size_multiple=required_batch_size_multiple, **kwargs
+        )
+
     # ----- models, criterions, generators ----------------------------------------------------------
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         if not from_checkpoint:
             self.require_side_inputs(getattr(model, "required_side_inputs", ()), type(model).__name__)
+            init_path = getattr(cfg, "init_from_ar", None)
+            if init_path:
+                model.init_from_ar(init_path)
         return model
 
     def build_criterion(self, cfg, from_checkpoint=False):

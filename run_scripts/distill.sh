@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sequence-level distillation: the teacher's beam-4 translations of the training set, binarized next to the
+# data (DATA_BIN/train.kd.TGT.{txt,bin,idx}) for --use-distilled target|side. Shard with
+# --num-shards N --shard-id I --no-merge on N machines, then run once more with --merge-only.
+#   [PRESET=cpu|gpu] bash run_scripts/distill.sh DATA_BIN TEACHER_CKPT [extra options of nat_plugins.cli.distill]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+DATA_BIN=${1:?usage: distill.sh DATA_BIN TEACHER_CKPT [options]}
+TEACHER=${2:?usage: distill.sh DATA_BIN TEACHER_CKPT [options]}
+shift 2
+exec python -m nat_plugins.cli.distill "$DATA_BIN" --path "$TEACHER" --user-dir "$USER_DIR" "${DEVICE_ARGS[@]}" \
+  --gen-subset train --beam 4 --max-tokens "${DISTILL_MAX_TOKENS:-8000}" "$@"

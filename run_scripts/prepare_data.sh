@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Raw parallel text -> joint sentencepiece (8k) -> fairseq data-bin (joined dictionary).
+#   bash run_scripts/prepare_data.sh OUT_DIR [--raw-dir DIR] [-s en -t de] [--vocab-size 8000] ...
+# Raw files: --raw-dir, else $MULTI30K_DIR, else ../shared/data/multi30k, else the public Multi30k download.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+OUT=${1:?usage: prepare_data.sh OUT_DIR [options of python -m nat_plugins.cli.prepare_data]}
+shift
+exec python -m nat_plugins.cli.prepare_data --out-dir "$OUT" "$@"

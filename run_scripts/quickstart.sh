@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The main job of the README, on Multi30k en->de: set-up, data, AR teacher, sequence-level distillation,
+# every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
+#   bash run_scripts/quickstart.sh                # PRESET=cpu: small models, few updates (~30 min on 2 cores)
+#   PRESET=gpu bash run_scripts/quickstart.sh     # the full-size recipe on one GPU
+# WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
+# re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt.
+# Smaller smoke runs (the pipeline test uses them): MAX_LINES=N (first N lines of each split), VOCAB_SIZE,
+# TEACHER_UPDATES, LATENCY_SENTENCES.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bash "$ROOT/run_scripts/setup_env.sh"
+source "$ROOT/run_scripts/common.sh"
+WORK=${WORK:-$ROOT/work/multi30k-$PRESET}
+DATA_BIN=$WORK/data-bin
+mkdir -p "$WORK"
+START=$(date +%s)
+if [ "$PRESET" = cpu ]; then
+  log "PRESET=cpu: a small smoke run of the whole pipeline on the CPU (tiny models, few updates)."
+  log "Its BLEU is far below the papers'; PRESET=gpu runs the full-size recipe (see README)."
+  BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-110}" --warmup 10 --batch-size 64)
+else
+  BENCH_ARGS=(--batch-size 128)
+fi
+
+step() {  # step NAME COMMAND...: run once; a marker file records success
+  local name=$1; shift
+  if [ -f "$WORK/.$name.done" ]; then log "$name: done before (remove $WORK/.$name.done to redo)"; return; fi
+  log "$name ..."
+  "$@"
+  touch "$WORK/.$name.done"
+}
+
+PREP_ARGS=(--vocab-size "${VOCAB_SIZE:-8000}")
+[ -n "${MAX_LINES:-}" ] && PREP_ARGS+=(--max-lines "$MAX_LINES")
+
+step data bash "$ROOT/run_scripts/prepare_data.sh" "$WORK" "${PREP_ARGS[@]}"
+step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$WORK/ckpt/teacher" --no-progress-bar
+TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
+step distill bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER"
+
+SYSTEMS=()
+# plugin systems add their training steps and benchmark rows here, e.g.
+#   step sat2 bash "$ROOT/examples/multi30k/train_sat.sh" ...;  SYSTEMS+=(--system "SAT K=2, greedy=...::--beam 1")
+
+step benchmark bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \
+  --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --title "Multi30k en-de test2016 (PRESET=$PRESET)" \
+  "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
+
+log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (table: $WORK/bench/results.md, plot: $WORK/bench/bleu_vs_speedup.png)"
+echo
+cat "$WORK/bench/results.md"

@@ -1,0 +1,212 @@
+"""Tests of the benchmark harness (nat_plugins/cli/benchmark.py).
+
+End to end on a tiny fixture, all in-process: 240 Multi30k lines -> word-level data-bin -> a 1-layer 32-d
+transformer trained for 5 updates -> the benchmark with the teacher rows and one ``--system`` row that is
+the same teacher decoded greedily through ``--task translation``.
+"""
+
+import json
+import os
+
+import pytest
+import sacrebleu
+
+from nat_plugins.cli import benchmark
+
+MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k")
+SPLITS = {"train": (0, 200), "valid": (200, 220), "test": (220, 240)}
+SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
+
+
+def _write_raw(raw_dir):
+    """First 240 lines of Multi30k train as train (200) / valid (20) / test (20) raw text."""
+    for lang in ("en", "de"):
+        with open(os.path.join(MULTI30K, f"train.{lang}"), encoding="utf-8") as f:
+            lines = [next(f) for _ in range(240)]
+        for split, (start, end) in SPLITS.items():
+            with open(os.path.join(raw_dir, f"{split}.{lang}"), "w", encoding="utf-8") as out:
+                out.writelines(lines[start:end])
+
+
+def _preprocess(raw_dir, data_bin):
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    prefixes = [f"--{split}pref" for split in SPLITS]
+    argv = ["-s", "en", "-t", "de", "--joined-dictionary", "--destdir", data_bin, "--workers", "1"]
+    for prefix, split in zip(prefixes, SPLITS):
+        argv += [prefix, os.path.join(raw_dir, split)]
+    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+
+
+def _train(data_bin, save_dir):
+    from fairseq import options
+    from fairseq_cli import train
+
+    argv = [
+        data_bin, "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
+        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--max-update", "5",
+        "--save-dir", save_dir, "--no-epoch-checkpoints", "--cpu", "--no-progress-bar", "--num-workers", "0",
+        "--seed", "1", "--log-format", "simple",
+    ]
+    train.main(options.parse_args_and_arch(options.get_training_parser(), argv))
+    return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+@pytest.fixture(scope="session")
+def fixture(tmp_path_factory):
+    """Data-bin, teacher checkpoint, raw reference and one benchmark run (20 test sentences)."""
+    if not os.path.isdir(MULTI30K):
+        pytest.skip(f"Multi30k raw data not found at {os.path.abspath(MULTI30K)}")
+    root = tmp_path_factory.mktemp("bench")
+    raw, data_bin, out_dir = (str(root / name) for name in ("raw", "data-bin", "out"))
+    os.makedirs(raw)
+    _write_raw(raw)
+    _preprocess(raw, data_bin)
+    teacher = _train(data_bin, str(root / "ckpt"))
+    reference = os.path.join(raw, "test.de")
+    argv = [
+        data_bin, "--teacher", teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
+        "--post-process", "none", "--warmup", "2", "--batch-size", "8",
+        "--system", SYSTEM.replace("CHECKPOINT", teacher),
+    ]
+    results = benchmark.main(benchmark.get_parser().parse_args(argv))
+    return {"data_bin": data_bin, "teacher": teacher, "reference": reference, "out": out_dir,
+            "argv": argv, "results": results}
+
+
+def _args(fixture, **changes):
+    """The fixture's benchmark arguments with some options replaced."""
+    args = benchmark.get_parser().parse_args(fixture["argv"])
+    for key, value in changes.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_outputs_written(fixture):
+    names = {"results.md", "results.json", benchmark.PLOT_FILE}
+    names |= {f"hyp.{slug}.txt" for slug in ("ar-teacher-beam-4", "ar-teacher-greedy", "same-teacher-greedy")}
+    for name in names:
+        assert os.path.getsize(os.path.join(fixture["out"], name)) > 0, name
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert "AR teacher, beam 4" in markdown and "same teacher greedy" in markdown and "fp32" in markdown
+
+
+def test_json_rows_and_metadata(fixture):
+    with open(os.path.join(fixture["out"], "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    assert [r["name"] for r in results["rows"]] == ["AR teacher, beam 4", "AR teacher, greedy", "same teacher greedy"]
+    expected = {
+        "name", "slug", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
+        "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_mean",
+        "latency_sentences_timed", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
+        "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
+        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy",
+    }
+    for row in results["rows"]:
+        assert set(row) == expected
+        assert row["num_sentences"] == 20 and row["latency_sentences_timed"] == 18
+        assert row["latency_ms_median"] > 0 and row["latency_ms_mean"] > 0
+        assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
+        assert row["mean_steps"] is None  # SequenceGenerator does not report steps
+    assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
+    assert results["rows"][1]["throughput_speedup_vs_ar_greedy"] == pytest.approx(1.0)
+    meta = results["meta"]
+    for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
+        assert meta[key], key
+    assert meta["num_sentences"] == 20 and meta["precision"] == "fp32"
+
+
+def test_system_row_matches_greedy_teacher(fixture):
+    beam, greedy, system = fixture["results"]["rows"]
+    read = lambda row: open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read()
+    assert read(system) == read(greedy)
+    assert system["decoder_calls_per_sentence"] == greedy["decoder_calls_per_sentence"]
+    # greedy AR emits exactly one token (the last one EOS) per decoder call
+    assert greedy["tokens_per_call"] == pytest.approx(1.0)
+    assert beam["decoder_calls_per_sentence"] >= 1
+
+
+def test_bleu_equals_sacrebleu_on_hyp_files(fixture):
+    with open(fixture["reference"], encoding="utf-8") as f:
+        refs = [line.rstrip("\n") for line in f]
+    for row in fixture["results"]["rows"]:
+        with open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8") as f:
+            hyps = [line.rstrip("\n") for line in f]
+        assert len(hyps) == len(refs) == 20
+        assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+
+
+def test_reference_line_count_mismatch(fixture, tmp_path):
+    short = tmp_path / "short.de"
+    short.write_text("".join(open(fixture["reference"], encoding="utf-8").readlines()[:19]), encoding="utf-8")
+    with pytest.raises(benchmark.BenchmarkError, match=r"--reference .* 19 lines .* 20 sentences"):
+        benchmark.main(_args(fixture, reference=str(short), out_dir=str(tmp_path / "out")))
+
+
+def test_missing_split(fixture, tmp_path):
+    with pytest.raises(benchmark.BenchmarkError, match="--gen-subset 'nosuch'"):
+        benchmark.main(_args(fixture, gen_subset="nosuch", out_dir=str(tmp_path / "out")))
+
+
+def test_missing_checkpoints(fixture, tmp_path):
+    with pytest.raises(benchmark.BenchmarkError, match="--teacher: checkpoint"):
+        benchmark.main(_args(fixture, teacher=str(tmp_path / "none.pt")))
+    with pytest.raises(benchmark.BenchmarkError, match="--system 'x': checkpoint"):
+        benchmark.main(_args(fixture, system=[f"x={tmp_path / 'none.pt'}"]))
+
+
+def test_cli_error_exit(fixture, tmp_path, capsys):
+    argv = fixture["argv"][:-1] + ["no checkpoint given"]
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.cli_main(argv)
+    assert exit_info.value.code == 2
+    assert "--system 'no checkpoint given'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "spec, name, checkpoint, args",
+    [
+        ("NAT=ckpt/nat.pt", "NAT", "ckpt/nat.pt", []),
+        ("SAT, K=2=ckpt/sat.pt::--beam 1", "SAT, K=2", "ckpt/sat.pt", ["--beam", "1"]),
+        (
+            "NPD s=10 = a.pt:b.pt :: --task translation_nat --npd-teacher 'my dir/ar.pt'",
+            "NPD s=10", "a.pt:b.pt", ["--task", "translation_nat", "--npd-teacher", "my dir/ar.pt"],
+        ),
+        ("x=y.pt::", "x", "y.pt", []),
+    ],
+)
+def test_parse_system_spec(spec, name, checkpoint, args):
+    parsed = benchmark.parse_system_spec(spec)
+    assert (parsed.name, parsed.checkpoint, parsed.args) == (name, checkpoint, args)
+
+
+def test_system_slug():
+    assert benchmark.parse_system_spec("SAT, K=2 (greedy)=a.pt").slug == "sat-k-2-greedy"
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no-equals-sign", "expected 'NAME=CHECKPOINT"),
+        ("=ckpt.pt", "expected 'NAME=CHECKPOINT"),
+        ("name=", "expected 'NAME=CHECKPOINT"),
+        ("name=::--beam 1", "expected 'NAME=CHECKPOINT"),
+        ("name=a.pt::--npd-teacher 'unclosed", "cannot split"),
+        ("name=a.pt::--beam 1 --path b.pt", "--path is set by the benchmark"),
+        ("name=a.pt::--batch-size=8", "--batch-size=8 is set by the benchmark"),
+    ],
+)
+def test_parse_system_spec_malformed(spec, message):
+    with pytest.raises(benchmark.BenchmarkError, match=message.replace("(", r"\(")) as err:
+        benchmark.parse_system_spec(spec)
+    assert repr(spec) in str(err.value)
+
+
+def test_bad_generate_args_name_the_row(fixture, tmp_path):
+    spec = "bad=" + fixture["teacher"] + "::--task translation --no-such-option"
+    with pytest.raises(benchmark.BenchmarkError, match="row 'bad': fairseq-generate rejected"):
+        benchmark.main(_args(fixture, system=[spec], out_dir=str(tmp_path / "out")))
