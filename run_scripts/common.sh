@@ -13,4 +13,27 @@ if [ "$PRESET" = gpu ]; then
 else
   DEVICE_ARGS=(--cpu)
 fi
+# model sizes: the GPU preset uses the registered *_iwslt_de_en architectures (transformer_iwslt_de_en for the
+# teacher); the CPU preset a 2-layer 256-d model. Students initialised from the teacher must match its size.
+CPU_MODEL_SIZE=(--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
+  --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4)
+arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the preset, in ARCH_ARGS
+  if [ "$PRESET" = gpu ]; then ARCH_ARGS=(--arch "${1}_iwslt_de_en"); else ARCH_ARGS=(--arch "$1" "${CPU_MODEL_SIZE[@]}"); fi
+}
+# training options every plugin model (student) shares; its recipe adds arch, criterion and system options.
+# cpu: STUDENT_UPDATES (default 40) updates from the teacher's weights, no validation, checkpoint_last.pt;
+# gpu: 3000 updates, checkpoints selected by validation BLEU through the system's own generator.
+if [ "$PRESET" = gpu ]; then
+  STUDENT_ARGS=(--max-tokens 8192 --max-update "${STUDENT_UPDATES:-3000}" --lr 5e-4 --warmup-updates 1000
+    --dropout 0.3 --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1
+    --eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
+    --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
+  STUDENT_CHECKPOINT=checkpoint_best.pt
+else
+  STUDENT_ARGS=(--max-tokens 4096 --max-update "${STUDENT_UPDATES:-40}" --lr 1e-3 --warmup-updates 10
+    --dropout 0.1 --disable-validation)
+  STUDENT_CHECKPOINT=checkpoint_last.pt
+fi
+STUDENT_ARGS+=(--share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --lr-scheduler inverse_sqrt
+  --weight-decay 0.0001 --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
 log() { echo "[$(basename "$0") $(date +%H:%M:%S)] $*"; }

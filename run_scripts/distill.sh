@@ -9,4 +9,4 @@ DATA_BIN=${1:?usage: distill.sh DATA_BIN TEACHER_CKPT [options]}
 TEACHER=${2:?usage: distill.sh DATA_BIN TEACHER_CKPT [options]}
 shift 2
 exec python -m nat_plugins.cli.distill "$DATA_BIN" --path "$TEACHER" --user-dir "$USER_DIR" "${DEVICE_ARGS[@]}" \
-  --gen-subset train --beam 4 --max-tokens "${DISTILL_MAX_TOKENS:-8000}" "$@"
+  --gen-subset train --beam 4 --max-tokens "${DISTILL_MAX_TOKENS:-8000}" --max-len-a 1.5 --max-len-b 10 "$@"

@@ -6,7 +6,7 @@
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt.
 # Smaller smoke runs (the pipeline test uses them): MAX_LINES=N (first N lines of each split), VOCAB_SIZE,
-# TEACHER_UPDATES, LATENCY_SENTENCES.
+# TEACHER_UPDATES, STUDENT_UPDATES, LATENCY_SENTENCES.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/run_scripts/setup_env.sh"
@@ -18,7 +18,7 @@ START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: a small smoke run of the whole pipeline on the CPU (tiny models, few updates)."
   log "Its BLEU is far below the papers'; PRESET=gpu runs the full-size recipe (see README)."
-  BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-110}" --warmup 10 --batch-size 64)
+  BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-60}" --warmup 10 --batch-size 64)
 else
   BENCH_ARGS=(--batch-size 128)
 fi
@@ -39,11 +39,24 @@ step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$WORK/ckpt/t
 TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
 step distill bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER"
 
+EXAMPLES=$ROOT/examples/multi30k
+CKPT=$WORK/ckpt
 SYSTEMS=()
-# plugin systems add their training steps and benchmark rows here, e.g.
-#   step sat2 bash "$ROOT/examples/multi30k/train_sat.sh" ...;  SYSTEMS+=(--system "SAT K=2, greedy=...::--beam 1")
+add_row() {  # add_row NAME CHECKPOINT_DIR GENERATE_ARGS: one benchmark row
+  SYSTEMS+=(--system "$1=$2/$STUDENT_CHECKPOINT::$3")
+}
 
-step benchmark bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \
+# Blockwise parallel decoding (Stern et al. 2018): k = 2, 4, 8; frozen teacher + heads, and fine-tuned on distillation
+for K in 2 4 8; do
+  for MODE in frozen distilled; do
+    step "blockwise-$K-$MODE" bash "$EXAMPLES/blockwise.sh" "$DATA_BIN" "$TEACHER" "$CKPT/blockwise-$K-$MODE" "$K" "$MODE"
+    add_row "Blockwise k=$K $MODE, exact" "$CKPT/blockwise-$K-$MODE" "--beam 1 --block-accept exact"
+  done
+done
+
+# the benchmark re-runs whenever its rows or options change
+BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${SYSTEMS[*]}" | sha1sum | cut -c1-8)
+step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \
   --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --title "Multi30k en-de test2016 (PRESET=$PRESET)" \
   "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
 

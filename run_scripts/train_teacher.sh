@@ -7,20 +7,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 DATA_BIN=${1:?usage: train_teacher.sh DATA_BIN SAVE_DIR [fairseq-train args]}
 SAVE_DIR=${2:?usage: train_teacher.sh DATA_BIN SAVE_DIR [fairseq-train args]}
 shift 2
+arch_args transformer
 if [ "$PRESET" = gpu ]; then
   # DESIGN.md §5: transformer_iwslt_de_en-sized, 8k tokens, 3000 updates (~5 min on an H100) -> ~38 BLEU
-  SIZE=(--arch transformer_iwslt_de_en --max-tokens 8192 --max-update 3000 --lr 7e-4 --warmup-updates 1000
-        --dropout 0.3 --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1)
+  SIZE=(--max-tokens 8192 --max-update 3000 --lr 7e-4 --warmup-updates 1000 --dropout 0.3
+        --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1)
 else
   # a 2-layer 256-d model that learns something in a few CPU minutes
-  SIZE=(--arch transformer --encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
-        --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4
-        --decoder-attention-heads 4 --max-tokens 4096 --max-update "${TEACHER_UPDATES:-300}" --lr 2e-3
-        --warmup-updates 100 --dropout 0.1 --validate-interval-updates 150 --save-interval-updates 150
+  SIZE=(--max-tokens 4096 --max-update "${TEACHER_UPDATES:-300}" --lr 2e-3 --warmup-updates 100 --dropout 0.1
+        --validate-interval 1000 --save-interval 1000 --validate-interval-updates 150 --save-interval-updates 150
         --keep-interval-updates 1)
 fi
 exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
-  "${SIZE[@]}" --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+  "${ARCH_ARGS[@]}" "${SIZE[@]}" --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --lr-scheduler inverse_sqrt --weight-decay 0.0001 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --eval-bleu --eval-bleu-args '{"beam": 4}' --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece \

@@ -1,8 +1,7 @@
 """Tests of the benchmark harness (nat_plugins/cli/benchmark.py).
 
-End to end on a tiny fixture, all in-process: 240 Multi30k lines -> word-level data-bin -> a 1-layer 32-d
-transformer trained for 5 updates -> the benchmark with the teacher rows and one ``--system`` row that is
-the same teacher decoded greedily through ``--task translation``.
+End to end on the session's tiny teacher (toy sN -> tN data, 40 test sentences), all in-process: the
+teacher rows and one ``--system`` row that is the same teacher decoded greedily through ``--task translation``.
 """
 
 import json
@@ -13,69 +12,22 @@ import sacrebleu
 
 from nat_plugins.cli import benchmark
 
-MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "multi30k")
-SPLITS = {"train": (0, 200), "valid": (200, 220), "test": (220, 240)}
 SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
+NUM_TEST = 40
 
 
-def _write_raw(raw_dir):
-    """First 240 lines of Multi30k train as train (200) / valid (20) / test (20) raw text."""
-    for lang in ("en", "de"):
-        with open(os.path.join(MULTI30K, f"train.{lang}"), encoding="utf-8") as f:
-            lines = [next(f) for _ in range(240)]
-        for split, (start, end) in SPLITS.items():
-            with open(os.path.join(raw_dir, f"{split}.{lang}"), "w", encoding="utf-8") as out:
-                out.writelines(lines[start:end])
-
-
-def _preprocess(raw_dir, data_bin):
-    from fairseq import options
-    from fairseq_cli import preprocess
-
-    prefixes = [f"--{split}pref" for split in SPLITS]
-    argv = ["-s", "en", "-t", "de", "--joined-dictionary", "--destdir", data_bin, "--workers", "1"]
-    for prefix, split in zip(prefixes, SPLITS):
-        argv += [prefix, os.path.join(raw_dir, split)]
-    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
-
-
-def _train(data_bin, save_dir):
-    from fairseq import options
-    from fairseq_cli import train
-
+@pytest.fixture(scope="module")
+def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
+    """One benchmark run: its arguments, output directory and returned results."""
+    out_dir = str(tmp_path_factory.mktemp("bench"))
+    reference = os.path.join(dummy_raw, "test.tgt")
     argv = [
-        data_bin, "--task", "translation", "--arch", "transformer", "--share-all-embeddings",
-        "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "1000", "--max-update", "5",
-        "--save-dir", save_dir, "--no-epoch-checkpoints", "--cpu", "--no-progress-bar", "--num-workers", "0",
-        "--seed", "1", "--log-format", "simple",
-    ]
-    train.main(options.parse_args_and_arch(options.get_training_parser(), argv))
-    return os.path.join(save_dir, "checkpoint_last.pt")
-
-
-@pytest.fixture(scope="session")
-def fixture(tmp_path_factory):
-    """Data-bin, teacher checkpoint, raw reference and one benchmark run (20 test sentences)."""
-    if not os.path.isdir(MULTI30K):
-        pytest.skip(f"Multi30k raw data not found at {os.path.abspath(MULTI30K)}")
-    root = tmp_path_factory.mktemp("bench")
-    raw, data_bin, out_dir = (str(root / name) for name in ("raw", "data-bin", "out"))
-    os.makedirs(raw)
-    _write_raw(raw)
-    _preprocess(raw, data_bin)
-    teacher = _train(data_bin, str(root / "ckpt"))
-    reference = os.path.join(raw, "test.de")
-    argv = [
-        data_bin, "--teacher", teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
-        "--post-process", "none", "--warmup", "2", "--batch-size", "8",
-        "--system", SYSTEM.replace("CHECKPOINT", teacher),
+        dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
+        "--post-process", "none", "--warmup", "2", "--batch-size", "12",
+        "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
     results = benchmark.main(benchmark.get_parser().parse_args(argv))
-    return {"data_bin": data_bin, "teacher": teacher, "reference": reference, "out": out_dir,
-            "argv": argv, "results": results}
+    return {"teacher": tiny_teacher, "reference": reference, "out": out_dir, "argv": argv, "results": results}
 
 
 def _args(fixture, **changes):
@@ -108,7 +60,7 @@ def test_json_rows_and_metadata(fixture):
     }
     for row in results["rows"]:
         assert set(row) == expected
-        assert row["num_sentences"] == 20 and row["latency_sentences_timed"] == 18
+        assert row["num_sentences"] == NUM_TEST and row["latency_sentences_timed"] == NUM_TEST - 2
         assert row["latency_ms_median"] > 0 and row["latency_ms_mean"] > 0
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
         assert row["mean_steps"] is None  # SequenceGenerator does not report steps
@@ -117,7 +69,7 @@ def test_json_rows_and_metadata(fixture):
     meta = results["meta"]
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key
-    assert meta["num_sentences"] == 20 and meta["precision"] == "fp32"
+    assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
 
 
 def test_system_row_matches_greedy_teacher(fixture):
@@ -136,14 +88,14 @@ def test_bleu_equals_sacrebleu_on_hyp_files(fixture):
     for row in fixture["results"]["rows"]:
         with open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8") as f:
             hyps = [line.rstrip("\n") for line in f]
-        assert len(hyps) == len(refs) == 20
+        assert len(hyps) == len(refs) == NUM_TEST
         assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
 
 
 def test_reference_line_count_mismatch(fixture, tmp_path):
     short = tmp_path / "short.de"
-    short.write_text("".join(open(fixture["reference"], encoding="utf-8").readlines()[:19]), encoding="utf-8")
-    with pytest.raises(benchmark.BenchmarkError, match=r"--reference .* 19 lines .* 20 sentences"):
+    short.write_text("".join(open(fixture["reference"], encoding="utf-8").readlines()[:39]), encoding="utf-8")
+    with pytest.raises(benchmark.BenchmarkError, match=r"--reference .* 39 lines .* 40 sentences"):
         benchmark.main(_args(fixture, reference=str(short), out_dir=str(tmp_path / "out")))
 
 

@@ -1,0 +1,249 @@
+"""Blockwise parallel decoding (Stern, Shazeer & Uszkoreit, NeurIPS 2018): model ``blockwise_transformer``.
+
+A fairseq Transformer whose decoder output feeds k proposal heads (:class:`~nat_plugins.modules.block_heads.
+BlockHeads`, §6); head i is trained to predict y_{t+i} (criterion ``blockwise_loss``) and decoding is
+verify-accept (:mod:`nat_plugins.generators.verify_accept`). Usual recipes initialise everything from an AR
+teacher (``--init-from-ar``) and either train the heads only (``--freeze-base``, with ``--identity-first-head``
+p1 stays exactly the teacher, so exact acceptance reproduces its greedy output) or fine-tune everything on
+distilled data.
+
+The decoder's ``forward`` keeps fairseq's contract (logits of head 1, so fairseq's tools treat the model as the AR
+model p1) and adds ``heads=range(...)`` for the logits of several heads and ``positions=`` for decoding several
+new tokens per call against the incremental key/value cache.
+"""
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoder,
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de_big,
+)
+from fairseq.modules import SinusoidalPositionalEmbedding
+
+from ..generators.verify_accept import VerifyAcceptGenerator
+from ..modules.block_heads import BlockHeads
+from .plugin_model import NATPluginModel
+
+logger = logging.getLogger(__name__)
+
+
+class BlockwiseTransformerDecoder(TransformerDecoder):
+    """Transformer decoder + k proposal heads sharing the output projection."""
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        cfg = TransformerConfig.from_namespace(args)
+        if self.adaptive_softmax is not None:
+            raise ValueError("blockwise_transformer does not support --adaptive-softmax-cutoff: its k heads share "
+                             "one output projection")
+        if cfg.cross_self_attention:
+            raise ValueError("blockwise_transformer does not support --cross-self-attention")
+        self.block_heads = BlockHeads(
+            self.output_embed_dim,
+            cfg.decoder.ffn_embed_dim,
+            block_size=args.block_size,
+            identity_first_head=args.identity_first_head,
+            dropout=cfg.dropout,
+            activation_dropout=cfg.activation_dropout or cfg.relu_dropout or 0.0,
+            activation_fn=cfg.activation_fn,
+        )
+
+    @property
+    def block_size(self):
+        return self.block_heads.block_size
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
+                full_context_alignment=False, alignment_layer=None, alignment_heads=None, src_lengths=None,
+                return_all_hiddens=False, heads=None, positions=None):
+        """fairseq's decoder forward with two additions.
+
+        * ``heads``: a ``range`` of 0-based head indices; the logits come back as (B, T, len(heads), V). ``None``
+          (fairseq's callers) gives the logits of head 1 as (B, T, V).
+        * ``positions`` (B, T): decode ``prev_output_tokens`` as new tokens at these target positions (0 = BOS),
+          attending causally among themselves and to every unmasked slot of ``incremental_state``
+          (see :meth:`extract_block_features`); ``None`` is fairseq's behaviour.
+        """
+        if positions is None:
+            x, extra = self.extract_features(
+                prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
+                full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
+                alignment_heads=alignment_heads,
+            )
+        else:
+            x, extra = self.extract_block_features(prev_output_tokens, positions, encoder_out, incremental_state)
+        if features_only:
+            return x, extra
+        if heads is None:
+            return self.head_logits(x, range(1)).squeeze(-2), extra
+        return self.head_logits(x, heads), extra
+
+    def head_logits(self, features, heads):
+        """Logits of the heads in ``heads`` for decoder output ``features`` (..., d) -> (..., len(heads), V)."""
+        if heads == range(1) and self.block_heads.identity_first_head:
+            return self.output_layer(features).unsqueeze(-2)  # bit for bit the base model's logits
+        return self.output_layer(self.block_heads(features, heads))
+
+    def extract_block_features(self, tokens, positions, encoder_out, incremental_state):
+        """Decoder output for new ``tokens`` (B, T) at target ``positions`` (B, T), in one call.
+
+        fairseq's incremental path feeds one token per call; verify-accept feeds k proposals at once (§4,
+        combined scoring and proposal), and different sentences of a batch sit at different positions. The new
+        tokens see each other causally and see every cached slot the cache's key padding mask does not hide
+        (:meth:`rollback_incremental_state` hides rejected proposals). Without a cache, ``tokens`` is the whole
+        (right-padded) prefix.
+        """
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        enc_padding_mask = None
+        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
+            enc_padding_mask = encoder_out["encoder_padding_mask"][0]
+        x = self.embed_scale * self.embed_tokens(tokens)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if self.embed_positions is not None:
+            x = x + self.embed_target_positions(positions).to(x)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+
+        causal = self.buffered_future_mask(x)
+        self_attn_mask = torch.cat([causal.new_zeros(causal.size(0), self.cached_length(incremental_state)), causal], 1)
+        # always a tensor, so the cache stores a per-sentence key padding mask that rollback can edit
+        self_attn_padding_mask = tokens.eq(self.padding_idx)
+        for layer in self.layers:
+            x, _, _ = layer(x, enc, enc_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
+                            self_attn_padding_mask=self_attn_padding_mask)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [None], "inner_states": None}
+
+    def embed_target_positions(self, positions):
+        """Positional embeddings of explicit target positions (fairseq numbers position p as padding_idx + 1 + p)."""
+        index = positions + self.padding_idx + 1
+        if isinstance(self.embed_positions, SinusoidalPositionalEmbedding):
+            return F.embedding(index, self.embed_positions.weights)
+        return F.embedding(index, self.embed_positions.weight)
+
+    def cached_length(self, incremental_state):
+        """Number of slots in the self-attention cache (0 without one)."""
+        if incremental_state is None:
+            return 0
+        saved = self.layers[0].self_attn._get_input_buffer(incremental_state)
+        return saved["prev_key"].size(2) if "prev_key" in saved else 0
+
+    def rollback_incremental_state(self, incremental_state, num_new, accepted):
+        """Keep the first ``accepted[b]`` of the ``num_new`` slots the last call appended for sentence b.
+
+        Slots that no sentence accepted are cut off the cache; the others are hidden per sentence through the
+        cached key padding mask (so a batch needs no per-sentence copy). With batch size 1 the cache holds exactly
+        the accepted prefix.
+        """
+        keep = int(accepted.max())
+        rejected = torch.arange(keep, device=accepted.device).unsqueeze(0) >= accepted.unsqueeze(1)
+        for layer in self.layers:
+            saved = layer.self_attn._get_input_buffer(incremental_state)
+            length = saved["prev_key"].size(2) - (num_new - keep)
+            saved["prev_key"] = saved["prev_key"][:, :, :length]
+            saved["prev_value"] = saved["prev_value"][:, :, :length]
+            mask = saved["prev_key_padding_mask"][:, :length].clone()
+            mask[:, length - keep:] = mask[:, length - keep:].masked_fill(rejected, 1)
+            saved["prev_key_padding_mask"] = mask
+            layer.self_attn._set_input_buffer(incremental_state, saved)
+
+
+@register_model("blockwise_transformer")
+class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
+    """Transformer with k proposal heads for blockwise parallel decoding (Stern et al. 2018)."""
+
+    base_frozen = False
+    num_updates = 0
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--block-size", type=int, metavar="K",
+                            help="number of proposal heads k; head i predicts y_{t+i} (k=1: the base model)")
+        parser.add_argument("--identity-first-head", action="store_true",
+                            help="head 1 bypasses the new feed-forward layer, so p1 is exactly the base Transformer")
+        parser.add_argument("--freeze-base", action="store_true",
+                            help="train only the new feed-forward layer (the base stays as initialised, e.g. by "
+                                 "--init-from-ar)")
+        parser.add_argument("--init-from-ar", type=str, metavar="PATH",
+                            help="initialise every parameter whose name and shape match this AR Transformer "
+                                 "checkpoint (the new layer stays random)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        blockwise_base_architecture(args)
+        if args.block_size < 1:
+            raise ValueError(f"--block-size must be at least 1, got {args.block_size}")
+        if args.freeze_base and args.identity_first_head and args.block_size == 1:
+            raise ValueError("--freeze-base with --identity-first-head and --block-size 1 leaves nothing to train")
+        if args.freeze_base and not args.init_from_ar:
+            logger.warning("--freeze-base without --init-from-ar: the frozen base keeps its random initialisation")
+        model = super().build_model(args, task)
+        model.base_frozen = bool(args.freeze_base)
+        if model.base_frozen:
+            for name, parameter in model.named_parameters():
+                if not name.startswith("decoder.block_heads."):
+                    parameter.requires_grad_(False)
+        return model
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return BlockwiseTransformerDecoder(args, tgt_dict, embed_tokens,
+                                           no_encoder_attn=getattr(args, "no_cross_attention", False))
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=True, features_only=False,
+                alignment_layer=None, alignment_heads=None, heads=None):
+        """fairseq's forward; ``heads`` (a ``range``) returns those heads' logits, (B, T, len(heads), V)."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        return self.decoder(
+            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens, heads=heads,
+        )
+
+    @property
+    def trainable_heads(self):
+        """Heads whose loss reaches a trainable parameter (head 1 is frozen with --freeze-base --identity-first-head)."""
+        first = int(self.base_frozen and self.decoder.block_heads.identity_first_head)
+        return range(first, self.decoder.block_size)
+
+    def set_num_updates(self, num_updates):
+        """Remember the update count (``blockwise_loss`` draws its head from it, identically on every rank)."""
+        super().set_num_updates(num_updates)
+        self.num_updates = num_updates
+
+    def make_generator(self, task, models, gen_args):
+        return VerifyAcceptGenerator.build(task, models, gen_args)
+
+
+@register_model_architecture("blockwise_transformer", "blockwise_transformer")
+def blockwise_base_architecture(args):
+    args.block_size = getattr(args, "block_size", 4)
+    args.identity_first_head = getattr(args, "identity_first_head", False)
+    args.freeze_base = getattr(args, "freeze_base", False)
+    args.init_from_ar = getattr(args, "init_from_ar", None)
+    base_architecture(args)
+
+
+@register_model_architecture("blockwise_transformer", "blockwise_transformer_iwslt_de_en")
+def blockwise_transformer_iwslt_de_en(args):
+    transformer_iwslt_de_en(args)
+    blockwise_base_architecture(args)
+
+
+@register_model_architecture("blockwise_transformer", "blockwise_transformer_wmt_en_de_big")
+def blockwise_transformer_wmt_en_de_big(args):
+    transformer_wmt_en_de_big(args)
+    blockwise_base_architecture(args)

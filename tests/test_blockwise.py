@@ -1,0 +1,330 @@
+"""Blockwise parallel decoding (Stern et al., 2018): head targets, identity first head, the criterion's head
+sampling, verify-accept decoding (exact acceptance == greedy decoding of head 1 for every k, batch size and cache
+mode; top-m acceptance; minimum block size; EOS inside a block) and a tiny train -> generate -> interactive run."""
+
+import math
+import os
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq import options
+from fairseq.data import Dictionary, data_utils
+from fairseq.logging import metrics
+from fairseq.sequence_generator import SequenceGenerator
+
+from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
+from nat_plugins.generators.verify_accept import VerifyAcceptGenerator, accepted_lengths, parse_block_accept
+from nat_plugins.modules.block_heads import BlockHeads, block_targets
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
+
+from .utils import TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model
+
+TINY_BLOCKWISE = ["--arch", "blockwise_transformer"] + TINY_TRANSFORMER[2:]
+MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one intra-op thread (two spinning threads on a shared 2-core machine: 10-30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def toy_task():
+    dictionary = Dictionary()
+    for i in range(24):
+        dictionary.add_symbol(f"w{i}")
+    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
+
+
+def build_model(task, block_size, seed=0, extra=(), arch_args=TINY_BLOCKWISE):
+    """A model built through the task, as fairseq-train builds it (``block_size`` None: plain AR Transformer)."""
+    block_args = [] if block_size is None else ["--block-size", str(block_size)]
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, ["unused-data", "--task", "translation_nat"] + block_args
+                                       + list(arch_args) + list(extra))
+    torch.manual_seed(seed)
+    return task.build_model(args).eval()
+
+
+def random_model(task, block_size, seed, identity_first_head=False):
+    """A random 2-layer model whose greedy outputs vary in length and content: large learned positional
+    embeddings (random Transformers otherwise repeat one token) and a random EOS direction (so some stop early)."""
+    extra = ["--decoder-layers", "2", "--decoder-learned-pos"]
+    arch = [a for a in TINY_BLOCKWISE if a != "--share-all-embeddings"]
+    model = build_model(task, block_size, seed, extra + (["--identity-first-head"] if identity_first_head else []), arch)
+    with torch.no_grad():
+        model.decoder.embed_positions.weight.mul_(10)
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
+    return model
+
+
+def random_batch(dictionary, size, seed):
+    generator = torch.Generator().manual_seed(seed)
+    sources = [torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
+                          torch.tensor([dictionary.eos()])])
+               for n in torch.randint(2, 9, (size,), generator=generator)]
+    src_tokens = data_utils.collate_tokens(sources, dictionary.pad(), left_pad=True)
+    return {"net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([len(s) for s in sources])}}
+
+
+def sub_batch(sample, index):
+    net_input = sample["net_input"]
+    length = int(net_input["src_lengths"][index])
+    return {"net_input": {"src_tokens": net_input["src_tokens"][index:index + 1, -length:],
+                          "src_lengths": net_input["src_lengths"][index:index + 1]}}
+
+
+def verify_accept(model, task, sample, **kwargs):
+    return VerifyAcceptGenerator([model], task.target_dictionary, max_len_b=MAX_LEN_B, **kwargs).generate([model], sample)
+
+
+def greedy(model, task, sample):
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_b=MAX_LEN_B)
+    return generator.generate([model], sample)
+
+
+# ----- model ----------------------------------------------------------------------------------------------------
+
+def test_block_targets_shift_each_head_by_its_offset():
+    pad, eos = 1, 2
+    target = torch.tensor([[5, 6, 7, eos, pad], [8, eos, pad, pad, pad]])
+    shifted = block_targets(target, block_size=3, pad=pad)
+    assert shifted.shape == (2, 5, 3)
+    assert shifted[..., 0].tolist() == target.tolist()  # head 1: y_{t+1}
+    assert shifted[..., 1].tolist() == [[6, 7, eos, pad, pad], [eos, pad, pad, pad, pad]]
+    assert shifted[..., 2].tolist() == [[7, eos, pad, pad, pad], [pad, pad, pad, pad, pad]]
+    assert block_targets(target[:, :1], block_size=3, pad=pad).tolist() == [[[5, pad, pad]], [[8, pad, pad]]]
+
+
+def test_block_heads_slices_equal_the_full_layer():
+    torch.manual_seed(0)
+    heads = BlockHeads(8, 16, block_size=4, identity_first_head=True, dropout=0.0, activation_dropout=0.0).eval()
+    assert heads.fc1.out_features == 3 * 16 and heads.fc2.out_features == 3 * 8  # heads 2..4 only
+    x = torch.randn(2, 5, 8)
+    everything = heads(x)
+    assert everything.shape == (2, 5, 4, 8)
+    assert torch.equal(heads(x, range(1))[..., 0, :], x)  # head 1 is the decoder output itself
+    torch.testing.assert_close(heads(x, range(2, 4)), everything[..., 2:4, :])
+    torch.testing.assert_close(everything[..., 1, :] - x, heads.fc2(torch.relu(heads.fc1(x)))[..., :8])  # residual
+    with pytest.raises(ValueError, match="consecutive range"):
+        heads(x, range(3, 5))
+    with pytest.raises(ValueError, match="--block-size"):
+        BlockHeads(8, 16, block_size=0, identity_first_head=False, dropout=0.0, activation_dropout=0.0)
+
+
+def test_identity_first_head_with_frozen_base_is_the_base_model(toy_task):
+    base = build_model(toy_task, None, arch_args=TINY_TRANSFORMER)
+    model = build_model(toy_task, 3, extra=["--identity-first-head", "--freeze-base"])
+    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("decoder.block_heads.") for name in missing)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        "decoder.block_heads.fc1.weight", "decoder.block_heads.fc1.bias",
+        "decoder.block_heads.fc2.weight", "decoder.block_heads.fc2.bias"}
+    assert model.trainable_heads == range(1, 3)
+
+    sample = random_batch(toy_task.target_dictionary, 4, seed=0)
+    prev = torch.randint(4, 28, (4, 6))
+    base_logits, _ = base(**sample["net_input"], prev_output_tokens=prev)
+    head_logits, _ = model(**sample["net_input"], prev_output_tokens=prev, heads=range(3))
+    assert torch.equal(head_logits[:, :, 0], base_logits)
+    assert torch.equal(model(**sample["net_input"], prev_output_tokens=prev)[0], base_logits)  # fairseq's contract
+    assert not torch.allclose(head_logits[:, :, 1], base_logits)
+
+
+def test_bad_model_options_are_refused(toy_task):
+    with pytest.raises(ValueError, match="--block-size must be at least 1"):
+        build_model(toy_task, 0)
+    with pytest.raises(ValueError, match="leaves nothing to train"):
+        build_model(toy_task, 1, extra=["--identity-first-head", "--freeze-base"])
+
+
+# ----- criterion -------------------------------------------------------------------------------------------------
+
+def training_sample(dictionary, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [5, 3, 7, 1]
+    targets = [torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator),
+                          torch.tensor([dictionary.eos()])]) for n in lengths]
+    sample = random_batch(dictionary, len(lengths), seed)
+    sample["net_input"]["prev_output_tokens"] = data_utils.collate_tokens(
+        targets, dictionary.pad(), dictionary.eos(), move_eos_to_beginning=True)
+    sample["target"] = data_utils.collate_tokens(targets, dictionary.pad())
+    sample["ntokens"] = sum(n + 1 for n in lengths)
+    return sample, [n + 1 for n in lengths]
+
+
+@pytest.mark.parametrize("extra", [[], ["--identity-first-head"], ["--identity-first-head", "--freeze-base"]])
+def test_random_head_sampling_is_deterministic_and_keeps_every_parameter_in_the_graph(toy_task, extra):
+    model = build_model(toy_task, 3, extra=extra).train()
+    criterion = BlockwiseLoss(toy_task, label_smoothing=0.1, head_sampling="random", sentence_avg=False, seed=1)
+    sample, lengths = training_sample(toy_task.target_dictionary)
+    drawn = set()
+    for update in range(12):
+        model.set_num_updates(update)
+        model.zero_grad()
+        loss, sample_size, log = criterion(model, sample)
+        scored = [h for h in range(1, 4) if log[f"h{h}_ntokens"] > 0]
+        assert len(scored) == 1
+        head = scored[0]
+        drawn.add(head)
+        assert sample_size == log["predicted"] == sum(max(n - head + 1, 0) for n in lengths)
+        assert criterion(model, sample)[2][f"h{head}_ntokens"] > 0  # same update, same head
+        loss.backward()
+        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)  # DDP needs no unused ones
+    assert drawn == {h + 1 for h in model.trainable_heads}
+
+
+def test_mean_loss_scores_every_head_on_shifted_targets(toy_task):
+    model = build_model(toy_task, 3)
+    criterion = BlockwiseLoss(toy_task, label_smoothing=0.0, head_sampling="mean", sentence_avg=False, seed=1)
+    sample, lengths = training_sample(toy_task.target_dictionary)
+    with torch.no_grad():
+        loss, sample_size, log = criterion(model, sample)  # model.eval(): validation scores every head
+        logits, _ = model(**sample["net_input"], heads=range(3))
+    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    pad = toy_task.target_dictionary.pad()
+    total = 0.0
+    for head in range(3):
+        target = sample["target"][:, head:]
+        nll = -lprobs[:, : target.size(1), head].gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        nll = nll.masked_fill(target.eq(pad), 0.0).sum()
+        total += float(nll)
+        assert log[f"h{head + 1}_ntokens"] == sum(max(n - head, 0) for n in lengths)
+        assert float(log[f"h{head + 1}_nll"]) == pytest.approx(float(nll), rel=1e-5)
+    assert float(loss) == pytest.approx(total, rel=1e-5) and sample_size == sum(log[f"h{h}_ntokens"] for h in (1, 2, 3))
+    with metrics.aggregate() as aggregated:
+        BlockwiseLoss.reduce_metrics([log, log])
+    values = aggregated.get_smoothed_values()
+    assert {"loss", "nll_loss", "ppl", "nll_h1", "acc_h3"} <= set(values)
+
+
+# ----- verify-accept decoding ------------------------------------------------------------------------------------
+
+def test_acceptance_rules_on_a_rigged_example():
+    eos = 2
+    # rows: p1's log-probabilities for y_{j+2}, y_{j+3}, y_{j+4}; proposals ŷ_{j+1..j+4} = 5, 7, 9, 4
+    lprobs = torch.full((3, 10), -10.0)
+    lprobs[0, [6, 7]] = torch.tensor([-0.5, -1.0])  # ŷ_{j+2} = 7 is p1's 2nd choice
+    lprobs[1, [9, 3]] = torch.tensor([-0.25, -3.0])  # ŷ_{j+3} = 9 is the argmax
+    lprobs[2, [8, 3, 4]] = torch.tensor([-0.5, -1.0, -2.0])  # ŷ_{j+4} = 4 is 3rd
+    proposals = torch.tensor([[5, 7, 9, 4]])
+
+    def accept(top_m=1, min_block_size=1, props=proposals):
+        accepted, finished, scores = accepted_lengths(props, lprobs.unsqueeze(0), top_m, min_block_size, eos)
+        return int(accepted), bool(finished)
+
+    assert accept() == (1, False)  # exact: only p1's own argmax ŷ_{j+1}
+    assert accept(top_m=2) == (3, False)
+    assert accept(top_m=3) == (4, False)
+    assert accept(min_block_size=3) == (3, False)
+    assert accept(top_m=3, min_block_size=2) == (4, False)
+    with_eos = torch.tensor([[5, 7, eos, 4]])
+    lprobs[1, eos] = 0.0
+    assert accept(top_m=2, props=with_eos) == (3, True)  # the block stops after EOS
+    assert accept(min_block_size=4, props=with_eos) == (3, True)
+    assert accept(props=torch.tensor([[eos, 7, 9, 4]])) == (1, True)
+    scores = accepted_lengths(proposals, lprobs.unsqueeze(0), 1, 1, eos)[2]
+    assert scores.tolist() == [[-1.0, -0.25, -2.0]]
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 4])
+def test_exact_acceptance_is_greedy_decoding_of_head_1(toy_task, block_size):
+    """The paper's guarantee, as a property over random models: any k, batch 8 and batch 1, cache on and off."""
+    accepted_more_than_one = stopped_early = 0
+    for seed in range(5):
+        model = random_model(toy_task, block_size, seed, identity_first_head=seed % 2 == 1)
+        sample = random_batch(toy_task.target_dictionary, 8, seed)
+        reference = greedy(model, toy_task, sample)
+        for use_cache in (True, False):
+            batched = verify_accept(model, toy_task, sample, use_cache=use_cache)
+            for i in range(8):
+                alone = verify_accept(model, toy_task, sub_batch(sample, i), use_cache=use_cache)[0][0]
+                for hypo in (batched[i][0], alone):
+                    assert hypo["tokens"].tolist() == reference[i][0]["tokens"].tolist()
+                    torch.testing.assert_close(hypo["positional_scores"], reference[i][0]["positional_scores"],
+                                               rtol=1e-4, atol=1e-4)
+                    assert float(hypo["score"]) == pytest.approx(float(reference[i][0]["score"]), abs=1e-4)
+                    assert hypo["steps"] <= len(hypo["tokens"])  # never more decoder calls than greedy
+                    assert hypo["mean_accepted_block"] == len(hypo["tokens"]) / hypo["steps"]
+                assert alone["steps"] == batched[i][0]["steps"]
+        lengths = [len(h[0]["tokens"]) for h in batched]
+        stopped_early += sum(n <= MAX_LEN_B for n in lengths)
+        accepted_more_than_one += sum(h[0]["steps"] < len(h[0]["tokens"]) for h in batched)
+    assert stopped_early > 0  # some outputs end on their own EOS, inside a block for k > 1
+    if block_size == 1:
+        assert accepted_more_than_one == 0
+    else:
+        assert accepted_more_than_one > 0  # the multi-token path was exercised
+
+
+@pytest.mark.parametrize("block_accept,min_block_size", [("topk:3", 1), ("exact", 2), ("topk:100", 1)])
+def test_approximate_acceptance_invariants(toy_task, block_accept, min_block_size):
+    block_size = 4
+    everything = block_accept == "topk:100"  # more than the vocabulary: every proposal is accepted
+    for seed in range(3):
+        model = random_model(toy_task, block_size, seed)
+        sample = random_batch(toy_task.target_dictionary, 8, seed)
+        options = dict(block_accept=block_accept, min_block_size=min_block_size)
+        batched = verify_accept(model, toy_task, sample, **options)
+        uncached = verify_accept(model, toy_task, sample, use_cache=False, **options)
+        for i, hyps in enumerate(batched):
+            hypo = hyps[0]
+            alone = verify_accept(model, toy_task, sub_batch(sample, i), **options)[0][0]
+            assert hypo["tokens"].tolist() == alone["tokens"].tolist() == uncached[i][0]["tokens"].tolist()
+            length = len(hypo["tokens"])
+            assert hypo["tokens"][-1] == toy_task.target_dictionary.eos() and length <= MAX_LEN_B + 1
+            # each call after the first accepts >= min_block_size tokens (all k with topk:|V|) until EOS
+            per_call = block_size if everything else min_block_size
+            assert hypo["steps"] <= 1 + math.ceil(length / per_call)
+            if everything:
+                assert hypo["steps"] >= math.ceil(length / block_size)
+
+
+def test_decoding_options_are_checked(toy_task):
+    model = random_model(toy_task, 2, seed=0)
+    dictionary = toy_task.target_dictionary
+    assert parse_block_accept("exact") == 1 and parse_block_accept("topk:5") == 5
+    for bad in ("topk:0", "topk", "top:3", "greedy"):
+        with pytest.raises(ValueError, match="--block-accept"):
+            parse_block_accept(bad)
+    with pytest.raises(ValueError, match=r"--min-block-size must be between 1 and the model's --block-size \(2\)"):
+        VerifyAcceptGenerator([model], dictionary, min_block_size=3)
+    with pytest.raises(ValueError, match="ensemble"):
+        VerifyAcceptGenerator([model, model], dictionary)
+    with pytest.raises(ValueError, match="--nbest 2 is not supported"):
+        VerifyAcceptGenerator.build(toy_task, [model], Namespace(nbest=2))
+
+
+# ----- end to end ------------------------------------------------------------------------------------------------
+
+def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
+    """Frozen teacher + identity first head: exact verify-accept prints the teacher's greedy translations."""
+    checkpoint = train_model(dummy_data_bin, str(tmp_path / "blockwise"), TINY_BLOCKWISE + [
+        "--task", "translation_nat", "--block-size", "3", "--identity-first-head", "--freeze-base",
+        "--init-from-ar", tiny_teacher, "--criterion", "blockwise_loss", "--label-smoothing", "0.1",
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--lr", "0.005",
+    ], max_update=30)
+    teacher = hypotheses(generate_lines(dummy_data_bin, tiny_teacher, ["--task", "translation_nat", "--beam", "1"]))
+    lines = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--print-step"])
+    assert hypotheses(lines) == teacher
+    steps = {int(line.split("\t")[0][2:]): int(line.split("\t")[1]) for line in lines if line.startswith("I-")}
+    assert sorted(steps) == list(range(40))
+
+    relaxed = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1",
+                                                          "--block-accept", "topk:2", "--min-block-size", "2"])
+    assert sorted(hypotheses(relaxed)) == list(range(40))
+    with pytest.raises(ValueError, match="--min-block-size"):
+        generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--min-block-size", "4"])
+
+    with open(os.path.join(dummy_raw, "test.src")) as f:
+        sources = [next(f).strip() for _ in range(3)]
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(sources) + "\n")
+    inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
+                                         ["--task", "translation_nat", "--beam", "1"]))
+    assert [inter[i] for i in range(3)] == [teacher[i] for i in range(3)]

@@ -1,0 +1,74 @@
+"""The README's main command end to end on a few hundred Multi30k lines (a true CLI subprocess run).
+
+``run_scripts/quickstart.sh`` with its smoke knobs: prepare (sentencepiece + fairseq-preprocess) -> AR teacher
+(plain fairseq-train) -> distillation -> every plugin system's examples/multi30k recipe (a couple of updates
+each) -> benchmark. Skipped with the reason when Multi30k is not there.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from .utils import REPO_ROOT
+
+LINES = 300
+
+
+@pytest.fixture(scope="module")
+def quickstart(multi30k_dir, tmp_path_factory):
+    work = str(tmp_path_factory.mktemp("quickstart"))
+    env = {
+        **os.environ, "MULTI30K_DIR": multi30k_dir, "WORK": work, "MAX_LINES": str(LINES), "VOCAB_SIZE": "1000",
+        "TEACHER_UPDATES": "12", "STUDENT_UPDATES": "2", "LATENCY_SENTENCES": "15", "PRESET": "cpu",
+    }
+    run = lambda: subprocess.run(["bash", os.path.join(REPO_ROOT, "run_scripts", "quickstart.sh")], env=env,
+                                 capture_output=True, text=True, timeout=900)
+    first = run()
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    second = run()  # everything is done: the steps are skipped and the table printed again
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    return {"work": work, "first": first, "second": second}
+
+
+@pytest.mark.slow
+def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
+    out = quickstart["first"].stdout
+    assert "PRESET=cpu: a small smoke run" in out
+    table = out[out.index("| system | BLEU |"):]
+    assert "| AR teacher, beam 4 |" in table and "| AR teacher, greedy |" in table
+    with open(os.path.join(quickstart["work"], "bench", "results.json")) as f:
+        rows = json.load(f)["rows"]
+    assert all(r["num_sentences"] == LINES for r in rows)
+    names = [r["name"] for r in rows]
+    assert names[:2] == ["AR teacher, beam 4", "AR teacher, greedy"]
+    assert "Blockwise k=4 frozen, exact" in names and "Blockwise k=8 distilled, exact" in names
+
+
+@pytest.mark.slow
+def test_quickstart_outputs_cover_every_sentence(quickstart):
+    work = quickstart["work"]
+    with open(os.path.join(work, "data-bin", "train.kd.de.txt"), encoding="utf-8") as f:
+        assert len(f.readlines()) == LINES  # distilled target for every training sentence
+    for name in ("hyp.ar-teacher-beam-4.txt", "hyp.ar-teacher-greedy.txt"):
+        with open(os.path.join(work, "bench", name), encoding="utf-8") as f:
+            assert len(f.readlines()) == LINES
+    assert os.path.getsize(os.path.join(work, "bench", "bleu_vs_speedup.png")) > 0
+    assert os.path.isfile(os.path.join(work, "ckpt", "teacher", "checkpoint_best.pt"))
+
+
+@pytest.mark.slow
+def test_quickstart_rerun_skips_finished_steps(quickstart):
+    second = quickstart["second"].stdout
+    for step in ("data", "teacher", "distill", "blockwise-4-frozen", "benchmark-"):
+        assert f"{step}" in second and "done before" in second.split(step, 1)[1].splitlines()[0]
+    assert "| AR teacher, beam 4 |" in second
+
+
+@pytest.mark.slow
+def test_frozen_blockwise_outputs_the_teachers_greedy_translations(quickstart):
+    bench = os.path.join(quickstart["work"], "bench")
+    read = lambda slug: open(os.path.join(bench, f"hyp.{slug}.txt"), encoding="utf-8").read()
+    for k in (2, 4, 8):  # exact acceptance + identity first head on a frozen teacher (Stern et al. 2018, §3)
+        assert read(f"blockwise-k-{k}-frozen-exact") == read("ar-teacher-greedy")
