@@ -14,7 +14,7 @@ if [ "$PRESET" = gpu ]; then
         --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1)
 else
   # a 2-layer 256-d model that learns something in a few CPU minutes
-  SIZE=(--max-tokens 4096 --max-update "${TEACHER_UPDATES:-300}" --lr 2e-3 --warmup-updates 100 --dropout 0.1
+  SIZE=(--max-tokens 4096 --max-update "${TEACHER_UPDATES:-250}" --lr 2e-3 --warmup-updates 100 --dropout 0.1
         --validate-interval 1000 --save-interval 1000 --validate-interval-updates 150 --save-interval-updates 150
         --keep-interval-updates 1)
 fi

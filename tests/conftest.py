@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
 
@@ -10,6 +11,15 @@ from .utils import MULTI30K_DIR, TINY_TEACHER_ARGS, TINY_TEACHER_UPDATES, binari
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end pipeline runs (minutes); deselect with -m 'not slow'")
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped here with the reason)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one intra-op thread (two spinning threads on a busy 2-core machine: 10-30x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

@@ -158,6 +158,17 @@ def test_parse_system_spec_malformed(spec, message):
     assert repr(spec) in str(err.value)
 
 
+def test_generate_args_reach_every_row_and_are_checked(fixture, tmp_path):
+    results = benchmark.main(_args(fixture, generate_args="--max-len-a 0 --max-len-b 2", system=[],
+                                   out_dir=str(tmp_path / "out")))
+    for row in results["rows"]:  # at most 2 tokens per sentence, teacher rows included
+        with open(tmp_path / "out" / row["hyp_file"], encoding="utf-8") as f:
+            assert all(len(line.split()) <= 2 for line in f)
+    assert results["meta"]["generate_args"] == "--max-len-a 0 --max-len-b 2"
+    with pytest.raises(benchmark.BenchmarkError, match="--generate-args: --path is set by the benchmark"):
+        benchmark.main(_args(fixture, generate_args="--path x.pt", out_dir=str(tmp_path / "out2")))
+
+
 def test_bad_generate_args_name_the_row(fixture, tmp_path):
     spec = "bad=" + fixture["teacher"] + "::--task translation --no-such-option"
     with pytest.raises(benchmark.BenchmarkError, match="row 'bad': fairseq-generate rejected"):

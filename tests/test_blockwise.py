@@ -4,6 +4,7 @@ mode; top-m acceptance; minimum block size; EOS inside a block) and a tiny train
 
 import math
 import os
+import subprocess
 from argparse import Namespace
 
 import pytest
@@ -18,19 +19,10 @@ from nat_plugins.generators.verify_accept import VerifyAcceptGenerator, accepted
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
-from .utils import TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model
+from .utils import TINY_TRANSFORMER, USER_DIR, console_script, generate_lines, hypotheses, interactive_lines, train_model
 
 TINY_BLOCKWISE = ["--arch", "blockwise_transformer"] + TINY_TRANSFORMER[2:]
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one intra-op thread (two spinning threads on a shared 2-core machine: 10-30x slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -328,3 +320,11 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
     inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
                                          ["--task", "translation_nat", "--beam", "1"]))
     assert [inter[i] for i in range(3)] == [teacher[i] for i in range(3)]
+
+    # fairseq-generate without --task translation_nat must refuse, saying what to add: with --user-dir the model's
+    # check does it; without it, unpickling the checkpoint imports the plugin (under torch's full unpickler)
+    generate = [console_script("fairseq-generate"), dummy_data_bin, "--path", checkpoint, "--cpu", "--beam", "1"]
+    for extra, env in (["--user-dir", USER_DIR], {}), ([], {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
+        run = subprocess.run(generate + extra, capture_output=True, text=True, env={**os.environ, **env})
+        assert run.returncode != 0
+        assert "run fairseq with `--user-dir nat_plugins --task translation_nat`" in run.stderr, run.stderr[-2000:]

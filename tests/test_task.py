@@ -17,7 +17,7 @@ from nat_plugins.cli.distill import merge_shards
 from nat_plugins.models.plugin_model import NATPluginModel
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
-from .utils import REPO_ROOT, USER_DIR
+from .utils import REPO_ROOT, USER_DIR, console_script
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_import_registers_task_and_prints_nothing():
 
 
 def test_fairseq_generate_help_lists_task_options():
-    run = subprocess.run(["fairseq-generate", "--help", "--user-dir", USER_DIR, "--task", "translation_nat"],
+    run = subprocess.run([console_script("fairseq-generate"), "--help", "--user-dir", USER_DIR, "--task", "translation_nat"],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr
     assert "--use-distilled" in run.stdout

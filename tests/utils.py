@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import random
+import sys
 
 from fairseq import options
 from fairseq_cli import generate, interactive, preprocess, train
@@ -30,6 +31,11 @@ TINY_TEACHER_ARGS = TINY_TRANSFORMER + [
     "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--best-checkpoint-metric", "bleu",
     "--maximize-best-checkpoint-metric", "--lr", "0.005",
 ]
+
+
+def console_script(name):
+    """Path of a console script (fairseq-generate, ...) of the Python running the tests, activated or not."""
+    return os.path.join(os.path.dirname(sys.executable), name)
 
 
 def write_dummy_parallel(raw_dir, n_train=300, n_valid=40, n_test=40, seed=0):

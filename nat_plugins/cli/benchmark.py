@@ -84,17 +84,22 @@ def parse_system_spec(spec: str) -> SystemSpec:
             f"--system {spec!r}: expected 'NAME=CHECKPOINT::EXTRA FAIRSEQ-GENERATE ARGS', "
             "e.g. 'SAT K=2=ckpt/sat2.pt::--beam 1'"
         )
+    return SystemSpec(name, checkpoint, split_generate_args(arg_text if sep else "", f"--system {spec!r}"))
+
+
+def split_generate_args(text: str, where: str) -> List[str]:
+    """Split fairseq-generate arguments, refusing the options the harness sets for every row."""
     try:
-        extra = shlex.split(arg_text) if sep else []
+        extra = shlex.split(text)
     except ValueError as err:
-        raise BenchmarkError(f"--system {spec!r}: cannot split its arguments: {err}") from err
+        raise BenchmarkError(f"{where}: cannot split its arguments: {err}") from err
     owned = [a for a in extra if a.split("=", 1)[0] in HARNESS_OPTIONS]
     if owned:
         raise BenchmarkError(
-            f"--system {spec!r}: {' '.join(owned)} is set by the benchmark for all rows "
+            f"{where}: {' '.join(owned)} is set by the benchmark for all rows "
             "(give the checkpoint before '::' and the rest as benchmark options)"
         )
-    return SystemSpec(name, checkpoint, extra)
+    return extra
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -140,6 +145,11 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--user-dir", default=os.path.dirname(os.path.abspath(nat_plugins.__file__)),
         help="fairseq --user-dir for every row (default: the installed nat_plugins package)",
+    )
+    parser.add_argument(
+        "--generate-args", default="", metavar="'ARGS'",
+        help="fairseq-generate arguments given to every row, teacher rows included, before the row's own "
+        "(e.g. the same length limit for all: '--max-len-a 1.2 --max-len-b 10')",
     )
     parser.add_argument("--teacher-beam", type=int, default=4, help="beam size of the teacher's beam row (default: 4)")
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
@@ -187,6 +197,7 @@ def generation_cfg(args, spec: SystemSpec, use_cuda: bool):
     argv += ["-t", args.target_lang] if args.target_lang else []
     argv += ["--cpu"] if not use_cuda else []
     argv += ["--fp16"] if args.fp16 else []
+    argv += split_generate_args(args.generate_args, "--generate-args")
     try:
         namespace = options.parse_args_and_arch(options.get_generation_parser(), input_args=argv + spec.args)
     except SystemExit as err:  # argparse already printed the reason
@@ -428,6 +439,7 @@ def run_metadata(args, use_cuda: bool, rows: List[dict]) -> dict:
         "teacher": os.path.abspath(args.teacher),
         "teacher_beam": args.teacher_beam,
         "post_process": args.post_process,
+        "generate_args": args.generate_args,
         "seed": args.seed,
     }
 
@@ -468,7 +480,7 @@ def markdown_report(meta: dict, rows: List[dict]) -> str:
         f"BLEU = sacreBLEU ({rows[0]['bleu_signature']}) vs `{meta['reference']}`",
         f"- latency: batch 1, first {meta['latency_sentences']} sentences, {meta['warmup']} warm-up excluded; "
         f"throughput: batches of {meta['batch_size']} sentences, decode time only",
-        f"- teacher: `{meta['teacher']}`",
+        f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
         "",
         markdown_table(rows, meta["teacher_beam"]),
         "",

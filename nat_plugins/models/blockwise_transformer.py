@@ -177,9 +177,7 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
         parser.add_argument("--freeze-base", action="store_true",
                             help="train only the new feed-forward layer (the base stays as initialised, e.g. by "
                                  "--init-from-ar)")
-        parser.add_argument("--init-from-ar", type=str, metavar="PATH",
-                            help="initialise every parameter whose name and shape match this AR Transformer "
-                                 "checkpoint (the new layer stays random)")
+        cls.add_init_from_ar_args(parser)
 
     @classmethod
     def build_model(cls, args, task):

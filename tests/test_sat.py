@@ -1,0 +1,224 @@
+"""Semi-Autoregressive Transformer (Wang et al., 2018): relaxed mask, inputs shifted by K, K=1 == fairseq's
+Transformer, group decoding invariants (incremental == full recomputation, batch-1 == batched, EOS inside a
+group) and tiny train -> generate -> interactive runs."""
+
+import math
+import os
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq import checkpoint_utils, options, utils
+from fairseq.data import data_utils
+from fairseq.sequence_generator import SequenceGenerator
+
+from nat_plugins.generators.group_decoding import GroupDecoder
+from nat_plugins.modules.sat_masks import relaxed_causal_mask
+
+from .utils import TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model
+
+TINY_SAT = ["--arch", "sat_transformer"] + TINY_TRANSFORMER[2:]
+NUM_SENTENCES = 16
+
+
+@pytest.fixture(scope="module")
+def teacher(dummy_data_bin, tiny_teacher):
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([tiny_teacher],
+                                                                       arg_overrides={"data": dummy_data_bin})
+    task.load_dataset("test")
+    return models[0].eval(), task
+
+
+def build_sat(data_bin, task, group_size, extra=()):
+    """A tiny SAT model built through the task, as fairseq-train builds it."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [data_bin, "--task", "translation_nat", "--group-size",
+                                                str(group_size)] + TINY_SAT + list(extra))
+    return task.build_model(args).eval()
+
+
+def batch(task, indices):
+    dataset = task.dataset("test")
+    return dataset.collater([dataset[i] for i in indices])
+
+
+def decode(model, task, sample, **gen_args):
+    return GroupDecoder([model], task.target_dictionary, Namespace(**gen_args)).generate([model], sample)
+
+
+def by_id(sample, hypos):
+    return {sample_id: hyps for sample_id, hyps in zip(sample["id"].tolist(), hypos)}
+
+
+def test_relaxed_mask_is_figure_4_of_the_paper():
+    visible = relaxed_causal_mask(6, 2).eq(0).int()
+    assert visible.tolist() == [
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1],
+    ]
+    causal = torch.triu(utils.fill_with_neg_inf(torch.zeros(5, 5)), 1)
+    assert torch.equal(relaxed_causal_mask(5, 1), causal)
+    with pytest.raises(ValueError, match="K must be >= 1"):
+        relaxed_causal_mask(4, 0)
+
+
+def test_decoder_inputs_are_targets_shifted_by_k(dummy_data_bin, teacher):
+    _, task = teacher
+    eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
+    # fairseq's prev_output_tokens for targets "a b c d EOS" and "e f EOS"
+    prev = torch.tensor([[eos, 10, 11, 12, 13], [eos, 20, 21, pad, pad]])
+    model = build_sat(dummy_data_bin, task, 2)
+    assert model.decoder.group_inputs(prev).tolist() == [
+        [eos, eos, 10, 11, 12, 13],  # y_{t-2}; length rounded up to whole groups
+        [eos, eos, 20, 21, pad, pad],
+    ]
+    model.decoder.group_size = 3
+    assert model.decoder.group_inputs(prev).tolist() == [[eos, eos, eos, 10, 11, 12], [eos, eos, eos, 20, 21, pad]]
+    # the training forward is cut back to the target length
+    sample = batch(task, range(4))
+    logits, _ = model(**sample["net_input"])
+    assert logits.shape[:2] == sample["target"].shape
+
+
+def test_bad_options_are_refused(dummy_data_bin, teacher):
+    model, task = teacher
+    with pytest.raises(ValueError, match="--group-size must be >= 1"):
+        build_sat(dummy_data_bin, task, 0)
+    with pytest.raises(ValueError, match="--group-size 2000 is larger than the decoder's 1024 positions"):
+        build_sat(dummy_data_bin, task, 2000)
+    sat = build_sat(dummy_data_bin, task, 2)
+    with pytest.raises(ValueError, match="--sampling"):
+        GroupDecoder([sat], task.target_dictionary, Namespace(sampling=True))
+    with pytest.raises(ValueError, match="--beam must be >= 1"):
+        GroupDecoder([sat], task.target_dictionary, Namespace(beam=0))
+    with pytest.raises(ValueError, match="ensemble"):
+        GroupDecoder([sat, sat], task.target_dictionary, Namespace())
+
+
+def test_init_from_ar_copies_the_teacher(dummy_data_bin, teacher, tiny_teacher):
+    model, task = teacher
+    full = build_sat(dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher]).state_dict()
+    partial = build_sat(dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher,
+                                                  "--init-from-ar-parts", "encoder-embeddings"]).state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(full[name], tensor), name
+        assert torch.equal(partial[name], tensor) != name.startswith(("decoder.layers.", "decoder.layer_norm")), name
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("max_len_b", [200, 6])
+def test_k1_is_fairseqs_transformer(dummy_data_bin, teacher, tiny_teacher, beam, max_len_b):
+    """Same weights, K=1: the same training forward and token-identical greedy/beam output (incl. max length)."""
+    model, task = teacher
+    sat = build_sat(dummy_data_bin, task, 1, ["--init-from-ar", tiny_teacher])
+    sample = batch(task, range(NUM_SENTENCES))
+    assert torch.equal(sat(**sample["net_input"])[0], model(**sample["net_input"])[0])
+
+    reference = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=max_len_b)
+    expected = reference.generate([model], sample)
+    got = decode(sat, task, sample, beam=beam, max_len_b=max_len_b)
+    for ref_hyps, hyps in zip(expected, got):
+        assert [h["tokens"].tolist() for h in hyps] == [h["tokens"].tolist() for h in ref_hyps]
+        for h, ref in zip(hyps, ref_hyps):
+            assert h["score"].item() == pytest.approx(ref["score"].item(), abs=1e-4)
+            assert torch.allclose(h["positional_scores"], ref["positional_scores"], atol=1e-4)
+            assert h["steps"] >= len(h["tokens"])  # K=1: one decoder call per token (greedy: exactly)
+            assert beam > 1 or h["steps"] == len(h["tokens"])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("group_size", [2, 3])
+def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher, tiny_teacher, group_size, beam):
+    """Every hypothesis's positional scores are what the training-time forward gives it; greedy picks argmaxes."""
+    _, task = teacher
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    sat = build_sat(dummy_data_bin, task, group_size, ["--init-from-ar", tiny_teacher])
+    sample = batch(task, range(NUM_SENTENCES))
+    max_len = 12
+    hypos = decode(sat, task, sample, beam=beam, max_len_b=max_len)
+    best = [hyps[0] for hyps in hypos]
+    target = data_utils.collate_tokens([h["tokens"] for h in best], pad)
+    prev = data_utils.collate_tokens([h["tokens"] for h in best], pad, eos, move_eos_to_beginning=True)
+    lprobs = sat.get_normalized_probs(sat(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"],
+                                          prev), log_probs=True)
+    full_scores = lprobs.gather(2, target.unsqueeze(2)).squeeze(2)
+    for i, h in enumerate(best):
+        length = len(h["tokens"])
+        assert torch.allclose(full_scores[i, :length], h["positional_scores"], atol=1e-4)
+        assert h["steps"] >= math.ceil(length / group_size)  # one call per group (greedy: exactly)
+        assert beam > 1 or h["steps"] == math.ceil(length / group_size)
+    if beam == 1:
+        lprobs[:, :, pad] = -math.inf
+        free = torch.arange(target.size(1)) < max_len  # positions not forced to EOS by the maximum length
+        picked = target.ne(pad) & free.unsqueeze(0)
+        assert torch.equal(lprobs.argmax(2)[picked], target[picked])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_batch_of_one_equals_batched(dummy_data_bin, teacher, tiny_teacher, beam):
+    _, task = teacher
+    sat = build_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher])
+    options = dict(beam=beam, max_len_a=1.2, max_len_b=2)  # per-sentence maximum lengths
+    sample = batch(task, range(NUM_SENTENCES))
+    batched = by_id(sample, decode(sat, task, sample, **options))
+    for i in range(NUM_SENTENCES):
+        single = decode(sat, task, batch(task, [i]), **options)[0]
+        assert [h["tokens"].tolist() for h in single] == [h["tokens"].tolist() for h in batched[i]]
+        assert [h["steps"] for h in single] == [h["steps"] for h in batched[i]]
+        for h, b in zip(single, batched[i]):
+            assert torch.allclose(h["positional_scores"], b["positional_scores"], atol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_eos_inside_a_group_ends_the_hypothesis(dummy_data_bin, teacher, tiny_teacher, monkeypatch, beam):
+    """K=3 and a decoder that puts EOS at the middle position of its second call: every hypothesis is
+    positions 0..3 plus EOS at position 4 (2 decoder calls); position 5 of that group is dropped."""
+    _, task = teacher
+    eos = task.target_dictionary.eos()
+    sat = build_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher])
+    output_layer, calls = sat.decoder.output_layer, []
+
+    def eos_at_position_4(features):
+        logits = output_layer(features)
+        logits[:, :, eos] = -1e4
+        if len(calls) == 1:
+            logits[:, 1, eos] = 1e4
+        calls.append(features.size(1))
+        return logits
+
+    monkeypatch.setattr(sat.decoder, "output_layer", eos_at_position_4)
+    hypos = decode(sat, task, batch(task, range(NUM_SENTENCES)), beam=beam)
+    assert calls == [3, 3]  # one decoder call per group of K=3 positions
+    for hyps in hypos:
+        assert len(hyps) == beam
+        for h in hyps:
+            assert len(h["tokens"]) == 5 and h["tokens"][4] == eos and eos not in h["tokens"][:4].tolist()
+            assert h["steps"] == 2
+
+
+@pytest.mark.parametrize("group_size", [1, 2, 3])
+def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path, group_size):
+    checkpoint = train_model(dummy_data_bin, str(tmp_path / "sat"), TINY_SAT + [
+        "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--group-size", str(group_size), "--init-from-ar", tiny_teacher,
+    ], max_update=8)
+    for beam in (1, 2):
+        lines = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", str(beam),
+                                                            "--print-step"])
+        hyps = hypotheses(lines)
+        assert sorted(hyps) == list(range(40))
+        steps = {int(line.split("\t")[0][2:]): int(line.split("\t")[1]) for line in lines if line.startswith("I-")}
+        if beam == 1:  # one decoder call per group, up to the group holding EOS
+            assert all(steps[i] == math.ceil((len(hyps[i].split()) + 1) / group_size) for i in hyps)
+
+    with open(os.path.join(dummy_raw, "test.src")) as f:
+        sources = [next(f).strip() for _ in range(3)]
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(sources) + "\n")
+    inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
+                                         ["--task", "translation_nat", "--beam", "2"]))
+    assert [inter[i] for i in range(3)] == [hyps[i] for i in range(3)]
