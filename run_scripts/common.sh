@@ -21,7 +21,7 @@ arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the pre
   if [ "$PRESET" = gpu ]; then ARCH_ARGS=(--arch "${1}_iwslt_de_en"); else ARCH_ARGS=(--arch "$1" "${CPU_MODEL_SIZE[@]}"); fi
 }
 # training options every plugin model (student) shares; its recipe adds arch, criterion and system options.
-# cpu: STUDENT_UPDATES (default 30) updates from the teacher's weights, no validation, checkpoint_last.pt;
+# cpu: STUDENT_UPDATES (default 20) updates from the teacher's weights, no validation, checkpoint_last.pt;
 # gpu: 3000 updates, checkpoints selected by validation BLEU through the system's own generator.
 if [ "$PRESET" = gpu ]; then
   STUDENT_ARGS=(--max-tokens 8192 --max-update "${STUDENT_UPDATES:-3000}" --lr 5e-4 --warmup-updates 1000
@@ -30,7 +30,7 @@ if [ "$PRESET" = gpu ]; then
     --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
   STUDENT_CHECKPOINT=checkpoint_best.pt
 else
-  STUDENT_ARGS=(--max-tokens 4096 --max-update "${STUDENT_UPDATES:-30}" --lr 1e-3 --warmup-updates 10
+  STUDENT_ARGS=(--max-tokens 4096 --max-update "${STUDENT_UPDATES:-20}" --lr 1e-3 --warmup-updates 10
     --dropout 0.1 --disable-validation)
   STUDENT_CHECKPOINT=checkpoint_last.pt
 fi

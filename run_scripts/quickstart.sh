@@ -6,7 +6,7 @@
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt.
 # Smaller smoke runs (the pipeline test uses them): MAX_LINES=N (first N lines of each split), VOCAB_SIZE,
-# TEACHER_UPDATES, STUDENT_UPDATES, LATENCY_SENTENCES.
+# TEACHER_UPDATES, STUDENT_UPDATES, DISTILL_BEAM, LATENCY_SENTENCES.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/run_scripts/setup_env.sh"
@@ -18,7 +18,7 @@ START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: a small smoke run of the whole pipeline on the CPU (tiny models, few updates)."
   log "Its BLEU is far below the papers'; PRESET=gpu runs the full-size recipe (see README)."
-  BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-40}" --warmup 10 --batch-size 64)
+  BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-30}" --warmup 10 --batch-size 64)
 else
   BENCH_ARGS=(--batch-size 128)
 fi

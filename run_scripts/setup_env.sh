@@ -2,9 +2,10 @@
 # Idempotent set-up of ./.venv (git-ignored) for nat-plugins, in the order DESIGN.md §3 verified:
 #   torch (an already installed torch is kept; otherwise torch==2.13.0) -> build prerequisites ->
 #   fairseq-fixed==0.12.3.1 (--no-build-isolation --no-deps) -> fairseq's runtime deps (no torchaudio)
-#   -> sentencepiece, sacrebleu, matplotlib, pytest, tensorboardX (fairseq logs a hint at import without it) -> this package (editable).
+#   -> sentencepiece, sacrebleu, matplotlib, pytest, tensorboardX (fairseq logs a hint at import without it),
+#   subword-nmt + fastBPE (the alternative subword model) -> this package (editable).
 # A second run only checks a stamp and returns in seconds. Set NAT_VENV to use another location,
-# NAT_SETUP_EXTRAS="eflomal fastbpe" to add the optional tools.
+# NAT_SETUP_EXTRAS=eflomal to add the optional word aligner.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${NAT_VENV:-$ROOT/.venv}
@@ -55,13 +56,14 @@ fi
 
 log "fairseq's runtime dependencies (without torchaudio) and the project's tools"
 "${PIP[@]}" cffi hydra-core==1.3.2 omegaconf==2.3.0 regex sacrebleu==2.6.* tqdm bitarray scikit-learn packaging \
-  tensorboardX sentencepiece matplotlib pytest
+  tensorboardX sentencepiece matplotlib pytest subword-nmt==0.3.8
+log "fastBPE (alternative subword model; its C++ extension needs Cython and --no-build-isolation)"
+"${PIP[@]}" --no-build-isolation fastbpe==0.1.0
 
 for extra in $EXTRAS; do
   case $extra in
     eflomal) log "optional: eflomal (GPLv3, called as an external aligner)"; "${PIP[@]}" eflomal==2.0.0 ;;
-    fastbpe) log "optional: fastBPE"; "${PIP[@]}" --no-build-isolation fastbpe==0.1.0 ;;
-    *) echo "[setup] unknown extra '$extra' in NAT_SETUP_EXTRAS (known: eflomal fastbpe)" >&2; exit 2 ;;
+    *) echo "[setup] unknown extra '$extra' in NAT_SETUP_EXTRAS (known: eflomal)" >&2; exit 2 ;;
   esac
 done
 

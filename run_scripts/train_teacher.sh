@@ -15,13 +15,13 @@ if [ "$PRESET" = gpu ]; then
 else
   # a 2-layer 256-d model that learns something in a few CPU minutes
   SIZE=(--max-tokens 4096 --max-update "${TEACHER_UPDATES:-250}" --lr 2e-3 --warmup-updates 100 --dropout 0.1
-        --validate-interval 1000 --save-interval 1000 --validate-interval-updates 150 --save-interval-updates 150
-        --keep-interval-updates 1)
+        --validate-interval 1000 --save-interval 1000 --save-interval-updates 100 --keep-interval-updates 1)
+  # (validation, which decodes the validation set, runs once at the end)
 fi
 exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${SIZE[@]}" --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --lr-scheduler inverse_sqrt --weight-decay 0.0001 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --eval-bleu --eval-bleu-args '{"beam": 4}' --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece \
+  --eval-bleu --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece \
   --best-checkpoint-metric bleu --maximize-best-checkpoint-metric --no-epoch-checkpoints \
   --save-dir "$SAVE_DIR" --log-format simple --log-interval 50 --seed 1 "$@"

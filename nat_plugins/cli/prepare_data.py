@@ -1,19 +1,26 @@
-"""Raw parallel text -> joint sentencepiece subwords -> ``fairseq-preprocess --joined-dictionary``.
+"""Raw parallel text -> joint subwords (sentencepiece or fastBPE) -> ``fairseq-preprocess --joined-dictionary``.
 
     python -m nat_plugins.cli.prepare_data --raw-dir ../shared/data/multi30k --out-dir work/multi30k
+    python -m nat_plugins.cli.prepare_data --subword fastbpe --out-dir work/multi30k-bpe
 
 The raw directory holds ``{train,valid,test}.{src,tgt}`` (one sentence per line, untokenized). Without
 ``--raw-dir``: ``$MULTI30K_DIR``, else ``../shared/data/multi30k`` next to the checkout, else the public
 Multi30k task-1 files are downloaded (when online). Output in ``--out-dir``:
 
 * ``raw/{split}.{lang}``: the raw text used (references for sacreBLEU),
-* ``spm.model``/``spm.vocab``: joint sentencepiece BPE model (default 8k) trained on both training sides,
-* ``spm/{split}.{lang}``: subword text (input for aligners and fairseq-preprocess),
+* ``--subword sentencepiece`` (default): ``spm.model``/``spm.vocab``, a joint sentencepiece BPE model (8k) trained
+  on both training sides, and ``spm/{split}.{lang}``, the subword text; decode with ``--post-process sentencepiece``;
+* ``--subword fastbpe``: ``bpe.codes``, joint BPE merges (as many as ``--vocab-size``) learnt with subword-nmt on the
+  whitespace-split raw text and written in fastBPE's format, and ``bpe/{split}.{lang}``, the text segmented by
+  fastBPE (``@@ `` marks a split word); decode with ``--post-process subword_nmt``;
 * ``data-bin/``: fairseq binarized data with one joined dictionary (share all embeddings).
+
+The subword text is the input of aligners and of fairseq-preprocess.
 """
 
 import argparse
 import gzip
+import io
 import logging
 import os
 import shutil
@@ -102,15 +109,38 @@ def train_sentencepiece(train_files, model_prefix, vocab_size):
     return spm.SentencePieceProcessor(model_file=model_prefix + ".model")
 
 
-def binarize(spm_dir, dest_dir, src, tgt, workers):
+def learn_fastbpe(train_files, codes_path, num_merges):
+    """Joint BPE merges learnt by subword-nmt, saved in fastBPE's ``left right count`` format (fastBPE ranks
+    merges by line order; its own learner is only in its C++ command-line tool); returns the applier."""
+    try:
+        import fastBPE
+        from subword_nmt.learn_bpe import learn_bpe
+    except ImportError as err:
+        raise DataError(
+            f"--subword fastbpe needs fastBPE and subword-nmt ({err}): run bash run_scripts/setup_env.sh"
+        ) from None
+    joint = io.StringIO()
+    for path in train_files:
+        with open(path, encoding="utf-8") as f:
+            joint.write(f.read())
+    joint.seek(0)
+    merges = io.StringIO()
+    learn_bpe(joint, merges, num_merges, min_frequency=2)
+    pairs = [line.split() for line in merges.getvalue().splitlines() if line and not line.startswith("#version")]
+    with open(codes_path, "w", encoding="utf-8") as f:
+        f.writelines(f"{left} {right} {len(pairs) - rank}\n" for rank, (left, right) in enumerate(pairs))
+    return fastBPE.fastBPE(codes_path)
+
+
+def binarize(subword_dir, dest_dir, src, tgt, workers):
     from fairseq import options
     from fairseq_cli import preprocess
 
     parser = options.get_preprocessing_parser()
     args = parser.parse_args([
         "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", os.path.join(spm_dir, "train"), "--validpref", os.path.join(spm_dir, "valid"),
-        "--testpref", os.path.join(spm_dir, "test"), "--destdir", dest_dir,
+        "--trainpref", os.path.join(subword_dir, "train"), "--validpref", os.path.join(subword_dir, "valid"),
+        "--testpref", os.path.join(subword_dir, "test"), "--destdir", dest_dir,
         "--joined-dictionary", "--workers", str(workers),
     ])
     preprocess.main(args)
@@ -120,9 +150,10 @@ def main(args):
     src, tgt = args.source_lang, args.target_lang
     raw_in = resolve_raw_dir(args.raw_dir, (src, tgt), os.path.join(args.out_dir, "download"))
     logger.info(f"raw corpus: {raw_in}")
-    raw_dir, spm_dir = os.path.join(args.out_dir, "raw"), os.path.join(args.out_dir, "spm")
+    subword_dir = os.path.join(args.out_dir, "spm" if args.subword == "sentencepiece" else "bpe")
+    raw_dir = os.path.join(args.out_dir, "raw")
     os.makedirs(raw_dir, exist_ok=True)
-    os.makedirs(spm_dir, exist_ok=True)
+    os.makedirs(subword_dir, exist_ok=True)
     corpus = {split: read_parallel(raw_in, split, src, tgt, args.max_lines) for split in SPLITS}
     for split, sides in corpus.items():
         for lang, lines in sides.items():
@@ -130,29 +161,39 @@ def main(args):
                 f.writelines(line + "\n" for line in lines)
         logger.info(f"{split}: {len(sides[src])} sentence pairs")
 
-    model_prefix = os.path.join(args.out_dir, "spm")
-    sp = train_sentencepiece([os.path.join(raw_dir, f"train.{lang}") for lang in (src, tgt)],
-                             model_prefix, args.vocab_size)
+    train_files = [os.path.join(raw_dir, f"train.{lang}") for lang in (src, tgt)]
+    if args.subword == "sentencepiece":
+        subword_model = os.path.join(args.out_dir, "spm.model")
+        sp = train_sentencepiece(train_files, os.path.join(args.out_dir, "spm"), args.vocab_size)
+        segment = lambda lines: [" ".join(pieces) for pieces in sp.encode(lines, out_type=str)]
+    else:
+        subword_model = os.path.join(args.out_dir, "bpe.codes")
+        segment = learn_fastbpe(train_files, subword_model, args.vocab_size).apply
     for split, sides in corpus.items():
         for lang, lines in sides.items():
-            with open(os.path.join(spm_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
-                f.writelines(" ".join(pieces) + "\n" for pieces in sp.encode(lines, out_type=str))
+            with open(os.path.join(subword_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(line + "\n" for line in segment(lines))
 
     dest = os.path.join(args.out_dir, "data-bin")
     if os.path.exists(dest):
         shutil.rmtree(dest)  # fairseq-preprocess would mix old and new files
-    binarize(spm_dir, dest, src, tgt, args.workers)
-    logger.info(f"done: {dest} (sentencepiece model {model_prefix}.model)")
+    binarize(subword_dir, dest, src, tgt, args.workers)
+    logger.info(f"done: {dest} (subword model {subword_model})")
 
 
 def get_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--raw-dir", help="directory with raw {train,valid,test}.{src,tgt} (default: $MULTI30K_DIR, "
                         "../shared/data/multi30k, else download Multi30k)")
-    parser.add_argument("--out-dir", required=True, help="output directory (raw/, spm.model, spm/, data-bin/)")
+    parser.add_argument("--out-dir", required=True,
+                        help="output directory (raw/, spm.model + spm/ or bpe.codes + bpe/, data-bin/)")
     parser.add_argument("-s", "--source-lang", default="en", help="source language suffix")
     parser.add_argument("-t", "--target-lang", default="de", help="target language suffix")
-    parser.add_argument("--vocab-size", type=int, default=8000, help="joint sentencepiece vocabulary size")
+    parser.add_argument("--subword", choices=("sentencepiece", "fastbpe"), default="sentencepiece",
+                        help="subword model: sentencepiece BPE (default) or BPE codes learnt by subword-nmt and "
+                        "applied by fastBPE (decode with --post-process subword_nmt)")
+    parser.add_argument("--vocab-size", type=int, default=8000,
+                        help="joint sentencepiece vocabulary size, or number of fastBPE merges")
     parser.add_argument("--max-lines", type=int, default=None,
                         help="use only the first N lines of each split (smoke tests)")
     parser.add_argument("--workers", type=int, default=2, help="fairseq-preprocess worker processes")

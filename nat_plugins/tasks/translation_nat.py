@@ -55,6 +55,14 @@ class TranslationNATConfig(TranslationConfig):
             "keeps real references); 'side' keeps the real targets and adds sample['kd_target'] (Encoder-NAD-AD)"
         },
     )
+    # RecoverSAT (recover_sat, Ran et al. 2020): segment decoding options
+    segment_length_margin: int = field(
+        default=10,
+        metadata={"help": "recover_sat: a segment is forced to end after ceil(source length / K) + this many tokens"},
+    )
+    print_segments: bool = field(
+        default=False, metadata={"help": "recover_sat: print each hypothesis's segments as SEG-<id> lines (' | ')"}
+    )
     # blockwise parallel decoding (blockwise_transformer, Stern et al. 2018): verify-accept options
     block_accept: str = field(
         default="exact",
