@@ -492,21 +492,22 @@ def markdown_report(meta: dict, rows: List[dict]) -> str:
 
 
 def plot(meta: dict, rows: List[dict], path: str):
-    """BLEU against batch-1 latency speedup vs the teacher's beam row, one labelled point per row."""
+    """BLEU against batch-1 latency speedup vs the teacher's beam row; one marker per row, named in the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for r in rows:
-        ax.scatter(r["latency_speedup_vs_ar_beam"], r["bleu"])
-        ax.annotate(r["name"], (r["latency_speedup_vs_ar_beam"], r["bleu"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    markers = "osD^v<>Pp*hX"
+    for i, r in enumerate(rows):
+        ax.scatter(r["latency_speedup_vs_ar_beam"], r["bleu"], marker=markers[i % len(markers)], s=45,
+                   color=plt.cm.tab20(i % 20), label=r["name"])
     ax.set_xlabel(f"batch-1 latency speedup vs AR beam {meta['teacher_beam']} (×)")
     ax.set_ylabel("BLEU (sacreBLEU)")
     ax.set_title(f"{meta['title']}\n{meta['device']}, {meta['precision']}", fontsize=9)
     ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     plt.close(fig)
