@@ -24,13 +24,15 @@ arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the pre
 # cpu: STUDENT_UPDATES (default 20) updates from the teacher's weights, no validation, checkpoint_last.pt;
 # gpu: 3000 updates, checkpoints selected by validation BLEU through the system's own generator.
 if [ "$PRESET" = gpu ]; then
-  STUDENT_ARGS=(--max-tokens 8192 --max-update "${STUDENT_UPDATES:-3000}" --lr 5e-4 --warmup-updates 1000
+  STUDENT_UPDATES=${STUDENT_UPDATES:-3000}
+  STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr 5e-4 --warmup-updates 1000
     --dropout 0.3 --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1
     --eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
     --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
   STUDENT_CHECKPOINT=checkpoint_best.pt
 else
-  STUDENT_ARGS=(--max-tokens 4096 --max-update "${STUDENT_UPDATES:-20}" --lr 1e-3 --warmup-updates 10
+  STUDENT_UPDATES=${STUDENT_UPDATES:-20}
+  STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr 1e-3 --warmup-updates 10
     --dropout 0.1 --disable-validation)
   STUDENT_CHECKPOINT=checkpoint_last.pt
 fi

@@ -64,6 +64,13 @@ for K in 2 4 6; do
   add_row "SAT K=$K, beam 4" "$CKPT/sat-$K" "--beam 4"
 done
 
+# RecoverSAT (Ran et al. 2020): K segments in parallel (CPU preset: K=2 only, to stay within 30 minutes)
+if [ "$PRESET" = gpu ]; then RECOVER_SAT_KS="2 4 6"; else RECOVER_SAT_KS="2"; fi
+for K in $RECOVER_SAT_KS; do
+  step "recover-sat-$K" bash "$EXAMPLES/recover_sat.sh" "$DATA_BIN" "$TEACHER" "$CKPT/recover-sat-$K" "$K"
+  add_row "RecoverSAT K=$K" "$CKPT/recover-sat-$K" "--beam 1"
+done
+
 # the benchmark re-runs whenever its rows or options change
 BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${SYSTEMS[*]}" | sha1sum | cut -c1-8)
 step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \

@@ -15,8 +15,8 @@ if [ "$PRESET" = gpu ]; then
 else
   # a 2-layer 256-d model that learns something in a few CPU minutes
   SIZE=(--max-tokens 4096 --max-update "${TEACHER_UPDATES:-250}" --lr 2e-3 --warmup-updates 100 --dropout 0.1
-        --validate-interval 1000 --save-interval 1000 --save-interval-updates 100 --keep-interval-updates 1)
-  # (validation, which decodes the validation set, runs once at the end)
+        --validate-interval 1000 --save-interval 1000 --save-interval-updates 125 --keep-interval-updates 1)
+  # (fairseq validates, i.e. decodes the validation set, at each interval save and at the end)
 fi
 exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${SIZE[@]}" --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \

@@ -56,7 +56,7 @@ def test_json_rows_and_metadata(fixture):
         "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_mean",
         "latency_sentences_timed", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
-        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy",
+        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis",
     }
     for row in results["rows"]:
         assert set(row) == expected
@@ -66,6 +66,7 @@ def test_json_rows_and_metadata(fixture):
         assert row["mean_steps"] is None  # SequenceGenerator does not report steps
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
     assert results["rows"][1]["throughput_speedup_vs_ar_greedy"] == pytest.approx(1.0)
+    assert results["rows"][1]["rep"] == 0.0 and results["rows"][1]["mis"] == 0.0  # the AR output vs itself
     meta = results["meta"]
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key

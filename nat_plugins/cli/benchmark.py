@@ -11,7 +11,8 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * latency: batch 1, sentences in index order, the first ``--warmup`` not counted, median and mean;
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
   sentences, plus the mean of ``hypo["steps"]`` where the generator reports it;
-* speedups of latency and throughput against both teacher rows.
+* speedups of latency and throughput against both teacher rows;
+* Rep and Mis (Ran et al. 2020): repeated and missing tokens against the teacher's greedy output.
 
 Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``bleu_vs_speedup.png`` and ``hyp.<slug>.txt``
 (one detokenized hypothesis per line, in test-set order) for every row.
@@ -44,6 +45,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 
 import nat_plugins
+from nat_plugins.cli.rep_mis import rep_mis
 
 logger = logging.getLogger("nat_plugins.cli.benchmark")
 
@@ -406,6 +408,17 @@ def add_speedups(rows: List[dict]):
             row[f"throughput_speedup_vs_{key}"] = row["throughput_sent_per_s"] / ref["throughput_sent_per_s"]
 
 
+def add_rep_mis(rows: List[dict], out_dir: str):
+    """Rep and Mis (Ran et al. 2020, eq. 7-10) of every row against the teacher's greedy output (row 1)."""
+    def read(row):
+        with open(os.path.join(out_dir, row["hyp_file"]), encoding="utf-8") as f:
+            return f.read().splitlines()
+
+    ar_output = read(rows[1])
+    for row in rows:
+        row.update(rep_mis(read(row), ar_output))
+
+
 def device_name(use_cuda: bool) -> str:
     """GPU name, or the CPU model and torch's thread count."""
     if use_cuda:
@@ -454,8 +467,8 @@ def markdown_table(rows: List[dict], teacher_beam: int) -> str:
     lines = [
         f"| system | BLEU | latency ms (median) | latency ms (mean) | latency × vs {beam} | latency × vs greedy "
         f"| sent/s (batch) | throughput × vs {beam} | throughput × vs greedy | decoder calls / sent "
-        "| tokens / call | steps |",
-        "|---|" + "---:|" * 11,
+        "| tokens / call | steps | Rep | Mis |",
+        "|---|" + "---:|" * 13,
     ]
     for r in rows:
         cells = [
@@ -463,7 +476,7 @@ def markdown_table(rows: List[dict], teacher_beam: int) -> str:
             _fmt(r["latency_speedup_vs_ar_beam"], 2, "×"), _fmt(r["latency_speedup_vs_ar_greedy"], 2, "×"),
             _fmt(r["throughput_sent_per_s"], 1), _fmt(r["throughput_speedup_vs_ar_beam"], 2, "×"),
             _fmt(r["throughput_speedup_vs_ar_greedy"], 2, "×"), _fmt(r["decoder_calls_per_sentence"]),
-            _fmt(r["tokens_per_call"]), _fmt(r["mean_steps"]),
+            _fmt(r["tokens_per_call"]), _fmt(r["mean_steps"]), _fmt(r["rep"]), _fmt(r["mis"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -478,6 +491,7 @@ def markdown_report(meta: dict, rows: List[dict]) -> str:
         f"nat_plugins {meta['nat_plugins']}; precision {meta['precision']}; {meta['date']}",
         f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
         f"BLEU = sacreBLEU ({rows[0]['bleu_signature']}) vs `{meta['reference']}`",
+        "- Rep/Mis: repeated/missing tokens (%) against the teacher's greedy output (Ran et al. 2020, eq. 7-10)",
         f"- latency: batch 1, first {meta['latency_sentences']} sentences, {meta['warmup']} warm-up excluded; "
         f"throughput: batches of {meta['batch_size']} sentences, decode time only",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
@@ -523,6 +537,7 @@ def main(args) -> dict:
     os.makedirs(args.out_dir, exist_ok=True)
     rows = [benchmark_row(args, spec, cfg, references, use_cuda) for spec, cfg in zip(specs, cfgs)]
     add_speedups(rows)
+    add_rep_mis(rows, args.out_dir)
     meta = run_metadata(args, use_cuda, rows)
     results = {"meta": meta, "rows": rows}
     with open(os.path.join(args.out_dir, "results.json"), "w", encoding="utf-8") as f:

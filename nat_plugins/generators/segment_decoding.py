@@ -1,0 +1,170 @@
+"""Segment decoding for RecoverSAT (Ran et al., ACL 2020, §3.1 and §3.4).
+
+All K segments of a sentence advance one token per decoder call (greedy, the argmax of each segment's
+distribution), against the decoder's incremental key/value cache (fairseq's ``incremental_state``), which grows by
+K positions per call. A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length: an even
+share of the source length plus a margin, ceil(|x| / K) + ``--segment-length-margin`` (also capped by
+``--max-len-a/b`` and the decoder's positions). The first segment never emits DEL (it has no predecessor to
+repeat; its distribution is renormalised without DEL, so with K = 1 the scores are the AR model's) and not EOS
+before ``--min-len`` steps (fairseq's rule), so it is never empty. Ended segments are fed padding, which the key
+padding mask hides.
+A sentence leaves the batch when all its segments have ended, so batch size > 1 costs no extra steps; maximum
+lengths are per sentence, so a sentence decodes the same in any batch. ``hypo["steps"]`` = decoder calls.
+
+Output (§3.4): the segments that end with DEL are deleted, the others are concatenated without their EOS, and
+one EOS ends the hypothesis. ``positional_scores`` are the kept tokens' log-probabilities; the final EOS carries
+the log-probabilities of every other decision (segment ends, deleted segments), so the sum is the model's
+log-probability of the whole segment output. With K = 1 this is fairseq's greedy search, token for token.
+
+``--print-segments`` prints ``SEG-<id>`` lines with the segments separated by `` | `` (the paper's Table 5).
+"""
+
+import math
+
+import torch
+
+from ..modules.segments import DEL_SYMBOL
+
+# fairseq generation options segment decoding does not implement, with their "off" values
+UNSUPPORTED_OPTIONS = {
+    "sampling": False, "match_source_len": False, "no_repeat_ngram_size": 0, "diverse_beam_groups": -1,
+    "diversity_rate": -1.0, "prefix_size": 0, "constraints": None, "lm_path": None, "print_alignment": None,
+}
+
+
+class SegmentDecoder:
+    """Greedy segment decoding of one RecoverSAT model (see the module docstring)."""
+
+    def __init__(self, models, tgt_dict, gen_args, length_margin=10, print_segments=False):
+        if len(models) != 1:
+            raise ValueError(f"RecoverSAT segment decoding decodes one model, got an ensemble of {len(models)} (--path)")
+        for name, off in UNSUPPORTED_OPTIONS.items():
+            if getattr(gen_args, name, off) not in (off, None):
+                raise ValueError(f"--{name.replace('_', '-')} is not supported by RecoverSAT segment decoding")
+        beam = getattr(gen_args, "beam", 1)
+        if beam != 1:
+            raise ValueError(f"RecoverSAT segment decoding is greedy (the paper's decoding): pass --beam 1, got {beam}")
+        if length_margin < 0:
+            raise ValueError(f"--segment-length-margin must be >= 0, got {length_margin}")
+        self.model = models[0]
+        self.num_segments = self.model.decoder.num_segments
+        self.tgt_dict = tgt_dict
+        self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
+        self.del_index = tgt_dict.index(DEL_SYMBOL)
+        if self.del_index == tgt_dict.unk():
+            raise ValueError(f"the target dictionary has no {DEL_SYMBOL} symbol: is this a recover_sat model?")
+        self.length_margin = length_margin
+        self.print_segments = print_segments
+        self.max_len_a = getattr(gen_args, "max_len_a", 0)
+        self.max_len_b = getattr(gen_args, "max_len_b", 200)
+        self.min_len = getattr(gen_args, "min_len", 1)
+        self.normalize_scores = not getattr(gen_args, "unnormalized", False)
+        self.len_penalty = getattr(gen_args, "lenpen", 1)
+        self.unk_penalty = getattr(gen_args, "unkpen", 0)
+        self.temperature = getattr(gen_args, "temperature", 1.0)
+        if self.temperature <= 0:
+            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
+
+    def segment_max_lengths(self, src_lengths):
+        """Tokens a segment may emit before it is forced to EOS, per sentence."""
+        even_share = (src_lengths + self.num_segments - 1) // self.num_segments + self.length_margin
+        overall = (src_lengths.double() * self.max_len_a + self.max_len_b).long()
+        return torch.minimum(even_share, overall).clamp_(min=0, max=self.model.max_decoder_positions() - 1)
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs):
+        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
+        if prefix_tokens is not None:
+            raise ValueError("--prefix-size is not supported by RecoverSAT segment decoding")
+        if constraints is not None:
+            raise ValueError("--constraints is not supported by RecoverSAT segment decoding")
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        src_lengths = net_input.get("src_lengths")
+        if src_lengths is None:
+            src_lengths = src_tokens.ne(self.pad).long().sum(dim=1)
+        max_len = self.segment_max_lengths(src_lengths.to(src_tokens.device))
+        encoder_out = self.model.encoder.forward_torchscript(net_input)
+        hypos = self._decode(encoder_out, max_len)
+        if self.print_segments and "id" in sample:
+            for sample_id, hyps in zip(sample["id"].tolist(), hypos):
+                print(f"SEG-{sample_id}\t{self.segments_string(hyps[0]['segment_tokens'])}")
+        return hypos
+
+    def _step_lprobs(self, tokens, encoder_out, incremental_state, step, max_len):
+        """One decoder call: log-probabilities (rows x K x V) of every segment's next token."""
+        logits, extra = self.model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
+        logits = logits / self.temperature if self.temperature != 1.0 else logits
+        logits[:, 0, self.del_index] = -math.inf  # the first segment has no predecessor to repeat
+        lprobs = self.model.get_normalized_probs((logits, extra), log_probs=True)
+        lprobs[:, :, self.pad] = -math.inf
+        lprobs[:, :, self.tgt_dict.unk()] -= self.unk_penalty
+        forced = step >= max_len  # rows whose segments must end now
+        if step < self.min_len:
+            lprobs[~forced, 0, self.eos] = -math.inf  # nor may it be shorter than --min-len
+        if forced.any():
+            eos_lprobs = lprobs[forced, :, self.eos]
+            lprobs[forced] = -math.inf
+            lprobs[forced, :, self.eos] = eos_lprobs
+        return lprobs
+
+    def _decode(self, encoder_out, max_len):
+        K, device = self.num_segments, max_len.device
+        bsz = max_len.numel()
+        num_steps = int(max_len.max()) + 1
+        tokens = torch.full((bsz, (num_steps + 1) * K), self.pad, dtype=torch.long, device=device)
+        tokens[:, :K] = self.eos  # start symbol of every segment
+        outputs = torch.full((bsz, num_steps, K), self.pad, dtype=torch.long, device=device)
+        scores = torch.zeros(bsz, num_steps, K, device=device)
+        out_outputs, out_scores = outputs.clone(), scores.clone()
+        steps = torch.zeros(bsz, dtype=torch.long, device=device)
+        alive = torch.ones(bsz, K, dtype=torch.bool, device=device)
+        sentence = torch.arange(bsz, device=device)  # sentence of each active row
+        incremental_state = {}
+        for step in range(num_steps):
+            lprobs = self._step_lprobs(tokens[:, : (step + 1) * K], encoder_out, incremental_state, step, max_len)
+            step_scores, predictions = lprobs.max(dim=2)
+            predictions.masked_fill_(~alive, self.pad)
+            outputs[:, step] = predictions
+            scores[:, step] = step_scores.masked_fill(~alive, 0.0)
+            alive &= predictions.ne(self.eos) & predictions.ne(self.del_index)
+            tokens[:, (step + 1) * K: (step + 2) * K] = predictions.masked_fill(~alive, self.pad)
+            done = ~alive.any(dim=1)
+            if not done.any():
+                continue
+            finished = done.nonzero().squeeze(1)
+            ids = sentence[finished]
+            out_outputs[ids], out_scores[ids], steps[ids] = outputs[finished], scores[finished], step + 1
+            if finished.numel() == sentence.numel():
+                break
+            keep = (~done).nonzero().squeeze(1)
+            sentence, tokens, outputs, scores = sentence[keep], tokens[keep], outputs[keep], scores[keep]
+            alive, max_len = alive[keep], max_len[keep]
+            self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
+            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
+        return [[self._hypothesis(out_outputs[i, : steps[i]], out_scores[i, : steps[i]], int(steps[i]))]
+                for i in range(bsz)]
+
+    def _hypothesis(self, segment_tokens, segment_scores, steps):
+        """Post-processing (§3.4) of one sentence's ``steps x K`` segment outputs (padding after each end)."""
+        deleted = segment_tokens.eq(self.del_index).any(dim=0)
+        kept = (segment_tokens.ne(self.pad) & segment_tokens.ne(self.eos) & segment_tokens.ne(self.del_index)
+                & ~deleted.unsqueeze(0)).t()
+        tokens = segment_tokens.t()[kept]
+        kept_scores = segment_scores.t()[kept]
+        rest = segment_scores.sum() - kept_scores.sum()
+        tokens = torch.cat([tokens, tokens.new_full((1,), self.eos)])
+        pos_scores = torch.cat([kept_scores, rest.view(1)])
+        score = pos_scores.sum()
+        if self.normalize_scores:
+            score = score / tokens.numel() ** self.len_penalty
+        return {"tokens": tokens, "score": score, "positional_scores": pos_scores, "attention": None,
+                "alignment": None, "steps": steps, "segment_tokens": segment_tokens, "segment_scores": segment_scores}
+
+    def segments_string(self, segment_tokens):
+        """The segments as text, `` | `` between them; a deleted segment shows its DEL, EOS is left out."""
+        segments = []
+        for column in segment_tokens.t().tolist():
+            words = [self.tgt_dict[t] for t in column if t not in (self.pad, self.eos)]
+            segments.append(" ".join(words))
+        return " | ".join(segments)

@@ -1,0 +1,232 @@
+"""RecoverSAT (Ran, Lin, Li & Zhou, ACL 2020, "Learning to Recover from Multi-Modality Errors for
+Non-Autoregressive Neural Machine Translation"): model ``recover_sat``.
+
+The translation is generated as K segments in parallel, each left to right (§3.1):
+
+* the target dictionary gets a DEL symbol (:func:`~nat_plugins.modules.segments.add_segment_symbols`), added when
+  the model is built, so training, ``fairseq-generate`` and ``fairseq-interactive`` see the same dictionary; every
+  segment starts with fairseq's start symbol (EOS) and ends with EOS, or with DEL when it repeats its predecessor;
+* decoder input embedding = token embedding + sinusoid(position inside the segment) + learned segment embedding
+  (segment 0's starts at zero, so a model initialised from the AR teacher starts as the teacher on the first
+  segment and K = 1 is exactly the teacher; the others start random, N(0, 1/d), which tells the segments apart);
+* decoder inputs are laid out step-major (position t*K + k = step t of segment k); a query at step t attends to
+  the keys at steps <= t of every segment, plus fairseq's key padding mask (ended segments are padding).
+
+With K = 1 this is fairseq's Transformer (plus the DEL row). Training: criterion ``recover_sat_loss`` (it builds
+the segmented inputs and targets from fairseq's batches); decoding: :mod:`..generators.segment_decoding`.
+"""
+
+import logging
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de,
+)
+from torch import nn
+
+from ..generators.segment_decoding import SegmentDecoder
+from ..modules.segments import add_segment_symbols, segment_attention_mask, segment_ids
+from .plugin_model import NATPluginModel
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NUM_SEGMENTS = 2
+# parameters with one row per dictionary entry: the AR teacher's rows are copied, the DEL row stays random
+VOCABULARY_PARAMETERS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                         "decoder.output_projection.weight")
+
+
+class RecoverSATDecoder(TransformerDecoderBase):
+    """fairseq's Transformer decoder on the step-major segment layout (module docstring); with an
+    ``incremental_state`` each call adds one step of all K segments (the last K positions) to the cache."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, num_segments, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.num_segments = num_segments
+        self.embed_segments = nn.Embedding(num_segments, embed_tokens.embedding_dim)
+        nn.init.normal_(self.embed_segments.weight, mean=0.0, std=embed_tokens.embedding_dim ** -0.5)
+        nn.init.zeros_(self.embed_segments.weight[0])
+
+    def buffered_future_mask(self, tensor):
+        """The segment mask (built once for the longest length seen, then sliced)."""
+        dim = tensor.size(0)
+        if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
+            self._future_mask = segment_attention_mask(dim // self.num_segments, self.num_segments)
+        self._future_mask = self._future_mask.to(tensor)
+        return self._future_mask[:dim, :dim]
+
+    def step_positions(self, num_steps, reference):
+        """Positional embeddings of steps 0..num_steps-1 inside a segment (num_steps x C), from the decoder's own
+        positional module (sinusoidal by default), numbered as fairseq numbers positions of unpadded tokens."""
+        steps = reference.new_full((1, num_steps), self.padding_idx + 1)
+        return self.embed_positions(steps)[0]
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out,
+        incremental_state=None,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
+        """fairseq's decoder pass on step-major segment inputs (B x T*K)."""
+        K = self.num_segments
+        if prev_output_tokens.size(1) % K != 0:
+            raise ValueError(f"recover_sat decoder inputs must hold whole steps of --num-segments {K} positions, "
+                             f"got {prev_output_tokens.size(1)} positions")
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        padding_mask = None
+        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        num_steps = prev_output_tokens.size(1) // K
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.step_positions(num_steps, prev_output_tokens)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -K:]
+            positions = positions[-1:] if positions is not None else None
+
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens.contiguous())
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x = x + positions.repeat_interleave(K, dim=0)
+        x = x + self.embed_segments(segment_ids(prev_output_tokens.size(1), K, device=x.device))
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C
+
+        self_attn_padding_mask = None
+        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+        self_attn_mask = None
+        if incremental_state is None and not full_context_alignment:
+            self_attn_mask = self.buffered_future_mask(x)
+
+        attn = None
+        inner_states = [x]
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn, _ = layer(
+                x, enc, padding_mask, incremental_state,
+                self_attn_mask=self_attn_mask, self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=idx == alignment_layer, need_head_weights=idx == alignment_layer,
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            attn = attn[:alignment_heads].mean(dim=0)
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+
+@register_model("recover_sat")
+class RecoverSATModel(NATPluginModel, TransformerModel):
+    """RecoverSAT with ``--num-segments K`` (module docstring). ``forward(src_tokens, src_lengths,
+    prev_output_tokens)`` takes step-major segment inputs (B x T*K), as built by ``recover_sat_loss``.
+
+    ``--init-from-ar PATH`` copies every parameter of an AR Transformer checkpoint with the same name and shape,
+    and the teacher's rows of the embeddings and output projection (the DEL row and the segment embeddings are
+    new)."""
+
+    num_updates = 0
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument("--num-segments", type=int, metavar="K",
+                            help=f"segments decoded in parallel (RecoverSAT's K; default {DEFAULT_NUM_SEGMENTS}); "
+                                 "K=1 is the AR Transformer")
+        cls.add_init_from_ar_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        recover_sat_base_architecture(args)
+        if args.num_segments < 1:
+            raise ValueError(f"--num-segments must be >= 1, got {args.num_segments}")
+        if getattr(task.cfg, "left_pad_target", False):
+            raise ValueError("recover_sat needs right-padded targets: drop --left-pad-target")
+        add_segment_symbols(task.target_dictionary)
+        if args.share_all_embeddings and task.source_dictionary is not task.target_dictionary:
+            add_segment_symbols(task.source_dictionary)  # joined dictionaries must stay equal
+        model = super().build_model(args, task)
+        if args.num_segments > model.max_decoder_positions():
+            raise ValueError(f"--num-segments {args.num_segments} is larger than the decoder's "
+                             f"{model.max_decoder_positions()} positions (--max-target-positions)")
+        return model
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        num_segments = cfg.num_segments
+        cfg = TransformerConfig.from_namespace(cfg)
+        return RecoverSATDecoder(cfg, tgt_dict, embed_tokens, num_segments, no_encoder_attn=cfg.no_cross_attention)
+
+    @property
+    def num_segments(self):
+        return self.decoder.num_segments
+
+    def set_num_updates(self, num_updates):
+        """Remember the update count (``recover_sat_loss`` anneals p and seeds its draws with it)."""
+        super().set_num_updates(num_updates)
+        self.num_updates = num_updates
+
+    def init_from_ar(self, path):
+        """Parameters matching by name and shape (:meth:`NATPluginModel.init_from_ar`), then the AR teacher's
+        dictionary rows of the vocabulary-sized parameters (the teacher's dictionary lacks DEL)."""
+        loaded = super().init_from_ar(path)
+        ar_state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
+        own_state = self.state_dict()
+        rows = {}
+        for name in VOCABULARY_PARAMETERS:
+            if name not in own_state or name not in ar_state or name in loaded:
+                continue
+            own, ar = own_state[name], ar_state[name]
+            if ar.dim() != 2 or ar.size(1) != own.size(1) or ar.size(0) > own.size(0):
+                continue
+            rows[name] = torch.cat([ar.to(own.dtype), own[ar.size(0):]])
+        self.load_state_dict(rows, strict=False)
+        if rows:
+            logger.info(f"initialised the AR dictionary rows of {', '.join(sorted(rows))} from {path}")
+        return sorted(loaded + list(rows))
+
+    def make_generator(self, task, models, gen_args):
+        return SegmentDecoder(models, task.target_dictionary, gen_args,
+                              length_margin=task.cfg.segment_length_margin, print_segments=task.cfg.print_segments)
+
+
+@register_model_architecture("recover_sat", "recover_sat")
+def recover_sat_base_architecture(args):
+    if getattr(args, "num_segments", None) is None:
+        args.num_segments = DEFAULT_NUM_SEGMENTS
+    args.init_from_ar = getattr(args, "init_from_ar", None)
+    base_architecture(args)
+
+
+@register_model_architecture("recover_sat", "recover_sat_iwslt_de_en")
+def recover_sat_iwslt_de_en(args):
+    transformer_iwslt_de_en(args)
+    recover_sat_base_architecture(args)
+
+
+@register_model_architecture("recover_sat", "recover_sat_wmt_en_de")
+def recover_sat_wmt_en_de(args):
+    transformer_wmt_en_de(args)
+    recover_sat_base_architecture(args)

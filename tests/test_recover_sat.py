@@ -1,0 +1,349 @@
+"""RecoverSAT (Ran et al., 2020): split points, pseudo-repetitive injection, the segment mask, K=1 == AR greedy,
+incremental == full recomputation, post-processing, annealing after restore, Rep/Mis and a tiny
+train -> generate -> interactive run."""
+
+import math
+import os
+import random
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq import checkpoint_utils, options
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator
+
+from nat_plugins.cli import rep_mis
+from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
+from nat_plugins.generators.segment_decoding import SegmentDecoder
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
+from nat_plugins.modules.segments import (
+    DEL_SYMBOL,
+    add_segment_symbols,
+    allowed_split_points,
+    equal_split_points,
+    inject_pseudo_repetition,
+    random_split_points,
+    segment_attention_mask,
+    segment_batch,
+    split_at,
+    step_major,
+    word_boundary_tables,
+)
+
+from .utils import TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model
+
+TINY_RECOVER_SAT = ["--arch", "recover_sat"] + TINY_TRANSFORMER[2:]
+NUM_SENTENCES = 16
+
+
+@pytest.fixture(scope="module")
+def teacher(dummy_data_bin, tiny_teacher):
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([tiny_teacher],
+                                                                       arg_overrides={"data": dummy_data_bin})
+    task.load_dataset("test")
+    return models[0].eval(), task
+
+
+def build_recover_sat(data_bin, task, num_segments, extra=()):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [data_bin, "--task", "translation_nat", "--num-segments",
+                                                str(num_segments)] + TINY_RECOVER_SAT + list(extra))
+    return task.build_model(args).eval()
+
+
+def batch(task, indices):
+    dataset = task.dataset("test")
+    return dataset.collater([dataset[i] for i in indices])
+
+
+def decode(model, task, sample, length_margin=10, **gen_args):
+    decoder = SegmentDecoder([model], task.target_dictionary, Namespace(beam=1, **gen_args), length_margin=length_margin)
+    return decoder.generate([model], sample)
+
+
+def word_dictionary(words):
+    dictionary = Dictionary()
+    for word in words:
+        dictionary.add_symbol(word)
+    return dictionary
+
+
+# ----- (a) split points and injection --------------------------------------------------------------------------
+def test_equal_split_points_on_known_lengths():
+    assert equal_split_points(10, 3) == [4, 7]
+    assert equal_split_points(9, 3) == [3, 6]
+    assert equal_split_points(8, 1) == []
+    assert equal_split_points(2, 4) == [1, 1, 2]  # short sentence: empty segments
+    assert equal_split_points(0, 3) == [0, 0]
+    # words of 2 subwords (allowed points 2, 4, 6, 8): ceil(10/3)=4 stays, ceil(20/3)=7 moves to 6 (tie: earlier)
+    assert equal_split_points(10, 3, allowed=[2, 4, 6, 8]) == [4, 6]
+    assert equal_split_points(3, 3, allowed=[]) == [0, 3]  # one word: no interior point
+
+
+def test_split_points_never_cut_a_word():
+    spm = word_dictionary(["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer", "s", "."])
+    bpe = word_dictionary(["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"])
+    spm_tokens = [spm.index(s) for s in ["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer",
+                                          "s", "."]]
+    bpe_tokens = [bpe.index(s) for s in ["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"]]
+    assert allowed_split_points(spm_tokens, *word_boundary_tables(spm)) == [1, 2, 4, 5]
+    assert allowed_split_points(bpe_tokens, *word_boundary_tables(bpe)) == [1, 2, 4, 5]
+    words = word_dictionary(["t1", "t2", "t3"])
+    assert allowed_split_points([4, 5, 6, 4], *word_boundary_tables(words)) == [1, 2, 3]
+
+    rng = random.Random(0)
+    for _ in range(200):
+        points = random_split_points(9, 4, [1, 2, 4, 5], rng)
+        assert len(points) == 3 and len(set(points)) == 3 and points == sorted(points)
+        assert set(points) <= {1, 2, 4, 5}
+    assert random_split_points(9, 4, [3], rng) == [3, 9, 9]  # fewer allowed points than K-1: empty tail segments
+    assert random_split_points(2, 3, [], rng) == [2, 2]
+
+
+def test_injection_builds_the_papers_example():
+    """K=4, q=1, fixed draws: "there are | lots of farmers | lots of DEL | doing this today"."""
+    words = "there are lots of farmers doing this today".split()
+    segments, flags = inject_pseudo_repetition(split_at(words, [2, 5]), 1, 2)
+    assert segments == [["there", "are"], ["lots", "of", "farmers"], ["lots", "of"], ["doing", "this", "today"]]
+    assert flags == [False, False, True, False]
+
+    class FixedDraws:  # inject (random() < q), then RAND (random() < p) at points 2 and 5, segment 1, prefix 2
+        def __init__(self):
+            self.uniforms = iter([0.0, 0.0])
+
+        def random(self):
+            return next(self.uniforms)
+
+        def sample(self, population, k):
+            assert k == 2 and population == list(range(1, 8))
+            return [5, 2]
+
+        def choice(self, options):
+            assert options == [0, 1, 2]
+            return 1
+
+        def randint(self, low, high):
+            assert (low, high) == (1, 3)
+            return 2
+
+    dictionary = word_dictionary(words)
+    del_index = add_segment_symbols(dictionary)
+    assert add_segment_symbols(dictionary) == del_index == len(dictionary) - 1  # added once
+    task = TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
+    tokens = [dictionary.index(w) for w in words]
+    criterion = RecoverSATLoss(task, 0.0, 10, 1.0, False, 1)
+    criterion.boundary_tables = word_boundary_tables(dictionary)
+    segments, flags = criterion.segment_sentence(tokens, 4, 1.0, 1.0, FixedDraws())
+    assert [[dictionary[t] for t in s] for s in segments] == [
+        ["there", "are"], ["lots", "of", "farmers"], ["lots", "of"], ["doing", "this", "today"]]
+    assert flags == [False, False, True, False]
+
+    eos, pad = dictionary.eos(), dictionary.pad()
+    inputs, targets = segment_batch([segments, [[], tokens[:1], [], []]], [flags, [False] * 4], eos, pad, del_index)
+    assert inputs.shape == targets.shape == (2, 4 * 4)  # longest segment 3 tokens + BOS/EOS = 4 steps of K=4
+    per_segment = targets[0].view(4, 4).t()  # K x steps
+    assert per_segment[2].tolist() == [pad, pad, del_index, pad]  # only the DEL of the pseudo segment is trained
+    assert per_segment[1].tolist() == tokens[2:5] + [eos]
+    assert inputs[0].view(4, 4).t()[2].tolist() == [eos] + tokens[2:4] + [pad]
+    assert targets[1].view(4, 4).t().tolist() == [[eos, pad, pad, pad], [tokens[0], eos, pad, pad],
+                                                   [eos, pad, pad, pad], [eos, pad, pad, pad]]  # empty: BOS -> EOS
+    assert torch.equal(step_major(torch.arange(6).view(1, 2, 3)), torch.tensor([[0, 3, 1, 4, 2, 5]]))
+
+
+# ----- (b) model, mask, criterion -------------------------------------------------------------------------------
+def test_segment_mask_for_k3():
+    visible = segment_attention_mask(3, 3).eq(0).int()
+    assert visible.tolist() == [[1, 1, 1, 0, 0, 0, 0, 0, 0]] * 3 + [[1] * 6 + [0] * 3] * 3 + [[1] * 9] * 3
+
+
+def test_model_sees_steps_up_to_its_own_in_every_segment(dummy_data_bin, teacher, tiny_teacher):
+    _, task = teacher
+    model = build_recover_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher])
+    with torch.no_grad():
+        model.decoder.embed_segments.weight.normal_()
+    sample = batch(task, range(2))
+    src = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    inputs = torch.tensor([[2, 2, 2, 10, 11, 12, 13, 1, 14]] * 2)  # 3 steps of K=3; segment 1 ended after step 1
+    changed = inputs.clone()
+    changed[:, 5] = 20  # step 1, segment 2
+    out, changed_out = model(*src, inputs)[0], model(*src, changed)[0]
+    assert torch.allclose(out[:, :3], changed_out[:, :3])  # step 0 does not see step 1
+    for position in range(3, 9):  # every segment sees step 1 of segment 2 from step 1 on
+        assert not torch.allclose(out[:, position], changed_out[:, position])
+
+
+def test_bad_options_are_refused(dummy_data_bin, teacher):
+    _, task = teacher
+    with pytest.raises(ValueError, match="--num-segments must be >= 1"):
+        build_recover_sat(dummy_data_bin, task, 0)
+    model = build_recover_sat(dummy_data_bin, task, 2)
+    with pytest.raises(ValueError, match="--beam 1"):
+        SegmentDecoder([model], task.target_dictionary, Namespace(beam=4))
+    with pytest.raises(ValueError, match="--segment-length-margin"):
+        SegmentDecoder([model], task.target_dictionary, Namespace(beam=1), length_margin=-1)
+    with pytest.raises(ValueError, match="--pseudo-rep-prob"):
+        RecoverSATLoss(task, 0.0, 10, 1.5, False, 1)
+    with pytest.raises(ValueError, match="whole steps"):
+        model(torch.tensor([[5, 6, 2]]), torch.tensor([3]), torch.tensor([[2, 2, 7]]))
+
+
+def test_criterion_and_annealing(dummy_data_bin, teacher):
+    _, task = teacher
+    model = build_recover_sat(dummy_data_bin, task, 3).train()
+    criterion = RecoverSATLoss(task, 0.15, 10, 0.5, False, 1)
+    sample = batch(task, range(8))
+    model.set_num_updates(5)
+    loss, sample_size, log = criterion(model, sample)
+    assert loss.item() > 0 and log["anneal_p_sum"] == pytest.approx(0.5 * 8) and sample_size == log["trained_positions"]
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())  # no unused parameter (DDP)
+    assert [annealed_p(u, 10) for u in (0, 5, 10, 20)] == [1.0, 0.5, 0.0, 0.0] and annealed_p(3, 0) == 0.0
+    # same update -> same draws on every rank/run; validation: EQUAL split, no injection
+    first = RecoverSATLoss(task, 0.15, 10, 0.5, False, 1).build_segments(model, sample["target"])
+    again = RecoverSATLoss(task, 0.15, 10, 0.5, False, 1).build_segments(model, sample["target"])
+    assert torch.equal(first[0], again[0]) and first[3] == again[3]
+    model.eval()
+    _inputs, _targets, p, injected = criterion.build_segments(model, sample["target"])
+    assert p == 0.0 and injected == 0
+
+
+def test_annealing_continues_after_restore(dummy_data_bin, tiny_teacher, tmp_path, monkeypatch):
+    save_dir = str(tmp_path / "restore")
+    args = TINY_RECOVER_SAT + ["--task", "translation_nat", "--criterion", "recover_sat_loss", "--num-segments", "2",
+                               "--anneal-steps", "8", "--init-from-ar", tiny_teacher]
+    train_model(dummy_data_bin, save_dir, args, max_update=4)
+    seen = []
+    build_segments = RecoverSATLoss.build_segments
+
+    def record(self, model, target):
+        result = build_segments(self, model, target)
+        if model.training:
+            seen.append((model.num_updates, result[2]))
+        return result
+
+    monkeypatch.setattr(RecoverSATLoss, "build_segments", record)
+    train_model(dummy_data_bin, save_dir, args, max_update=6)  # restores checkpoint_last.pt (update 4)
+    assert seen[0] == (4, pytest.approx(0.5)) and seen[-1] == (5, pytest.approx(1 - 5 / 8))
+
+
+# ----- (c) segment decoding -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_len_b", [200, 6])
+def test_k1_is_ar_greedy(dummy_data_bin, teacher, tiny_teacher, max_len_b):
+    """Same weights, K=1: the training forward and fairseq's greedy output, token for token (incl. max length)."""
+    _, task = teacher
+    # a teacher with its own dictionary (building recover_sat adds DEL to the module task's)
+    models, _cfg, ar_task = checkpoint_utils.load_model_ensemble_and_task([tiny_teacher],
+                                                                          arg_overrides={"data": dummy_data_bin})
+    model = models[0].eval()
+    recover = build_recover_sat(dummy_data_bin, task, 1, ["--init-from-ar", tiny_teacher])
+    sample = batch(task, range(NUM_SENTENCES))
+    vocab = len(ar_task.target_dictionary)
+    assert len(task.target_dictionary) == vocab + 1
+    real = sample["target"].ne(task.target_dictionary.pad())
+    assert torch.allclose(recover(**sample["net_input"])[0][..., :vocab][real], model(**sample["net_input"])[0][real])
+    expected = SequenceGenerator([model], ar_task.target_dictionary, beam_size=1, max_len_b=max_len_b).generate(
+        [model], sample)
+    got = decode(recover, task, sample, length_margin=1000, max_len_b=max_len_b)
+    for ref, hyp in zip(expected, got):
+        assert hyp[0]["tokens"].tolist() == ref[0]["tokens"].tolist()
+        assert torch.allclose(hyp[0]["positional_scores"], ref[0]["positional_scores"], atol=1e-4)
+        assert hyp[0]["score"].item() == pytest.approx(ref[0]["score"].item(), abs=1e-4)
+        assert hyp[0]["steps"] == len(hyp[0]["tokens"])
+
+
+@pytest.mark.parametrize("num_segments", [2, 3])
+def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher, tiny_teacher, num_segments):
+    _, task = teacher
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    recover = build_recover_sat(dummy_data_bin, task, num_segments, ["--init-from-ar", tiny_teacher])
+    with torch.no_grad():
+        recover.decoder.embed_segments.weight.normal_(std=0.5)  # segments that differ
+    sample = batch(task, range(NUM_SENTENCES))
+    del_index = task.target_dictionary.index(DEL_SYMBOL)
+    hypos = decode(recover, task, sample, length_margin=2)
+    for i, (hyp,) in enumerate(hypos):
+        segment_tokens = hyp["segment_tokens"]  # steps x K
+        inputs = torch.cat([torch.full((1, num_segments), eos), segment_tokens[:-1]])
+        inputs = inputs.masked_fill(inputs.eq(eos) & (torch.arange(len(inputs)) > 0).unsqueeze(1), pad)
+        inputs = inputs.masked_fill(inputs.eq(del_index), pad)
+        one = {k: v[i:i + 1] for k, v in sample["net_input"].items()}
+        src_len = int(one["src_lengths"])
+        logits, extra = recover(one["src_tokens"][:, -src_len:], one["src_lengths"], inputs.reshape(1, -1))
+        logits[:, ::num_segments, del_index] = -math.inf  # segment 0 never emits DEL
+        lprobs = recover.get_normalized_probs((logits, extra), log_probs=True)
+        decoded = segment_tokens.ne(pad).reshape(-1)
+        full = lprobs[0].gather(1, segment_tokens.reshape(-1, 1)).squeeze(1)
+        assert torch.allclose(full[decoded], hyp["segment_scores"].reshape(-1)[decoded], atol=1e-4)
+        assert hyp["steps"] == len(segment_tokens) <= math.ceil(src_len / num_segments) + 2 + 1
+
+
+def test_batch_of_one_equals_batched(dummy_data_bin, teacher, tiny_teacher):
+    _, task = teacher
+    recover = build_recover_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher])
+    sample = batch(task, range(NUM_SENTENCES))
+    batched = dict(zip(sample["id"].tolist(), decode(recover, task, sample)))
+    for i in range(NUM_SENTENCES):
+        single = decode(recover, task, batch(task, [i]))[0][0]
+        assert single["tokens"].tolist() == batched[i][0]["tokens"].tolist()
+        assert single["steps"] == batched[i][0]["steps"]
+
+
+def test_post_processing_drops_del_segments_and_eos(dummy_data_bin, teacher):
+    _, task = teacher
+    recover = build_recover_sat(dummy_data_bin, task, 3)
+    decoder = SegmentDecoder([recover], task.target_dictionary, Namespace(beam=1))
+    pad, eos, del_index = decoder.pad, decoder.eos, decoder.del_index
+    # segments: "10 11 EOS", "10 DEL", "12 EOS" (steps x K)
+    segment_tokens = torch.tensor([[10, 10, 12], [11, del_index, eos], [eos, pad, pad]])
+    scores = -torch.arange(1, 10, dtype=torch.float).view(3, 3)
+    scores[segment_tokens.eq(pad)] = 0
+    hyp = decoder._hypothesis(segment_tokens, scores, 3)
+    assert hyp["tokens"].tolist() == [10, 11, 12, eos]
+    assert hyp["positional_scores"][:3].tolist() == [-1.0, -4.0, -3.0]
+    assert hyp["positional_scores"].sum().item() == pytest.approx(scores.sum().item())
+    assert decoder.segments_string(segment_tokens) == " | ".join(
+        [f"{decoder.tgt_dict[10]} {decoder.tgt_dict[11]}", f"{decoder.tgt_dict[10]} {DEL_SYMBOL}",
+         decoder.tgt_dict[12]])
+
+
+# ----- (d) Rep / Mis ------------------------------------------------------------------------------------------
+def test_rep_mis(tmp_path):
+    ar = ["there are lots of farmers doing this today", "a b c"]
+    hyp = ["there are lots of of farmers doing this today", "a b"]
+    # sentence 1: one extra "of" (rep 1); sentence 2: "c" missing (mis 1)
+    assert rep_mis.rep_mis(hyp, ar) == {"rep": pytest.approx(100 / 11), "mis": pytest.approx(100 / 11)}
+    assert rep_mis.rep_mis(ar, ar) == {"rep": 0.0, "mis": 0.0}
+    (tmp_path / "ar.txt").write_text("\n".join(ar) + "\n")
+    (tmp_path / "sys.gen").write_text(
+        f"S-1\tx\nH-1\t-0.1\t{hyp[1]}\nD-1\t-0.1\t{hyp[1]}\nS-0\ty\nH-0\t-0.2\t{hyp[0]}\nD-0\t-0.2\t{hyp[0]}\n")
+    assert rep_mis.read_translations(str(tmp_path / "sys.gen"), "D") == hyp
+    assert rep_mis.main(["--ar-output", str(tmp_path / "ar.txt"), "--hypotheses", str(tmp_path / "sys.gen")]) == \
+        rep_mis.rep_mis(hyp, ar)
+    with pytest.raises(ValueError, match="must translate the same sentences"):
+        rep_mis.rep_mis(hyp, ar[:1])
+
+
+# ----- (e) end to end -----------------------------------------------------------------------------------------
+def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
+    checkpoint = train_model(dummy_data_bin, str(tmp_path / "recover_sat"), TINY_RECOVER_SAT + [
+        "--task", "translation_nat", "--criterion", "recover_sat_loss", "--label-smoothing", "0.15",
+        "--num-segments", "3", "--anneal-steps", "10", "--init-from-ar", tiny_teacher,
+    ], max_update=8)
+    lines = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--print-step",
+                                                        "--print-segments"])
+    hyps = hypotheses(lines)
+    assert sorted(hyps) == list(range(40))
+    assert DEL_SYMBOL not in " ".join(hyps.values())
+    segments = {int(line.split("\t")[0][4:]): line.split("\t")[1] for line in lines if line.startswith("SEG-")}
+    assert sorted(segments) == list(range(40)) and all(s.count(" | ") == 2 for s in segments.values())
+    steps = [int(line.split("\t")[1]) for line in lines if line.startswith("I-")]
+    assert len(steps) == 40 and all(s >= 1 for s in steps)
+
+    with open(os.path.join(dummy_raw, "test.src")) as f:
+        sources = [next(f).strip() for _ in range(3)]
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(sources) + "\n")
+    inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
+                                         ["--task", "translation_nat", "--beam", "1"]))
+    assert [inter[i] for i in range(3)] == [hyps[i] for i in range(3)]
