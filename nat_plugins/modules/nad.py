@@ -1,0 +1,205 @@
+"""Building blocks of a non-autoregressive decoder (NAD), shared by ``fertility_nat`` (Gu et al., ICLR 2018, §3)
+and the NAD of ``nad_ad_transformer`` (Zhou, Zhang & Zong 2020, §3).
+
+* decoder inputs are copies of source-side vectors (§3.1 of Gu et al.): :func:`fertility_copy_index` maps target
+  position t to the source position whose fertility span covers t; uniform copy is the same with
+  :func:`uniform_fertility` (target length spread evenly over the source tokens, Gu et al.'s
+  "Round(T't/T)"), so both modes go through one gather, :func:`copy_source`;
+* :class:`FertilityPredictor` (§3.3: one hidden layer and a softmax over 0..L-1 on the top encoder states) and
+  :class:`LengthPredictor` (mean-pooled encoder states -> softmax over target lengths, for uniform copy);
+* :class:`NADLayer`: self-attention (optionally masking each query's own position, §3.1 "we mask out each query
+  position only from attending to itself") -> positional attention (positional encodings as query and key,
+  hidden states as value) -> encoder attention -> FFN, pre- or post-norm as fairseq's ``--decoder-normalize-before``;
+* :class:`NonAutoregressiveDecoder`: target positional embeddings + a stack of :class:`NADLayer` -> states.
+
+Conventions: source tensors are as fairseq batches them (either padding side, EOS last); fertilities are B x S
+integers aligned with ``src_tokens`` with 0 on padding and EOS (``translation_nat`` batches them so); NAD
+targets exclude EOS; the copied inputs are right-padded (``True`` in the padding mask = padding).
+"""
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import nn
+
+# an additive mask value that hides a key but, unlike -inf, leaves a query that sees no other key (a one-token
+# target with its own position masked) a defined softmax; exp(-1e4) underflows to 0 in fp16, bf16 and fp32
+HIDDEN = -1e4
+
+
+def fertility_copy_index(fertility, max_length=None):
+    """Source position copied to every target position, and the target padding mask.
+
+    ``fertility``: B x S non-negative integers. Returns ``index`` (B x T, long) with ``index[b, t] = j`` for
+    ``sum(fertility[b, :j]) <= t < sum(fertility[b, :j + 1])`` and ``padding`` (B x T, bool), where
+    T = max(1, longest total) (or ``max_length`` when given; longer totals are cut). Padding positions point at
+    source position 0 (any valid index: they are masked).
+    """
+    if fertility.dim() != 2:
+        raise ValueError(f"fertility must be B x S, got shape {tuple(fertility.shape)}")
+    if (fertility < 0).any():
+        raise ValueError("fertilities must be >= 0")
+    ends = fertility.long().cumsum(dim=1)  # B x S: end (exclusive) of each source position's span
+    lengths = ends[:, -1]
+    length = max(int(lengths.max()), 1) if max_length is None else max_length
+    positions = torch.arange(length, device=fertility.device).unsqueeze(0).expand(fertility.size(0), -1)
+    index = torch.searchsorted(ends, positions.contiguous(), right=True)
+    padding = positions >= lengths.unsqueeze(1)
+    return index.masked_fill(padding, 0), padding
+
+
+def uniform_fertility(copyable, target_lengths):
+    """Fertilities that spread ``target_lengths`` (B) evenly over the copyable source positions (``copyable``:
+    B x S bool, e.g. neither padding nor EOS), in order: target position t copies the floor(t * n / T)-th
+    copyable position (n copyable, T target positions). Sentences with no copyable position get fertility 0."""
+    n = copyable.long().sum(dim=1, keepdim=True)  # B x 1
+    rank = copyable.long().cumsum(dim=1) - 1  # rank of each copyable position among them
+    target_lengths = target_lengths.long().unsqueeze(1)
+    # target positions t with floor(t * n / T) == r are those in [ceil(r * T / n), ceil((r + 1) * T / n))
+    n_safe = n.clamp(min=1)
+    start = (rank * target_lengths + n_safe - 1) // n_safe
+    end = ((rank + 1) * target_lengths + n_safe - 1) // n_safe
+    return (end - start).masked_fill(~copyable, 0)
+
+
+def copy_source(source, index):
+    """``source`` (B x S x C) gathered at ``index`` (B x T) -> B x T x C."""
+    return source.gather(1, index.unsqueeze(-1).expand(-1, -1, source.size(-1)))
+
+
+def self_attention_mask(length, mask_diagonal, reference):
+    """Additive T x T self-attention mask of the NAD: None (all visible) or each query's own key hidden."""
+    if not mask_diagonal:
+        return None
+    return torch.zeros(length, length, dtype=reference.dtype, device=reference.device).fill_diagonal_(HIDDEN)
+
+
+class FertilityPredictor(nn.Module):
+    """Gu et al. §3.3: a one-hidden-layer network with a softmax over fertilities 0..L-1 on each top encoder state."""
+
+    def __init__(self, embed_dim, max_fertility, dropout=0.0):
+        super().__init__()
+        if max_fertility < 2:
+            raise ValueError(f"--max-fertility must be at least 2, got {max_fertility}")
+        self.max_fertility = max_fertility
+        self.hidden = nn.Linear(embed_dim, embed_dim)
+        self.out = nn.Linear(embed_dim, max_fertility)
+        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+
+    def forward(self, encoder_states):
+        """Logits (B x S x L) of the fertility of every source position (``encoder_states``: B x S x C)."""
+        return self.out(self.dropout_module(F.relu(self.hidden(encoder_states))))
+
+
+class LengthPredictor(nn.Module):
+    """Target length (EOS excluded) from the mean of the unpadded top encoder states, a softmax over 0..max-1."""
+
+    def __init__(self, embed_dim, max_length):
+        super().__init__()
+        self.max_length = max_length
+        self.out = nn.Linear(embed_dim, max_length)
+
+    def forward(self, encoder_states, encoder_padding_mask):
+        """Logits (B x max_length); ``encoder_states`` B x S x C, ``encoder_padding_mask`` B x S (True = pad)."""
+        keep = (~encoder_padding_mask).unsqueeze(-1).type_as(encoder_states)
+        pooled = (encoder_states * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
+        return self.out(pooled)
+
+
+class NADLayer(TransformerDecoderLayerBase):
+    """A NAD layer: self-attention -> positional attention -> encoder attention -> FFN, each a residual sublayer
+    (fairseq's pre-/post-norm choice). Reuses fairseq's decoder layer for the self/encoder attention and FFN."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for extra in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid"):
+            if getattr(self, extra, None) is not None:
+                raise ValueError(f"the non-autoregressive decoder layer does not support fairseq's '{extra}' "
+                                 "(NormFormer/scale options): leave --scale-attn/--scale-heads/--scale-fc/--scale-resids off")
+        self.pos_attn = self.build_encoder_attention(self.embed_dim, cfg)  # query/key/value from different inputs
+        self.pos_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
+
+    def sublayer(self, x, layer_norm, fn):
+        residual = x
+        if self.normalize_before:
+            x = layer_norm(x)
+        x = self.residual_connection(self.dropout_module(fn(x)), residual)
+        if not self.normalize_before:
+            x = layer_norm(x)
+        return x
+
+    def forward(self, x, positions, encoder_out, encoder_padding_mask, self_attn_mask=None, padding_mask=None):
+        """``x``, ``positions``: T x B x C; ``encoder_out``: S x B x C; masks as fairseq's (True = padding)."""
+
+        def self_attention(h):
+            return self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask,
+                                  need_weights=False)[0]
+
+        def positional_attention(h):
+            return self.pos_attn(query=positions, key=positions, value=h, key_padding_mask=padding_mask,
+                                 need_weights=False)[0]
+
+        def encoder_attention(h):
+            return self.encoder_attn(query=h, key=encoder_out, value=encoder_out,
+                                     key_padding_mask=encoder_padding_mask, need_weights=False)[0]
+
+        def feed_forward(h):
+            h = self.activation_dropout_module(self.activation_fn(self.fc1(h)))
+            return self.fc2(h)
+
+        x = self.sublayer(x, self.self_attn_layer_norm, self_attention)
+        x = self.sublayer(x, self.pos_attn_layer_norm, positional_attention)
+        if encoder_out is not None:
+            x = self.sublayer(x, self.encoder_attn_layer_norm, encoder_attention)
+        return self.sublayer(x, self.final_layer_norm, feed_forward)
+
+
+class NonAutoregressiveDecoder(nn.Module):
+    """Target positional embeddings + ``num_layers`` :class:`NADLayer` s (+ a final LayerNorm when pre-norm).
+
+    ``cfg`` is fairseq's ``TransformerConfig`` (its decoder sizes, dropout, normalize_before, learned_pos are used);
+    ``mask_self_diagonal`` hides each query's own position in self-attention (Gu et al. §3.1)."""
+
+    def __init__(self, cfg, num_layers, padding_idx, mask_self_diagonal):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"the non-autoregressive decoder needs at least one layer, got {num_layers}")
+        embed_dim = cfg.decoder.embed_dim
+        self.padding_idx = padding_idx
+        self.mask_self_diagonal = mask_self_diagonal
+        self.embed_positions = PositionalEmbedding(cfg.max_target_positions, embed_dim, padding_idx,
+                                                   learned=cfg.decoder.learned_pos)
+        self.dropout_module = FairseqDropout(cfg.dropout, module_name=type(self).__name__)
+        self.layers = nn.ModuleList([NADLayer(cfg) for _ in range(num_layers)])
+        self.layer_norm = LayerNorm(embed_dim, export=cfg.export) if cfg.decoder.normalize_before else None
+
+    def max_positions(self):
+        return self.embed_positions.max_positions
+
+    def positions(self, padding_mask):
+        """Positional embeddings (B x T x C) of right-padded target positions (zero vectors on padding for
+        sinusoids, as fairseq's)."""
+        pseudo_tokens = padding_mask.long().mul(self.padding_idx) + (~padding_mask).long().mul(self.padding_idx + 1)
+        return self.embed_positions(pseudo_tokens)
+
+    def forward(self, inputs, padding_mask, encoder_out):
+        """States (B x T x C) of the NAD for copied ``inputs`` (B x T x C, right-padded), ``padding_mask`` (B x T)
+        and fairseq's ``encoder_out`` dict; also a dict with the per-layer ``inner_states`` (T x B x C)."""
+        if inputs.size(1) > self.max_positions():
+            raise ValueError(f"the non-autoregressive decoder got {inputs.size(1)} target positions, more than its "
+                             f"{self.max_positions()} (--max-target-positions)")
+        positions = self.positions(padding_mask)
+        x = self.dropout_module(inputs + positions).transpose(0, 1)
+        positions = positions.transpose(0, 1)
+        enc = encoder_out["encoder_out"][0] if encoder_out.get("encoder_out") else None
+        enc_padding = encoder_out["encoder_padding_mask"][0] if encoder_out.get("encoder_padding_mask") else None
+        attn_mask = self_attention_mask(x.size(0), self.mask_self_diagonal, x)
+        key_padding = padding_mask if padding_mask.any() else None
+        inner_states = [x]
+        for layer in self.layers:
+            x = layer(x, positions, enc, enc_padding, self_attn_mask=attn_mask, padding_mask=key_padding)
+            inner_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return x.transpose(0, 1), {"inner_states": inner_states}
