@@ -3,7 +3,8 @@
 #   torch (an already installed torch is kept; otherwise torch==2.13.0) -> build prerequisites ->
 #   fairseq-fixed==0.12.3.1 (--no-build-isolation --no-deps) -> fairseq's runtime deps (no torchaudio)
 #   -> sentencepiece, sacrebleu, matplotlib, pytest, tensorboardX (fairseq logs a hint at import without it),
-#   subword-nmt + fastBPE (the alternative subword model) -> this package (editable).
+#   subword-nmt + fastBPE (the alternative subword model), ctranslate2 (the benchmark's production baseline)
+#   -> this package (editable).
 # A second run only checks a stamp and returns in seconds. Set NAT_VENV to use another location,
 # NAT_SETUP_EXTRAS=eflomal to add the optional word aligner.
 set -euo pipefail
@@ -56,7 +57,7 @@ fi
 
 log "fairseq's runtime dependencies (without torchaudio) and the project's tools"
 "${PIP[@]}" cffi hydra-core==1.3.2 omegaconf==2.3.0 regex sacrebleu==2.6.* tqdm bitarray scikit-learn packaging \
-  tensorboardX sentencepiece matplotlib pytest subword-nmt==0.3.8
+  tensorboardX sentencepiece matplotlib pytest subword-nmt==0.3.8 ctranslate2==4.8.5
 log "fastBPE (alternative subword model; its C++ extension needs Cython and --no-build-isolation)"
 "${PIP[@]}" --no-build-isolation fastbpe==0.1.0
 

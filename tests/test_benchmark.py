@@ -174,3 +174,19 @@ def test_bad_generate_args_name_the_row(fixture, tmp_path):
     spec = "bad=" + fixture["teacher"] + "::--task translation --no-such-option"
     with pytest.raises(benchmark.BenchmarkError, match="row 'bad': fairseq-generate rejected"):
         benchmark.main(_args(fixture, system=[spec], out_dir=str(tmp_path / "out")))
+
+
+def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
+    """The CTranslate2 baseline rows: the converted teacher's greedy output is fairseq's greedy output."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is installed by run_scripts/setup_env.sh")
+    args = _args(fixture, out_dir=str(tmp_path), ctranslate2=True)
+    references = benchmark.check_inputs(args, [])
+    teacher_cfg = benchmark.generation_cfg(args, benchmark.teacher_specs(args)[1], use_cuda=False)
+    beam, greedy = benchmark.ctranslate2_rows(args, teacher_cfg, references, use_cuda=False)
+    assert beam["name"] == "AR teacher, beam 4 (CTranslate2)" and greedy["name"] == "AR teacher, greedy (CTranslate2)"
+    read = lambda directory, row: open(os.path.join(directory, row["hyp_file"]), encoding="utf-8").read().splitlines()
+    ct2_greedy, fairseq_greedy = read(str(tmp_path), greedy), read(fixture["out"], fixture["results"]["rows"][1])
+    same = sum(a == b for a, b in zip(ct2_greedy, fairseq_greedy))
+    assert len(ct2_greedy) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
+    assert greedy["latency_sentences_timed"] == NUM_TEST - 2 and greedy["decoder_calls_per_sentence"] is None
+    assert abs(beam["bleu"] - fixture["results"]["rows"][0]["bleu"]) < 2.0

@@ -14,6 +14,9 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * speedups of latency and throughput against both teacher rows;
 * Rep and Mis (Ran et al. 2020): repeated and missing tokens against the teacher's greedy output.
 
+``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy; :mod:`.ctranslate2_rows`), the
+production baseline a fast decoder has to beat.
+
 Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``bleu_vs_speedup.png`` and ``hyp.<slug>.txt``
 (one detokenized hypothesis per line, in test-set order) for every row.
 """
@@ -45,6 +48,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 
 import nat_plugins
+from nat_plugins.cli.ctranslate2_rows import CTranslate2Teacher, CTranslate2Unavailable, convert_teacher
 from nat_plugins.cli.rep_mis import rep_mis
 
 logger = logging.getLogger("nat_plugins.cli.benchmark")
@@ -154,6 +158,11 @@ def get_parser() -> argparse.ArgumentParser:
         "(e.g. the same length limit for all: '--max-len-a 1.2 --max-len-b 10')",
     )
     parser.add_argument("--teacher-beam", type=int, default=4, help="beam size of the teacher's beam row (default: 4)")
+    parser.add_argument(
+        "--ctranslate2", action="store_true",
+        help="add rows for the teacher decoded by CTranslate2 (beam and greedy): converted once into "
+        "OUT_DIR/ctranslate2-teacher, same device, threads, precision and length limit",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
     parser.add_argument("--title", default="Decoding benchmark", help="heading of results.md and the plot")
     return parser
@@ -400,6 +409,32 @@ def benchmark_row(args, spec: SystemSpec, cfg, references: List[str], use_cuda: 
     }
 
 
+def ctranslate2_rows(args, teacher_cfg, references: List[str], use_cuda: bool) -> List[dict]:
+    """The teacher's beam and greedy rows decoded by CTranslate2 (see :mod:`.ctranslate2_rows`)."""
+    task = tasks.setup_task(teacher_cfg.task)
+    task.load_dataset(args.gen_subset)
+    try:
+        model_dir = convert_teacher(args.teacher, args.data_bin, args.out_dir, args.user_dir,
+                                    task.cfg.source_lang, task.cfg.target_lang)
+    except CTranslate2Unavailable as err:
+        raise BenchmarkError(str(err)) from err
+    decoder = CTranslate2Teacher(model_dir, task.dataset(args.gen_subset), task.source_dictionary,
+                                 task.target_dictionary, args.post_process, use_cuda, args.fp16, args.generate_args)
+    size = len(decoder.sources)
+    num_latency = size if args.latency_sentences is None else min(args.latency_sentences, size)
+    rows = []
+    for beam, label in ((args.teacher_beam, f"beam {args.teacher_beam}"), (1, "greedy")):
+        spec = SystemSpec(f"AR teacher, {label} (CTranslate2)", args.teacher, ["--beam", str(beam)])
+        hyps, measured = decoder.measure(beam, references, num_latency, args.warmup, args.batch_size, spec.name)
+        hyp_file = os.path.join(args.out_dir, f"hyp.{spec.slug}.txt")
+        with open(hyp_file, "w", encoding="utf-8") as f:
+            f.writelines(h + "\n" for h in hyps)
+        rows.append({"name": spec.name, "slug": spec.slug, "checkpoint": args.teacher,
+                     "args": ["ctranslate2", "--beam", str(beam)], "hyp_file": os.path.basename(hyp_file),
+                     **measured})
+    return rows
+
+
 def add_speedups(rows: List[dict]):
     """Latency and throughput speedups of every row against the teacher's beam (row 0) and greedy (row 1)."""
     for key, ref in (("ar_beam", rows[0]), ("ar_greedy", rows[1])):
@@ -536,6 +571,8 @@ def main(args) -> dict:
     cfgs = [generation_cfg(args, spec, use_cuda) for spec in specs]  # every row's arguments checked up front
     os.makedirs(args.out_dir, exist_ok=True)
     rows = [benchmark_row(args, spec, cfg, references, use_cuda) for spec, cfg in zip(specs, cfgs)]
+    if args.ctranslate2:
+        rows[2:2] = ctranslate2_rows(args, cfgs[1], references, use_cuda)
     add_speedups(rows)
     add_rep_mis(rows, args.out_dir)
     meta = run_metadata(args, use_cuda, rows)
