@@ -25,6 +25,8 @@ fi
 # one length limit for every row (Multi30k targets are ~1.1x the source): an undertrained model that never
 # emits EOS stops there instead of at fairseq's default 200 tokens
 BENCH_ARGS+=(--generate-args "--max-len-a 1.2 --max-len-b 10")
+# the teacher decoded by CTranslate2 too: the production baseline a fast decoder has to beat (DESIGN.md §7)
+BENCH_ARGS+=(--ctranslate2)
 
 step() {  # step NAME COMMAND...: run once; a marker file records success
   local name=$1; shift

@@ -42,7 +42,8 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
         rows = json.load(f)["rows"]
     assert all(r["num_sentences"] == LINES for r in rows)
     names = [r["name"] for r in rows]
-    assert names[:2] == ["AR teacher, beam 4", "AR teacher, greedy"]
+    assert names[:4] == ["AR teacher, beam 4", "AR teacher, greedy", "AR teacher, beam 4 (CTranslate2)",
+                         "AR teacher, greedy (CTranslate2)"]
     assert "Blockwise k=4 frozen, exact" in names and "Blockwise k=8 distilled, exact" in names
     assert "SAT K=2, greedy" in names and "SAT K=6, beam 4" in names and "RecoverSAT K=2" in names
     assert all(r["rep"] >= 0 and r["mis"] >= 0 for r in rows) and rows[1]["rep"] == rows[1]["mis"] == 0
