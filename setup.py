@@ -14,6 +14,7 @@ setup(
         "console_scripts": [
             "nat-distill=nat_plugins.cli.distill:cli_main",
             "nat-benchmark=nat_plugins.cli.benchmark:cli_main",
+            "nat-fertility=nat_plugins.cli.fertility:cli_main",
         ]
     },
 )

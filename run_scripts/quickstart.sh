@@ -73,6 +73,23 @@ for K in $RECOVER_SAT_KS; do
   add_row "RecoverSAT K=$K" "$CKPT/recover-sat-$K" "--beam 1"
 done
 
+# NAT with fertility (Gu et al. 2018): eflomal fertilities on the distilled targets, one decoder pass; argmax,
+# average and noisy parallel decoding (S fertility samples rescored by the teacher in one pass)
+step fertility bash "$ROOT/run_scripts/fertility.sh" "$DATA_BIN"
+step fertility-nat bash "$EXAMPLES/fertility_nat.sh" "$DATA_BIN" "$TEACHER" "$CKPT/fertility-nat"
+add_row "NAT, argmax fertility" "$CKPT/fertility-nat" "--beam 1 --fertility-decoding argmax"
+add_row "NAT, average fertility" "$CKPT/fertility-nat" "--beam 1 --fertility-decoding average"
+for S in 10 100; do
+  add_row "NAT, NPD S=$S" "$CKPT/fertility-nat" "--beam 1 --fertility-decoding npd --npd-samples $S --npd-teacher $TEACHER"
+done
+
+# Encoder-NAD-AD (Zhou et al. 2020): the AR decoder also attends to a NAD run once per sentence; compared with the
+# teacher trained for the same number of updates (same optimiser settings, real targets)
+step nad-ad bash "$EXAMPLES/nad_ad.sh" "$DATA_BIN" "$TEACHER" "$CKPT/nad-ad"
+step ar-baseline bash "$EXAMPLES/ar_baseline.sh" "$DATA_BIN" "$TEACHER" "$CKPT/ar-baseline"
+add_row "Encoder-NAD-AD, beam 4" "$CKPT/nad-ad" "--beam 4"
+add_row "AR teacher + same updates, beam 4" "$CKPT/ar-baseline" "--beam 4"
+
 # the benchmark re-runs whenever its rows or options change
 BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${SYSTEMS[*]}" | sha1sum | cut -c1-8)
 step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \

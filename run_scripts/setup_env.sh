@@ -6,12 +6,14 @@
 #   subword-nmt + fastBPE (the alternative subword model), ctranslate2 (the benchmark's production baseline)
 #   -> this package (editable).
 # A second run only checks a stamp and returns in seconds. Set NAT_VENV to use another location,
-# NAT_SETUP_EXTRAS=eflomal to add the optional word aligner.
+# NAT_SETUP_EXTRAS: optional extras, default "eflomal" (the GPLv3 word aligner the fertility pipeline
+# run_scripts/fertility.sh calls as an external tool); NAT_SETUP_EXTRAS=none installs no extra.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${NAT_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
-EXTRAS=${NAT_SETUP_EXTRAS:-}
+EXTRAS=${NAT_SETUP_EXTRAS-eflomal}
+if [ "$EXTRAS" = none ]; then EXTRAS=; fi
 STAMP=$VENV/.nat_plugins_setup
 want=$(cat "$ROOT/run_scripts/setup_env.sh" "$ROOT/setup.py" | sha1sum | cut -c1-16)-$EXTRAS
 
@@ -64,7 +66,7 @@ log "fastBPE (alternative subword model; its C++ extension needs Cython and --no
 for extra in $EXTRAS; do
   case $extra in
     eflomal) log "optional: eflomal (GPLv3, called as an external aligner)"; "${PIP[@]}" eflomal==2.0.0 ;;
-    *) echo "[setup] unknown extra '$extra' in NAT_SETUP_EXTRAS (known: eflomal)" >&2; exit 2 ;;
+    *) echo "[setup] unknown extra '$extra' in NAT_SETUP_EXTRAS (known: eflomal, or none)" >&2; exit 2 ;;
   esac
 done
 

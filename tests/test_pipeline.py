@@ -46,6 +46,10 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
                          "AR teacher, greedy (CTranslate2)"]
     assert "Blockwise k=4 frozen, exact" in names and "Blockwise k=8 distilled, exact" in names
     assert "SAT K=2, greedy" in names and "SAT K=6, beam 4" in names and "RecoverSAT K=2" in names
+    assert {"NAT, argmax fertility", "NAT, average fertility", "NAT, NPD S=10", "NAT, NPD S=100"} <= set(names)
+    assert "Encoder-NAD-AD, beam 4" in names and "AR teacher + same updates, beam 4" in names
+    steps = {r["name"]: r["mean_steps"] for r in rows}
+    assert steps["NAT, argmax fertility"] == 1 and steps["NAT, NPD S=10"] == 2  # one pass (+ the teacher's)
     assert all(r["rep"] >= 0 and r["mis"] >= 0 for r in rows) and rows[1]["rep"] == rows[1]["mis"] == 0
 
 
@@ -64,7 +68,7 @@ def test_quickstart_outputs_cover_every_sentence(quickstart):
 @pytest.mark.slow
 def test_quickstart_rerun_skips_finished_steps(quickstart):
     second = quickstart["second"].stdout
-    for step in ("data", "teacher", "distill", "blockwise-4-frozen", "benchmark-"):
+    for step in ("data", "teacher", "distill", "blockwise-4-frozen", "fertility-nat", "nad-ad", "benchmark-"):
         assert f"{step}" in second and "done before" in second.split(step, 1)[1].splitlines()[0]
     assert "| AR teacher, beam 4 |" in second
 

@@ -115,9 +115,14 @@ def test_bad_fertility_file_is_named_in_the_error(data_bin, mutate, message):
     task.load_dataset("valid")
     rows = [[1] * len(line.split()) for line in raw_lines(task, "valid", "src")]
     write_fertility(data_bin, "valid", mutate(rows))
+    task = make_task(data_bin)
+    task.load_dataset("valid")  # a run that needs no fertilities (an AR baseline) is not stopped by the file
+    assert task.dataset("valid").fertility is None
     with pytest.raises(SideFileError, match=message) as error:
-        make_task(data_bin).load_dataset("valid")
+        task.require_side_inputs(["fertility"], "SomeNATModel")
     assert "valid.fert.src" in str(error.value)
+    with pytest.raises(SideFileError, match=message):  # nor loaded after the requirement is known
+        task.load_dataset("valid")
 
 
 def test_required_fertility_missing_is_reported_with_its_path(data_bin):

@@ -17,6 +17,8 @@ integers aligned with ``src_tokens`` with 0 on padding and EOS (``translation_na
 targets exclude EOS; the copied inputs are right-padded (``True`` in the padding mask = padding).
 """
 
+import re
+
 import torch
 import torch.nn.functional as F
 from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
@@ -26,6 +28,30 @@ from torch import nn
 # an additive mask value that hides a key but, unlike -inf, leaves a query that sees no other key (a one-token
 # target with its own position masked) a defined softmax; exp(-1e4) underflows to 0 in fp16, bf16 and fp32
 HIDDEN = -1e4
+
+
+# NAD parameters that exist under the same name and shape in a fairseq Transformer decoder: layer i's self/encoder
+# attention, FFN and their LayerNorms (``<prefix>layers.i.X`` <- ``decoder.layers.i.X``), and the final LayerNorm
+AR_DECODER_SUBLAYER = re.compile(
+    r"^layers\.(\d+)\.((self_attn|encoder_attn|fc1|fc2|self_attn_layer_norm|encoder_attn_layer_norm|final_layer_norm)"
+    r"\..*)$"
+)
+
+
+def ar_decoder_parameter_name(name, nad_prefix):
+    """The AR checkpoint's name of the NAD parameter ``name`` (a NAD held at ``nad_prefix``, e.g. ``"decoder.nad."``),
+    for ``--init-from-ar``: the NAD layers start as the teacher's decoder layers where they share sublayers (the
+    positional attention stays random). ``None`` for other names under the prefix; names elsewhere are returned
+    unchanged."""
+    if not name.startswith(nad_prefix):
+        return name
+    local = name[len(nad_prefix):]
+    match = AR_DECODER_SUBLAYER.match(local)
+    if match:
+        return f"decoder.layers.{match[1]}.{match[2]}"
+    if local.startswith("layer_norm."):
+        return "decoder." + local
+    return None
 
 
 def fertility_copy_index(fertility, max_length=None):

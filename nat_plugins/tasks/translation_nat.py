@@ -25,6 +25,7 @@ it
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq import utils
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 SIDE_INPUTS = ("fertility", "kd_target")
 DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
+FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
 
 
 class SideFileError(ValueError):
@@ -71,6 +73,23 @@ class TranslationNATConfig(TranslationConfig):
     )
     min_block_size: int = field(
         default=1, metadata={"help": "blockwise: accept at least this many proposals per step (1..--block-size)"}
+    )
+    # Encoder-NAD-AD (nad_ad_transformer, Zhou, Zhang & Zong 2020): decoding options
+    print_nad_draft: bool = field(
+        default=False,
+        metadata={"help": "nad_ad_transformer: print the NAD's argmax draft of each sentence as a NAD-<id> line"},
+    )
+    # NAT with fertility (fertility_nat, Gu et al. 2018): decoding options (generators/fertility_decoding.py)
+    fertility_decoding: FERTILITY_DECODING_MODES = field(
+        default="argmax",
+        metadata={"help": "fertility_nat: 'argmax' fertilities, 'average' (rounded expected fertility) or 'npd' "
+                  "(noisy parallel decoding: --npd-samples candidates rescored by --npd-teacher)"},
+    )
+    npd_samples: int = field(
+        default=10, metadata={"help": "fertility_nat NPD: fertility sequences per sentence (the argmax one included)"}
+    )
+    npd_teacher: Optional[str] = field(
+        default=None, metadata={"help": "fertility_nat NPD: the AR teacher checkpoint that rescores the candidates"}
     )
 
 
@@ -141,6 +160,7 @@ class SideInputDataset(BaseWrapperDataset):
         super().__init__(pair)
         self.fertility = fertility
         self.kd_target = kd_target
+        self.fertility_error = None  # why a fertility file next to the data could not be used (if so)
 
     def __getitem__(self, index):
         item = self.dataset[index]
@@ -204,12 +224,19 @@ class TranslationNATTask(TranslationTask):
             logger.info(f"{split}: training on the distilled targets {paths['kd_target']}")
             kd = None  # the targets *are* the distilled ones now
 
-        fertility = None
+        fertility, fertility_error = None, None
         if os.path.exists(paths["fertility"]):
             fertility_tgt_sizes = kd.sizes if kd is not None else pair.tgt_sizes
-            fertility = read_fertility_file(paths["fertility"], pair.src_sizes, fertility_tgt_sizes)
+            try:
+                fertility = read_fertility_file(paths["fertility"], pair.src_sizes, fertility_tgt_sizes)
+            except SideFileError as err:
+                # e.g. fertilities of the distilled targets next to a run on the real ones (an AR baseline):
+                # only a model or criterion that needs fertilities fails on it (check_side_inputs)
+                fertility_error = err
+                logger.info(f"{split}: not using {paths['fertility']} ({err})")
 
         self.datasets[split] = SideInputDataset(pair, fertility=fertility, kd_target=kd)
+        self.datasets[split].fertility_error = fertility_error
         self.check_side_inputs(split)
 
     def check_side_inputs(self, split):
@@ -219,10 +246,14 @@ class TranslationNATTask(TranslationTask):
             return
         paths = self.side_file_paths(split)
         for name in sorted(self.required_side_inputs):
+            if name == "fertility" and dataset.fertility_error is not None:
+                raise dataset.fertility_error
             if getattr(dataset, name) is None:
                 how = {
-                    "fertility": "make it with the fertility pipeline (word alignment -> fertilities)",
-                    "kd_target": "make it with nat_plugins.cli.distill and pass --use-distilled side",
+                    "fertility": "make it with the fertility pipeline: bash run_scripts/fertility.sh DATA_BIN "
+                    "(python -m nat_plugins.cli.fertility)",
+                    "kd_target": f"make it with nat_plugins.cli.distill --gen-subset {split} and pass "
+                    "--use-distilled side",
                 }[name]
                 suffix = ".bin/.idx" if name == "kd_target" else ""
                 raise SideFileError(f"split '{split}' needs {paths[name]}{suffix} ({name}), which is missing: {how}")

@@ -1,0 +1,134 @@
+"""Criterion ``fertility_nat_loss``: training ``fertility_nat`` (Gu et al., ICLR 2018, §4.1 eq. 5 with the
+fertilities from an external aligner as the latent variable's value).
+
+loss = translation NLL of the decoder fed the gold fertilities (label-smoothed with ``--label-smoothing``)
+       + ``--fertility-loss-weight`` * NLL of the gold fertilities under the fertility predictor.
+
+The gold fertilities are ``sample["fertility"]`` (the task's ``{split}.fert.{src}``, made by
+``nat_plugins.cli.fertility``); the targets are ``sample["target"]`` without EOS, whose length must equal the
+fertility sum (checked, with an error naming the file to regenerate). Fertilities above L-1 (``--max-fertility``)
+are clamped to L-1 in the fertility NLL only (as the released code does); the decoder still copies the gold
+fertilities so the target length is kept. Terms are summed over tokens and divided by the number of target tokens
+(EOS excluded), or sentences with ``--sentence-avg``. Logged: ``loss``, ``nll_loss`` and ``word_ins_loss`` (per target
+token), ``fertility_loss`` (per source subword) and ``fertility_acc`` (argmax accuracy).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import utils
+from fairseq.criterions import FairseqCriterion, register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
+from fairseq.dataclass import FairseqDataclass
+from fairseq.logging import metrics
+from omegaconf import II
+
+
+@dataclass
+class FertilityNATLossConfig(FairseqDataclass):
+    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon of the translation NLL"})
+    fertility_loss_weight: float = field(default=1.0, metadata={"help": "weight of the fertility NLL"})
+    sentence_avg: bool = II("optimization.sentence_avg")
+
+
+def targets_without_eos(target, fertility, pad, length=None):
+    """``target`` (B x T, right-padded, EOS last) without EOS, padded to ``length`` columns, and its lengths;
+    checks that every length equals the sentence's fertility sum."""
+    lengths = target.ne(pad).long().sum(dim=1) - 1
+    sums = fertility.long().sum(dim=1)
+    if not torch.equal(lengths, sums):
+        bad = (lengths != sums).nonzero()[0, 0].item()
+        raise ValueError(
+            f"fertilities sum to {int(sums[bad])} but the target has {int(lengths[bad])} subwords (EOS excluded): "
+            "the fertility file ({split}.fert.{src}) must be made from the target the model trains on "
+            "(with --use-distilled target, from train.kd.{tgt}); re-run nat_plugins.cli.fertility"
+        )
+    length = length if length is not None else max(int(lengths.max()), 1)
+    columns = torch.arange(length, device=target.device)
+    out = target.new_full((target.size(0), length), pad)
+    width = min(length, target.size(1))
+    out[:, :width] = target[:, :width]
+    return out.masked_fill(columns.unsqueeze(0) >= lengths.unsqueeze(1), pad), lengths
+
+
+@register_criterion("fertility_nat_loss", dataclass=FertilityNATLossConfig)
+class FertilityNATLoss(FairseqCriterion):
+    required_side_inputs = ("fertility",)
+
+    def __init__(self, task, label_smoothing=0.0, fertility_loss_weight=1.0, sentence_avg=False):
+        super().__init__(task)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
+        if fertility_loss_weight < 0:
+            raise ValueError(f"--fertility-loss-weight must be >= 0, got {fertility_loss_weight}")
+        if task.cfg.left_pad_target:
+            raise ValueError("fertility_nat_loss needs right-padded targets: do not set --left-pad-target")
+        self.eps = label_smoothing
+        self.fertility_loss_weight = fertility_loss_weight
+        self.sentence_avg = sentence_avg
+        self.eos = task.target_dictionary.eos()
+
+    def terms(self, model, sample, net_output=None):
+        """Summed translation loss/NLL, fertility NLL and counts for ``sample`` (the model is run when
+        ``net_output`` is not given); also returns the net output (``nat_rkl_finetune`` reuses it)."""
+        if "fertility" not in sample:
+            raise ValueError("fertility_nat_loss needs sample['fertility']: the task loads it from {split}.fert.{src} "
+                             "(make it with nat_plugins.cli.fertility)")
+        net_input = sample["net_input"]
+        if net_output is None:
+            net_output = model(net_input["src_tokens"], net_input["src_lengths"], sample["fertility"])
+        word = net_output["word_ins"]
+        target, _lengths = targets_without_eos(sample["target"], sample["fertility"], self.padding_idx,
+                                               length=word["out"].size(1))
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)
+        mask = word["mask"] & target.ne(self.padding_idx)
+        word_loss, word_nll = label_smoothed_nll_loss(lprobs[mask], target[mask], self.eps, reduce=True)
+
+        fert = net_output["fertility"]
+        fert_lprobs = utils.log_softmax(fert["out"], dim=-1)
+        fert_target = sample["fertility"].long().clamp(max=model.max_fertility - 1)
+        fert_mask = fert["mask"]
+        fert_nll = -fert_lprobs[fert_mask].gather(-1, fert_target[fert_mask].unsqueeze(-1)).sum()
+        fert_correct = fert_lprobs[fert_mask].argmax(dim=-1).eq(fert_target[fert_mask]).sum()
+        return {
+            "word_loss": word_loss, "word_nll": word_nll, "fertility_nll": fert_nll,
+            "fertility_correct": fert_correct, "ntarget": int(mask.sum()), "nsource": int(fert_mask.sum()),
+        }, net_output
+
+    def forward(self, model, sample, reduce=True):
+        terms, _ = self.terms(model, sample)
+        loss = terms["word_loss"] + self.fertility_loss_weight * terms["fertility_nll"]
+        nsentences = sample["target"].size(0)
+        sample_size = nsentences if self.sentence_avg else terms["ntarget"]
+        return loss, sample_size, self.logging_output(loss, terms, nsentences, sample_size, sample["ntokens"])
+
+    @staticmethod
+    def logging_output(loss, terms, nsentences, sample_size, ntokens):
+        return {
+            "loss": loss.data, "nll_loss": terms["word_nll"].data, "word_ins_loss": terms["word_loss"].data,
+            "fertility_loss": terms["fertility_nll"].data, "fertility_correct": terms["fertility_correct"].data,
+            "ntarget": terms["ntarget"], "nsource": terms["nsource"], "ntokens": ntokens,
+            "nsentences": nsentences, "sample_size": sample_size,
+        }
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        sample_size, ntarget, nsource = total("sample_size"), total("ntarget"), total("nsource")
+        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        metrics.log_scalar("nll_loss", total("nll_loss") / max(ntarget, 1) / math.log(2), ntarget, round=3)
+        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
+        metrics.log_scalar("word_ins_loss", total("word_ins_loss") / max(ntarget, 1) / math.log(2), ntarget, round=3)
+        metrics.log_scalar("fertility_loss", total("fertility_loss") / max(nsource, 1) / math.log(2), nsource, round=3)
+        metrics.log_scalar("fertility_acc", float(total("fertility_correct")) / max(nsource, 1), nsource, round=3)
+        for key in ("rkl_gold", "rkl_sampled", "rkl_baseline", "reinforce_loss"):
+            if any(key in log for log in logging_outputs):
+                nsentences = total("nsentences")
+                metrics.log_scalar(key, total(key) / max(nsentences, 1) / math.log(2), nsentences, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,155 @@
+"""Criterion ``nat_rkl_finetune``: fine-tuning ``fertility_nat`` towards its AR teacher (Gu et al., ICLR 2018, §4.2).
+
+Eq. 10, the reverse-KL ("word-level knowledge distillation") loss of the NAT fed fertilities f:
+
+    L_RKL(f) = sum_t sum_y p_NA(y_t = y | x, f) * (log p_NA(y_t = y | x, f) - log p_AR(y_t = y | ŷ_<t, x))
+
+where ŷ is the NAT's own argmax output for f and p_AR the frozen teacher, teacher-forced on ŷ in one parallel pass.
+``--rkl-form kl`` (default) is this reverse KL; ``--rkl-form ce`` drops the NAT entropy term, which is the
+cross-entropy form the paper writes in eq. 10 (-sum_y p_NA log p_AR).
+
+Eq. 11, the fine-tuning objective implemented here:
+
+    L_FT = λ * ( E_{f ~ p_F}[ L_RKL(f) - L_RKL(f_avg) ] + L_RKL(f_gold) ) + (1 - λ) * L_KD
+
+* the first term is trained with REINFORCE on the fertility predictor (a score-function loss, since
+  ``Variable.reinforce`` no longer exists): (L_RKL(f) - L_RKL(f_avg)).detach() * log p_F(f), one f sampled per
+  sentence, with the average-fertility decode (f_avg = Round(E[f]), §4.1) as the baseline;
+* the second term is backpropagated through the decoder fed the aligner (gold) fertilities f_gold;
+* L_KD is ``fertility_nat_loss`` on the (distilled) training batch, reusing the same gold-fertility decoder pass;
+* λ = ``--rkl-weight`` (paper: 0.25).
+
+The released salesforce code mixes these terms differently (e.g. other weights between the REINFORCE, RKL and
+distillation terms); this follows the paper's eq. 11.
+
+The teacher (``--teacher-path``) is loaded once with the student's task, kept in eval mode with
+``requires_grad=False`` in a plain holder (:class:`~nat_plugins.modules.teacher.FrozenTeacher`, not a submodule, so
+it is neither optimised nor saved in the student's checkpoint) and moved to the student's device/dtype on first use.
+The sampled and average decodes run without gradient; the teacher scores all 3B decodes in one pass. Sampled and
+average fertilities are cut (from the end of the source) to ``--rkl-max-len-a`` * |x| + ``--rkl-max-len-b`` tokens
+and the decoder's positions, and a zero total gets one token, as at inference; the REINFORCE log-probability is
+that of the drawn sample. The logged ``loss`` includes the REINFORCE surrogate (its value is not a likelihood and
+may be negative); ``word_ins_loss``/``fertility_loss`` are the L_KD terms. Logged on top of ``fertility_nat_loss``'s terms (per sentence):
+``rkl_gold``, ``rkl_sampled``, ``rkl_baseline`` and ``reinforce_loss``.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from fairseq import utils
+from fairseq.criterions import register_criterion
+from fairseq.dataclass import ChoiceEnum
+
+from ..generators.fertility_decoding import cap_total, ensure_nonempty
+from ..modules.teacher import FrozenTeacher
+from .fertility_nat_loss import FertilityNATLoss, FertilityNATLossConfig
+
+RKL_FORMS = ChoiceEnum(["kl", "ce"])
+
+
+@dataclass
+class NATRKLFinetuneConfig(FertilityNATLossConfig):
+    teacher_path: Optional[str] = field(
+        default=None, metadata={"help": "the AR teacher checkpoint (required; frozen, never saved with the student)"}
+    )
+    rkl_weight: float = field(default=0.25, metadata={"help": "λ of Gu et al. eq. 11 (the paper: 0.25)"})
+    rkl_max_len_a: float = field(
+        default=2.0, metadata={"help": "sampled/average fertilities are cut to at most a * source length + b target "
+                               "tokens (an untrained predictor samples very long outputs)"}
+    )
+    rkl_max_len_b: int = field(default=10, metadata={"help": "see --rkl-max-len-a"})
+    rkl_form: RKL_FORMS = field(
+        default="kl", metadata={"help": "'kl': reverse KL sum p_NA (log p_NA - log p_AR); 'ce': the paper's eq. 10 "
+                                "cross-entropy form -sum p_NA log p_AR"}
+    )
+
+
+def reverse_kl(nat_logits, teacher_lprobs, mask, form="kl"):
+    """Per-row L_RKL (eq. 10): ``nat_logits`` (N x T x V), ``teacher_lprobs`` (N x T x V), ``mask`` (N x T, True =
+    a real target position)."""
+    nat_lprobs = utils.log_softmax(nat_logits.float(), dim=-1)
+    nat_probs = nat_lprobs.exp()
+    teacher_lprobs = teacher_lprobs.float().masked_fill(torch.isinf(teacher_lprobs), -1e4)  # 0 * -inf -> 0
+    per_position = -(nat_probs * teacher_lprobs).sum(dim=-1)
+    if form == "kl":
+        per_position = per_position + (nat_probs * nat_lprobs).sum(dim=-1)
+    return (per_position * mask.to(per_position.dtype)).sum(dim=1)
+
+
+@register_criterion("nat_rkl_finetune", dataclass=NATRKLFinetuneConfig)
+class NATRKLFinetune(FertilityNATLoss):
+    def __init__(self, task, teacher_path=None, rkl_weight=0.25, rkl_form="kl", rkl_max_len_a=2.0, rkl_max_len_b=10,
+                 label_smoothing=0.0, fertility_loss_weight=1.0, sentence_avg=False):
+        super().__init__(task, label_smoothing, fertility_loss_weight, sentence_avg)
+        if not 0.0 <= rkl_weight <= 1.0:
+            raise ValueError(f"--rkl-weight must be in [0, 1], got {rkl_weight}")
+        if rkl_form not in ("kl", "ce"):
+            raise ValueError(f"--rkl-form must be 'kl' or 'ce', got {rkl_form!r}")
+        self.rkl_weight = rkl_weight
+        self.rkl_form = rkl_form
+        self.max_len_a, self.max_len_b = rkl_max_len_a, rkl_max_len_b
+        self.teacher = FrozenTeacher(teacher_path, task, "--teacher-path")  # a plain object: not a submodule
+
+    def forward(self, model, sample, reduce=True):
+        net_input = sample["net_input"]
+        src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
+        gold = sample["fertility"] if "fertility" in sample else None
+        if gold is None:
+            raise ValueError("nat_rkl_finetune needs sample['fertility'] ({split}.fert.{src}, nat_plugins.cli.fertility)")
+        bsz = src_tokens.size(0)
+
+        # gold fertilities: the decoder pass that L_KD and the backprop term L_RKL(f_gold) share
+        encoder_out = model.encode(src_tokens, src_lengths)
+        gold_logits, gold_padding = model.decode(src_tokens, encoder_out, gold)
+        copyable = model.copyable(src_tokens)
+        fert_logits = model.fertility_logits(encoder_out)
+        net_output = {"word_ins": {"out": gold_logits, "mask": ~gold_padding},
+                      "fertility": {"out": fert_logits, "mask": copyable}}
+        terms, _ = self.terms(model, sample, net_output)
+        kd_loss = terms["word_loss"] + self.fertility_loss_weight * terms["fertility_nll"]
+
+        # f ~ p_F (REINFORCE) and the average-fertility baseline, decoded without gradient in one pass
+        fert_lprobs = utils.log_softmax(fert_logits.float(), dim=-1)
+        sampled = torch.distributions.Categorical(logits=fert_lprobs.detach()).sample().masked_fill(~copyable, 0)
+        sample_lprob = (fert_lprobs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1) * copyable).sum(dim=1)
+        values = torch.arange(fert_lprobs.size(-1), device=fert_lprobs.device, dtype=fert_lprobs.dtype)
+        average = (fert_lprobs.detach().exp() * values).sum(dim=-1).round().long().masked_fill(~copyable, 0)
+        both = torch.cat([sampled, average])
+        both_src = torch.cat([src_tokens, src_tokens])
+        order = torch.arange(bsz, device=src_tokens.device).repeat(2)
+        max_length = (src_lengths.double() * self.max_len_a + self.max_len_b).long().repeat(2).to(both.device)
+        limit = min(model.max_decoder_positions(), self.teacher.model.max_decoder_positions() - 1)
+        max_length = max_length.clamp(min=1, max=limit)
+        both = ensure_nonempty(both, fert_lprobs.detach().repeat(2, 1, 1), model.copyable(both_src),
+                               both_src.ne(self.padding_idx))
+        both = cap_total(both, max_length)
+        with torch.no_grad():
+            noisy_logits, noisy_padding = model.decode(both_src, model.encoder.reorder_encoder_out(encoder_out, order),
+                                                       both)
+
+        # the teacher on the NAT's argmax outputs of all 3B decodes: one teacher-forced pass
+        width = max(gold_logits.size(1), noisy_logits.size(1))
+        tokens = src_tokens.new_full((3 * bsz, width), self.padding_idx)
+        tokens[:bsz, :gold_logits.size(1)] = gold_logits.detach().argmax(dim=-1).masked_fill(gold_padding, self.padding_idx)
+        tokens[bsz:, :noisy_logits.size(1)] = noisy_logits.argmax(dim=-1).masked_fill(noisy_padding, self.padding_idx)
+        lengths = tokens.ne(self.padding_idx).long().sum(dim=1)
+        self.teacher.to(next(model.parameters()))  # the student's device/dtype (moved once)
+        teacher_lprobs, _target = self.teacher.score(src_tokens, src_lengths, tokens, lengths,
+                                                     order=torch.arange(bsz, device=src_tokens.device).repeat(3))
+
+        rkl_gold = reverse_kl(gold_logits, teacher_lprobs[:bsz, :gold_logits.size(1)], ~gold_padding, self.rkl_form)
+        with torch.no_grad():
+            rkl_noisy = reverse_kl(noisy_logits, teacher_lprobs[bsz:, :noisy_logits.size(1)], ~noisy_padding,
+                                   self.rkl_form)
+        rkl_sampled, rkl_baseline = rkl_noisy[:bsz], rkl_noisy[bsz:]
+        reinforce = ((rkl_sampled - rkl_baseline).detach() * sample_lprob).sum()
+
+        loss = self.rkl_weight * (reinforce + rkl_gold.sum()) + (1.0 - self.rkl_weight) * kd_loss
+        sample_size = bsz if self.sentence_avg else terms["ntarget"]
+        logging_output = self.logging_output(loss, terms, bsz, sample_size, sample["ntokens"])
+        logging_output.update({
+            "rkl_gold": rkl_gold.detach().sum(), "rkl_sampled": rkl_sampled.sum(), "rkl_baseline": rkl_baseline.sum(),
+            "reinforce_loss": reinforce.detach(),
+        })
+        return loss, sample_size, logging_output

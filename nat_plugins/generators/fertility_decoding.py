@@ -1,0 +1,189 @@
+"""Decoding of ``fertility_nat`` (Gu et al., ICLR 2018, §4.1 "Inference"): one batched decoder pass.
+
+``--fertility-decoding`` (a ``translation_nat`` task option, so it is not frozen into the checkpoint):
+
+* ``argmax``: f_j = argmax_f p_F(f | x, j) at every source position, then the argmax token at every target position;
+* ``average``: f_j = Round(sum_f f * p_F(f | x, j)), the rounded expected fertility (§4.1 "average decoding");
+* ``npd``: noisy parallel decoding: ``--npd-samples`` S fertility sequences per sentence (the argmax one first, S-1
+  sampled from p_F), all B*S decoded in one batched decoder pass, every candidate rescored by the AR teacher
+  (``--npd-teacher``) in one teacher-forced parallel pass (sum of the teacher's log-probabilities of the tokens and
+  the final EOS), and the best candidate kept per sentence (ties: the earlier candidate, so S=1 is argmax
+  decoding). The teacher score is length-normalised as fairseq normalises hypothesis scores (divided by
+  (length + 1) ** ``--lenpen``, EOS counted) unless ``--unnormalized``; the paper ranks by the plain sum, i.e.
+  ``--unnormalized``. The sampled candidates depend on the random state (fairseq's ``--seed``), so with S > 1
+  the output of a sentence depends on its batch; S = 1, argmax and average decoding do not.
+
+Every sentence gets at least one token (a zero total fertility gives fertility 1 to the source subword least
+likely to have fertility 0) and at most ``--max-len-a`` * source length + ``--max-len-b`` tokens (also capped by
+the decoder's positions; fertilities are cut from the end of the source). Pad and EOS are never emitted inside a
+hypothesis (the NAT's targets have no EOS); EOS is appended. ``positional_scores`` are the NAT's log-probabilities
+of the tokens, 0 for the appended EOS, which the NAT does not model; ``score`` is their sum normalised like
+fairseq's; NPD adds ``teacher_score``. ``hypo["steps"]`` = 1 (one decoder pass), 2 with NPD (+ the teacher pass).
+"""
+
+import math
+
+import torch
+
+from ..modules.teacher import FrozenTeacher
+
+DECODING_MODES = ("argmax", "average", "npd")
+# fairseq generation options these decoders do not implement, with their "off" values
+UNSUPPORTED_OPTIONS = {
+    "sampling": False, "match_source_len": False, "no_repeat_ngram_size": 0, "diverse_beam_groups": -1,
+    "diversity_rate": -1.0, "prefix_size": 0, "constraints": None, "lm_path": None, "print_alignment": None,
+}
+
+
+def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
+    """Give fertility 1 to the source position least likely to have fertility 0 in every row whose fertilities sum
+    to 0 (rows without a copyable position copy their last non-padding position, the EOS)."""
+    empty = fertility.sum(dim=1).eq(0)
+    if not empty.any():
+        return fertility
+    candidates = copyable | (~copyable.any(dim=1, keepdim=True) & nonpad)
+    key = (-fertility_lprobs[..., 0]).masked_fill(~candidates, -math.inf)
+    position = key.argmax(dim=1, keepdim=True)
+    return fertility.scatter_add(1, position, empty.long().unsqueeze(1))
+
+
+def cap_total(fertility, max_length):
+    """Cut fertilities from the end of the source so that each row sums to at most ``max_length`` (B)."""
+    ends = fertility.cumsum(dim=1)
+    limit = max_length.view(-1, 1)
+    return ends.clamp(max=limit) - (ends - fertility).clamp(max=limit)
+
+
+class FertilityDecoder:
+    """Argmax / average / noisy parallel decoding of one ``fertility_nat`` model (see the module docstring)."""
+
+    def __init__(self, models, task, gen_args, mode="argmax", npd_samples=10, npd_teacher=None):
+        if len(models) != 1:
+            raise ValueError(f"fertility_nat decoding decodes one model, got an ensemble of {len(models)} (--path)")
+        for name, off in UNSUPPORTED_OPTIONS.items():
+            if getattr(gen_args, name, off) not in (off, None):
+                raise ValueError(f"--{name.replace('_', '-')} is not supported by fertility_nat decoding")
+        beam = getattr(gen_args, "beam", 1)
+        if beam != 1:
+            raise ValueError(f"fertility_nat decoding is one parallel pass: pass --beam 1 (got {beam}); for several "
+                             "candidates use --fertility-decoding npd --npd-samples S")
+        if mode not in DECODING_MODES:
+            raise ValueError(f"--fertility-decoding must be one of {DECODING_MODES}, got {mode!r}")
+        if npd_samples < 1:
+            raise ValueError(f"--npd-samples must be >= 1, got {npd_samples}")
+        self.model = models[0]
+        self.tgt_dict = task.target_dictionary
+        self.pad, self.eos, self.unk = self.tgt_dict.pad(), self.tgt_dict.eos(), self.tgt_dict.unk()
+        self.mode = mode
+        self.npd_samples = npd_samples if mode == "npd" else 1
+        self.max_len_a = getattr(gen_args, "max_len_a", 0)
+        self.max_len_b = getattr(gen_args, "max_len_b", 200)
+        self.normalize_scores = not getattr(gen_args, "unnormalized", False)
+        self.len_penalty = getattr(gen_args, "lenpen", 1)
+        self.unk_penalty = getattr(gen_args, "unkpen", 0)
+        self.teacher = None
+        if mode == "npd":
+            if not npd_teacher:
+                raise ValueError("--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
+                                 "rescores the candidates)")
+            self.teacher = FrozenTeacher(npd_teacher, task, "--npd-teacher")
+        elif npd_teacher:
+            raise ValueError(f"--npd-teacher is only used by --fertility-decoding npd (got {mode})")
+
+    def max_lengths(self, src_lengths):
+        """Target tokens (EOS excluded) allowed per sentence: max_len_a * |x| + max_len_b, capped by positions."""
+        limit = self.model.max_decoder_positions()
+        if self.teacher is not None:
+            limit = min(limit, self.teacher.model.max_decoder_positions() - 1)
+        overall = (src_lengths.double() * self.max_len_a + self.max_len_b).long()
+        return overall.clamp(min=1, max=limit)
+
+    def fertilities(self, fertility_lprobs, copyable):
+        """B*S x S_src fertilities (S candidates per sentence, adjacent rows) for the decoding mode."""
+        if self.mode == "average":
+            values = torch.arange(fertility_lprobs.size(-1), device=fertility_lprobs.device, dtype=fertility_lprobs.dtype)
+            fertility = (fertility_lprobs.exp() * values).sum(dim=-1).round().long()
+        else:
+            fertility = fertility_lprobs.argmax(dim=-1)
+        if self.npd_samples > 1:
+            sampled = torch.distributions.Categorical(logits=fertility_lprobs).sample((self.npd_samples - 1,))
+            fertility = torch.cat([fertility.unsqueeze(0), sampled]).transpose(0, 1)  # B x S x S_src
+            fertility = fertility.reshape(-1, fertility.size(-1))
+            copyable = copyable.repeat_interleave(self.npd_samples, dim=0)
+        return fertility.masked_fill(~copyable, 0)
+
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs):
+        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
+        if prefix_tokens is not None:
+            raise ValueError("--prefix-size is not supported by fertility_nat decoding")
+        if constraints is not None:
+            raise ValueError("--constraints is not supported by fertility_nat decoding")
+        model, S = self.model, self.npd_samples
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        src_lengths = net_input.get("src_lengths")
+        if src_lengths is None:
+            src_lengths = src_tokens.ne(self.pad).long().sum(dim=1)
+        bsz = src_tokens.size(0)
+
+        encoder_out = model.encode(src_tokens, src_lengths)
+        copyable = model.copyable(src_tokens)
+        fertility_lprobs = model.get_normalized_probs((model.fertility_logits(encoder_out), None), log_probs=True)
+        fertility = self.fertilities(fertility_lprobs.float(), copyable)
+        rows_src = src_tokens
+        if S > 1:
+            order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(S)
+            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            rows_src = src_tokens.index_select(0, order)
+            fertility_lprobs = fertility_lprobs.index_select(0, order)
+        fertility = ensure_nonempty(fertility, fertility_lprobs, model.copyable(rows_src), rows_src.ne(self.pad))
+        fertility = cap_total(fertility, self.max_lengths(src_lengths.to(src_tokens.device)).repeat_interleave(S))
+
+        logits, padding = model.decode(rows_src, encoder_out, fertility)
+        lprobs = model.get_normalized_probs((logits, None), log_probs=True).float()
+        lprobs[..., self.pad] = -math.inf
+        lprobs[..., self.eos] = -math.inf
+        if self.unk_penalty:
+            lprobs[..., self.unk] -= self.unk_penalty
+        scores, tokens = lprobs.max(dim=-1)
+        tokens = tokens.masked_fill(padding, self.pad)
+        scores = scores.masked_fill(padding, 0.0)
+        lengths = (~padding).long().sum(dim=1)
+
+        steps, teacher_scores = 1, None
+        if self.teacher is not None:
+            teacher_scores = self.teacher_scores(src_tokens, src_lengths, tokens, lengths)
+            best = teacher_scores.view(bsz, S).argmax(dim=1) + torch.arange(bsz, device=tokens.device) * S
+            tokens, scores, lengths = tokens[best], scores[best], lengths[best]
+            teacher_scores = teacher_scores[best]
+            steps = 2
+        return self.hypotheses(tokens, scores, lengths, steps, teacher_scores)
+
+    def normalize(self, total, lengths):
+        """fairseq's score normalisation: sum / (length incl. EOS) ** lenpen, unless --unnormalized."""
+        if not self.normalize_scores:
+            return total
+        return total / (lengths.to(total.dtype) + 1) ** self.len_penalty
+
+    def teacher_scores(self, src_tokens, src_lengths, tokens, lengths):
+        """Teacher log-probability of every candidate (tokens + EOS), one teacher-forced pass over all B*S rows."""
+        self.teacher.to(next(self.model.parameters()))
+        order = torch.arange(src_tokens.size(0), device=tokens.device).repeat_interleave(self.npd_samples)
+        lprobs, target = self.teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
+        token_lprobs = lprobs.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(target.eq(self.pad), 0)
+        return self.normalize(token_lprobs.sum(dim=1), lengths)
+
+    def hypotheses(self, tokens, scores, lengths, steps, teacher_scores):
+        eos_column = tokens.new_full((tokens.size(0), 1), self.pad)
+        tokens = torch.cat([tokens, eos_column], dim=1).scatter_(1, lengths.view(-1, 1), self.eos)
+        scores = torch.cat([scores, scores.new_zeros(scores.size(0), 1)], dim=1)
+        totals = self.normalize(scores.sum(dim=1), lengths)
+        hypos = []
+        for i, length in enumerate((lengths + 1).tolist()):
+            hypo = {"tokens": tokens[i, :length], "score": totals[i], "positional_scores": scores[i, :length],
+                    "attention": None, "alignment": None, "steps": steps}
+            if teacher_scores is not None:
+                hypo["teacher_score"] = teacher_scores[i]
+            hypos.append([hypo])
+        return hypos

@@ -1,0 +1,70 @@
+"""Decoding for Encoder-NAD-AD (Zhou, Zhang & Zong 2020, §3.4): the NAD once, then AD beam search.
+
+fairseq's :class:`~fairseq.sequence_generator.SequenceGenerator` does all of it unchanged (beam search, ``--beam 1``
+greedy, ``--lenpen``, ``--sampling``, ``--prefix-size``, ensembles, batching), because the model's encoder returns
+fairseq's ``encoder_out`` dict extended with the NAD memory (``nad_out``, ``nad_padding_mask``):
+
+* ``forward_encoder`` runs the encoder and the NAD (with its predicted length or fertilities) once per sentence;
+* ``reorder_encoder_out`` expands/reorders the NAD memory with the beam, like the encoder states;
+* the AD's NAD-AD attention projects the NAD states to keys/values at the first step and keeps them in the
+  ``incremental_state`` (static key/value, reordered with the beam by fairseq), as the encoder attention does.
+
+This module adds what fairseq's generator lacks: ``hypo["steps"]`` (decoder calls: one NAD pass + one AD call per
+output token including EOS, so ``--print-step`` and the benchmark's calls-per-sentence work) and, with
+``--print-nad-draft`` (task option), a ``NAD-<id>\\t<draft>`` line per sentence with the NAD's argmax translation
+(subword tokens, EOS excluded) of the first model, printed before fairseq prints the batch's hypotheses.
+"""
+
+import torch
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+from fairseq.tasks import FairseqTask
+
+
+class NADADEnsembleModel(EnsembleModel):
+    """fairseq's ensemble wrapper that keeps the encoder outputs (with the NAD memory) of the last batch."""
+
+    def __init__(self, models):
+        super().__init__(models)
+        self.last_encoder_outs = None
+
+    def forward_encoder(self, net_input):
+        self.last_encoder_outs = super().forward_encoder(net_input)
+        return self.last_encoder_outs
+
+
+class NADADSequenceGenerator(SequenceGenerator):
+    """fairseq's beam search over the AD with the NAD memory cached like the encoder's (module docstring)."""
+
+    def __init__(self, models, tgt_dict, print_nad_draft=False, **kwargs):
+        if not isinstance(models, EnsembleModel):
+            models = NADADEnsembleModel(models)
+        super().__init__(models, tgt_dict, **kwargs)
+        self.print_nad_draft = print_nad_draft
+
+    @torch.no_grad()
+    def generate(self, models, sample, **kwargs):
+        """fairseq's ``generate``; adds ``hypo["steps"]`` and prints the NAD drafts when asked."""
+        finalized = super().generate(models, sample, **kwargs)
+        for hypos in finalized:
+            for hypo in hypos:
+                hypo["steps"] = 1 + hypo["tokens"].numel()
+        encoder_outs = getattr(self.model, "last_encoder_outs", None)
+        if encoder_outs is not None:
+            self.model.last_encoder_outs = None  # do not keep a batch's states alive until the next one
+        if self.print_nad_draft and encoder_outs and "id" in sample:
+            draft = self.model.single_model.nad_draft(encoder_outs[0])
+            for sample_id, tokens in zip(sample["id"].tolist(), draft):
+                print(f"NAD-{sample_id}\t{self.tgt_dict.string(tokens[tokens.ne(self.pad)])}")
+        return finalized
+
+
+def build_nad_ad_generator(task, models, gen_args):
+    """fairseq's generator construction (search strategy and every generation option) with
+    :class:`NADADSequenceGenerator`; ``--print-nad-draft`` comes from the task config."""
+    if getattr(gen_args, "print_alignment", None):
+        raise ValueError("--print-alignment is not supported by nad_ad_transformer decoding")
+    if getattr(gen_args, "score_reference", False):
+        return FairseqTask.build_generator(task, models, gen_args)  # fairseq's scorer: the AD's scores
+    print_nad_draft = bool(getattr(task.cfg, "print_nad_draft", False))
+    return FairseqTask.build_generator(task, models, gen_args, seq_gen_cls=NADADSequenceGenerator,
+                                       extra_gen_cls_kwargs={"print_nad_draft": print_nad_draft})

@@ -1,0 +1,295 @@
+"""Encoder-NAD-AD (Zhou, Zhang & Zong 2020): the AD layer's sublayer order and masks, the NAD run once per sentence
+and its memory reordered with the beam, zeroed NAD-AD attention == the AR Transformer, incremental == full
+recomputation, batch 1 == batched, --init-from-ar, the side-file errors and a tiny distil -> train -> generate ->
+interactive run."""
+
+import os
+import shutil
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq import checkpoint_utils, options
+from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.sequence_generator import SequenceGenerator
+
+from nat_plugins.cli import distill
+from nat_plugins.criterions.nad_ad_loss import nad_targets
+from nat_plugins.generators.nad_ad_decoding import NADADSequenceGenerator
+from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
+from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
+
+from .utils import TINY_TRANSFORMER, USER_DIR, generate_lines, hypotheses, interactive_lines, train_model
+
+TINY_NAD_AD = ["--arch", "nad_ad_transformer"] + TINY_TRANSFORMER[2:]
+PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
+
+
+@pytest.fixture(scope="module")
+def task(dummy_data_bin):
+    cfg = TranslationNATConfig(data=dummy_data_bin, source_lang="src", target_lang="tgt", train_subset="train",
+                               dataset_impl=None, required_seq_len_multiple=1)
+    task = TranslationNATTask.setup_task(cfg)
+    task.load_dataset("test")
+    return task
+
+
+def model_args(data_bin, arch_args, extra=()):
+    parser = options.get_training_parser()
+    return options.parse_args_and_arch(parser, [data_bin, "--task", "translation_nat"] + arch_args + list(extra))
+
+
+def build(task, arch_args=TINY_NAD_AD, extra=(), seed=0):
+    torch.manual_seed(seed)
+    return task.build_model(model_args(task.cfg.data, arch_args, extra)).eval()
+
+
+def batch(task, indices):
+    dataset = task.dataset("test")
+    return dataset.collater([dataset[i] for i in indices])
+
+
+def generator(model, tgt_dict, beam, cls=NADADSequenceGenerator, **kwargs):
+    return cls([model], tgt_dict, beam_size=beam, max_len_b=12, **kwargs)
+
+
+def tokens_of(hypos):
+    return [h[0]["tokens"].tolist() for h in hypos]
+
+
+# ----- the AD layer on fixed tensors ---------------------------------------------------------------------------
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_ad_layer_sublayer_order_and_masks(pre_norm):
+    torch.manual_seed(0)
+    cfg = TransformerConfig.from_namespace(Namespace(
+        decoder_embed_dim=8, encoder_embed_dim=8, decoder_attention_heads=2, decoder_ffn_embed_dim=16,
+        decoder_normalize_before=pre_norm, dropout=0.0))
+    layer = NADADDecoderLayer(cfg).eval()
+    calls = []
+    for name in ("self_attn", "nad_attn", "encoder_attn", "fc1"):
+        getattr(layer, name).register_forward_hook(lambda *_, name=name: calls.append(name))
+    for name in ("self_attn_layer_norm", "nad_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"):
+        getattr(layer, name).register_forward_hook(lambda *_, name=name: calls.append(name))
+
+    T, S, N, B = 4, 5, 3, 2
+    x, enc, nad = torch.randn(T, B, 8), torch.randn(S, B, 8), torch.randn(N, B, 8)
+    nad_padding = torch.tensor([[False, False, True], [False, False, False]])
+    causal = torch.triu(torch.full((T, T), float("-inf")), 1)
+
+    def run(x, nad, enc=enc):
+        layer.nad_memory = (nad, nad_padding)
+        return layer(x, enc, None, self_attn_mask=causal)[0]
+
+    out = run(x, nad)
+    ln = ["self_attn_layer_norm", "nad_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]
+    attn = ["self_attn", "nad_attn", "encoder_attn", "fc1"]
+    assert calls == [c for pair in zip(ln, attn) for c in (pair if pre_norm else pair[::-1])]
+
+    # masked self-attention: position t does not see later AD positions
+    later = x.clone()
+    later[2:] += 1.0
+    assert torch.allclose(run(later, nad)[:2], out[:2], atol=1e-6) and not torch.allclose(run(later, nad)[2:], out[2:])
+    # NAD-AD attention: unmasked over the NAD states (the last AD position of sentence 1 sees NAD position 1 and
+    # the first sees the last), blind to NAD padding (sentence 0, position 2)
+    changed = nad.clone()
+    changed[2, 0] += 5.0
+    assert torch.equal(run(x, changed)[:, 0], out[:, 0])
+    changed[2, 1] += 5.0
+    assert not torch.allclose(run(x, changed)[0, 1], out[0, 1])
+    # the encoder attention is there too
+    assert not torch.allclose(run(x, nad, enc + 1.0), out)
+
+
+def test_reorder_encoder_out_reorders_the_nad_memory(task):
+    encoder = build(task).encoder
+    nad_out = torch.arange(3 * 2 * 4, dtype=torch.float).view(3, 2, 4)  # T x B x C
+    nad_padding = torch.tensor([[False, False, True], [False, False, False]])
+    enc = torch.arange(5 * 2 * 4, dtype=torch.float).view(5, 2, 4)
+    encoder_out = {"encoder_out": [enc], "encoder_padding_mask": [torch.zeros(2, 5, dtype=torch.bool)],
+                   "encoder_embedding": [torch.zeros(2, 5, 4)], "encoder_states": [], "src_tokens": [],
+                   "src_lengths": [torch.tensor([[5], [4]])], "nad_out": [nad_out], "nad_padding_mask": [nad_padding],
+                   "nad_length_logits": [torch.zeros(2, 7)]}
+    reordered = encoder.reorder_encoder_out(encoder_out, torch.tensor([1, 1, 0]))
+    assert torch.equal(reordered["nad_out"][0], torch.stack([nad_out[:, 1], nad_out[:, 1], nad_out[:, 0]], dim=1))
+    assert reordered["nad_padding_mask"][0].tolist() == [[False] * 3, [False] * 3, [False, False, True]]
+    assert torch.equal(reordered["encoder_out"][0], enc[:, [1, 1, 0]])
+    assert "nad_length_logits" not in reordered  # training-only outputs are not carried through the beam
+
+
+def test_nad_targets_drop_eos_and_fit_the_nad_length():
+    pad, eos = 1, 2
+    kd = torch.tensor([[7, 8, 9, eos], [5, eos, pad, pad], [eos, pad, pad, pad]])
+    targets, lengths = nad_targets(kd, pad, 5)
+    assert lengths.tolist() == [3, 1, 0]
+    assert targets.tolist() == [[7, 8, 9, pad, pad], [5, pad, pad, pad, pad], [pad] * 5]
+    assert nad_targets(kd, pad, 2)[0].tolist() == [[7, 8], [5, pad], [pad, pad]]
+
+
+# ----- decoding ------------------------------------------------------------------------------------------------
+def test_nad_runs_once_per_sentence_and_its_keys_are_projected_once(task):
+    model = build(task)
+    sample = batch(task, range(6))
+    nad_batches, nad_key_projections = [], []
+    model.encoder.nad.register_forward_hook(lambda _m, inputs, _o: nad_batches.append(inputs[0].size(0)))
+    for layer in model.decoder.layers:
+        layer.nad_attn.k_proj.register_forward_hook(lambda _m, inputs, _o: nad_key_projections.append(inputs[0].shape))
+    hypos = generator(model, task.target_dictionary, beam=4).generate([model], sample)
+    assert nad_batches == [6]  # one NAD pass for the 6 sentences, before the beam expansion
+    assert len(nad_key_projections) == len(model.decoder.layers)  # static k/v: projected at the first step only
+    assert all(shape[1] == 6 * 4 for shape in nad_key_projections)
+    assert all(h[0]["steps"] == 1 + h[0]["tokens"].numel() for h in hypos)
+
+
+def test_zeroed_nad_ad_attention_is_the_ar_transformer(task):
+    model = build(task, extra=PRE_NORM)
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.nad_attn.out_proj.weight.zero_()
+            layer.nad_attn.out_proj.bias.zero_()
+    ar = task.build_model(model_args(task.cfg.data, TINY_TRANSFORMER, PRE_NORM)).eval()
+    ar.load_state_dict({k: v for k, v in model.state_dict().items() if k in ar.state_dict()}, strict=True)
+    assert isinstance(ar, TransformerModel) and type(ar) is not type(model)
+
+    sample = batch(task, range(8))
+    net_input = sample["net_input"]
+    with torch.no_grad():
+        logits = model(**net_input)[0]
+        ar_logits = ar(**net_input)[0]
+    assert torch.equal(logits, ar_logits)
+    for beam in (4, 1):
+        ours = generator(model, task.target_dictionary, beam).generate([model], sample)
+        theirs = generator(ar, task.target_dictionary, beam, cls=SequenceGenerator).generate([ar], sample)
+        assert tokens_of(ours) == tokens_of(theirs)
+        assert all(torch.equal(a[0]["positional_scores"], b[0]["positional_scores"]) for a, b in zip(ours, theirs))
+
+
+def test_incremental_decoding_equals_full_recomputation_with_beam_reordering(task):
+    """Beam-like: 4 sentences x 2 hypotheses with different prefixes; at step 2 the hypotheses of each sentence swap
+    (same size: fairseq keeps the static encoder/NAD caches, identical within a sentence), at step 3 sentence 3
+    leaves (the caches are index-selected)."""
+    model = build(task, seed=1)
+    sample = batch(task, range(4))
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+        expand = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+        enc = model.encoder.reorder_encoder_out(encoder_out, expand)
+        prev = sample["net_input"]["prev_output_tokens"]
+        tokens = prev[torch.tensor([0, 1, 1, 2, 2, 3, 3, 0])]  # each hypothesis its own prefix
+        full = model.decoder(tokens, encoder_out=enc)[0]
+        swap, shrink = torch.tensor([1, 0, 3, 2, 5, 4, 7, 6]), torch.tensor([0, 1, 2, 3, 4, 5])
+        rows, state = torch.arange(8), {}
+        for t in range(tokens.size(1)):
+            for when, order in ((2, swap), (3, shrink)):
+                if t == when:
+                    model.decoder.reorder_incremental_state_scripting(state, order)
+                    enc = model.encoder.reorder_encoder_out(enc, order)
+                    rows = rows[order]
+            step = model.decoder(tokens[rows, : t + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
+            real = tokens[rows, t].ne(pad)  # (padding positions are never decoded)
+            assert torch.allclose(step[real], full[rows, t][real], atol=1e-5), t
+        assert rows.numel() == 6
+
+
+def test_batch_of_one_equals_batched(task):
+    model = build(task, seed=2)
+    dictionary = task.target_dictionary
+    indices = list(range(12))
+    batched = generator(model, dictionary, beam=4).generate([model], batch(task, indices))
+    by_id = dict(zip(batch(task, indices)["id"].tolist(), tokens_of(batched)))
+    for i in indices:
+        single = generator(model, dictionary, beam=4).generate([model], batch(task, [i]))
+        assert tokens_of(single)[0] == by_id[i]
+
+
+def test_init_from_ar_copies_the_teacher(task, tiny_teacher):
+    model = build(task, extra=["--init-from-ar", tiny_teacher])
+    teacher = checkpoint_utils.load_checkpoint_to_cpu(tiny_teacher)["model"]
+    state = model.state_dict()
+    for name in ("encoder.layers.0.fc1.weight", "encoder.embed_tokens.weight",
+                 "decoder.layers.0.self_attn.k_proj.weight", "decoder.layers.0.encoder_attn.v_proj.weight",
+                 "decoder.layers.0.final_layer_norm.weight"):
+        assert torch.equal(state[name], teacher[name]), name
+    # the NAD layers start as the teacher's decoder layers where they share sublayers
+    assert torch.equal(state["encoder.nad.layers.0.fc2.weight"], teacher["decoder.layers.0.fc2.weight"])
+    assert torch.equal(state["encoder.nad.layers.0.encoder_attn.q_proj.weight"],
+                       teacher["decoder.layers.0.encoder_attn.q_proj.weight"])
+    new = [name for name in state if name not in teacher]  # the new parts
+    assert "decoder.nad_output_projection.weight" in new and "decoder.layers.0.nad_attn.q_proj.weight" in new
+    assert any(name.startswith("encoder.nad.layers.0.pos_attn.") for name in new)
+    # the NAD-AD attention starts as a no-op, so the AD starts as the teacher
+    assert not state["decoder.layers.0.nad_attn.out_proj.weight"].any()
+    assert not state["decoder.layers.0.nad_attn.out_proj.bias"].any()
+    assert any(name.startswith("encoder.length_predictor.") for name in new)
+
+
+# ----- end to end and errors -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def distilled_bin(dummy_data_bin, tiny_teacher, tmp_path_factory):
+    """The dummy data-bin with the teacher's greedy translations of train and valid as kd side files."""
+    tmp = tmp_path_factory.mktemp("nad-ad")
+    data_bin = shutil.copytree(dummy_data_bin, str(tmp / "bin"))
+    for split in ("train", "valid"):
+        distill.cli_main([data_bin, "--path", tiny_teacher, "--user-dir", USER_DIR, "--cpu", "--beam", "1",
+                          "--batch-size", "64", "--no-progress-bar", "--gen-subset", split,
+                          "--shard-dir", str(tmp / "shards")])
+    return data_bin
+
+
+TRAIN_ARGS = TINY_NAD_AD + ["--task", "translation_nat", "--criterion", "nad_ad_loss", "--label-smoothing", "0.1",
+                            "--use-distilled", "side"]
+
+
+@pytest.fixture(scope="module")
+def nad_ad_checkpoint(distilled_bin, tiny_teacher, tmp_path_factory):
+    save_dir = str(tmp_path_factory.mktemp("nad-ad-ckpt"))
+    return train_model(distilled_bin, save_dir, TRAIN_ARGS + ["--init-from-ar", tiny_teacher], max_update=8)
+
+
+def test_train_generate_interactive(distilled_bin, dummy_raw, nad_ad_checkpoint, tmp_path):
+    state = torch.load(nad_ad_checkpoint)
+    assert state["optimizer_history"][-1]["num_updates"] == 8
+    for beam in ("4", "1"):
+        lines = generate_lines(distilled_bin, nad_ad_checkpoint, ["--task", "translation_nat", "--beam", beam,
+                                                                  "--print-nad-draft", "--print-step"])
+        hyps = hypotheses(lines)
+        assert sorted(hyps) == list(range(40))
+        drafts = [line for line in lines if line.startswith("NAD-")]
+        assert sorted(int(line.split("\t")[0][4:]) for line in drafts) == list(range(40))
+        assert sum(line.startswith("I-") for line in lines) == 40  # --print-step: decoder calls
+        if beam == "4":
+            beam_hyps = hyps
+
+    with open(os.path.join(dummy_raw, "test.src")) as f:
+        sources = [next(f).strip() for _ in range(3)]
+    input_file = tmp_path / "input.txt"
+    input_file.write_text("\n".join(sources) + "\n")
+    inter = hypotheses(interactive_lines(distilled_bin, nad_ad_checkpoint, str(input_file),
+                                         ["--task", "translation_nat", "--beam", "4"]))
+    assert [inter[i] for i in range(3)] == [beam_hyps[i] for i in range(3)]
+
+
+def test_missing_distilled_side_file_is_named(dummy_data_bin, tmp_path):
+    with pytest.raises(SideFileError, match=r"valid\.kd\.tgt\.bin/\.idx.*--gen-subset valid"):
+        train_model(dummy_data_bin, str(tmp_path / "ckpt"), TRAIN_ARGS, max_update=1)
+
+
+@pytest.mark.parametrize("mode", ["target", "none"])
+def test_use_distilled_must_be_side(distilled_bin, tmp_path, mode):
+    args = [a if a != "side" else mode for a in TRAIN_ARGS]
+    with pytest.raises(ValueError, match="--use-distilled side"):
+        train_model(distilled_bin, str(tmp_path / "ckpt"), args, max_update=1)
+
+
+def test_fertility_copy_uses_gold_fertilities_in_training_and_predicted_ones_at_inference(task):
+    model = build(task, extra=["--nad-input-copy", "fertility"])
+    sample = batch(task, range(4))
+    src = sample["net_input"]["src_tokens"]
+    fertility = model.encoder.copyable(src).long() * 2  # every source subword copied twice
+    with torch.no_grad():
+        _, extra = model(**sample["net_input"], nad_fertility=fertility)
+    lengths = (~extra["nad_padding_mask"]).sum(dim=1)
+    assert lengths.tolist() == fertility.sum(dim=1).tolist()
+    assert extra["nad_fertility_logits"].shape[:2] == src.shape
+    hypos = generator(model, task.target_dictionary, beam=2).generate([model], sample)  # predicted fertilities
+    assert len(hypos) == 4
