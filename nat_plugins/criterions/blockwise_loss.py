@@ -8,11 +8,9 @@ loss of only one randomly selected head per minibatch", which saves the memory o
 Logged: ``loss``/``nll_loss`` over the scored predictions and per head ``nll_h{i}`` and ``acc_h{i}``.
 """
 
-import math
 import random
 from dataclasses import dataclass, field
 
-import torch
 from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
@@ -20,6 +18,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
+from ._metrics import log_bits, log_loss_and_nll, summed
 from ..modules.block_heads import block_targets
 
 
@@ -95,19 +94,14 @@ class BlockwiseLoss(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return sum(log.get(key, 0) for log in logging_outputs)
-
-        sample_size, predicted = total("sample_size"), total("predicted")
-        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
-        metrics.log_scalar("nll_loss", total("nll_loss") / max(predicted, 1) / math.log(2), predicted, round=3)
-        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
+        total = summed(logging_outputs)
+        log_loss_and_nll(total, total("sample_size"), total("predicted"))
         heads = sorted({int(key[1:-len("_ntokens")]) for log in logging_outputs for key in log
                         if key.startswith("h") and key.endswith("_ntokens")})
         for head in heads:
             ntokens = total(f"h{head}_ntokens")
             if ntokens > 0:
-                metrics.log_scalar(f"nll_h{head}", total(f"h{head}_nll") / ntokens / math.log(2), ntokens, round=3)
+                log_bits(f"nll_h{head}", total(f"h{head}_nll"), ntokens)
                 metrics.log_scalar(f"acc_h{head}", 100.0 * total(f"h{head}_correct") / ntokens, ntokens, round=2)
 
     @staticmethod

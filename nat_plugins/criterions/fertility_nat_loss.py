@@ -13,7 +13,6 @@ fertilities so the target length is kept. Terms are summed over tokens and divid
 token), ``fertility_loss`` (per source subword) and ``fertility_acc`` (argmax accuracy).
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +22,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
+
+from ._metrics import log_bits, log_loss_and_nll, summed
 
 
 @dataclass
@@ -114,20 +115,15 @@ class FertilityNATLoss(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return sum(log.get(key, 0) for log in logging_outputs)
-
-        sample_size, ntarget, nsource = total("sample_size"), total("ntarget"), total("nsource")
-        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
-        metrics.log_scalar("nll_loss", total("nll_loss") / max(ntarget, 1) / math.log(2), ntarget, round=3)
-        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
-        metrics.log_scalar("word_ins_loss", total("word_ins_loss") / max(ntarget, 1) / math.log(2), ntarget, round=3)
-        metrics.log_scalar("fertility_loss", total("fertility_loss") / max(nsource, 1) / math.log(2), nsource, round=3)
+        total = summed(logging_outputs)
+        ntarget, nsource = total("ntarget"), total("nsource")
+        log_loss_and_nll(total, total("sample_size"), ntarget)
+        log_bits("word_ins_loss", total("word_ins_loss"), ntarget)
+        log_bits("fertility_loss", total("fertility_loss"), nsource)
         metrics.log_scalar("fertility_acc", float(total("fertility_correct")) / max(nsource, 1), nsource, round=3)
         for key in ("rkl_gold", "rkl_sampled", "rkl_baseline", "reinforce_loss"):
             if any(key in log for log in logging_outputs):
-                nsentences = total("nsentences")
-                metrics.log_scalar(key, total(key) / max(nsentences, 1) / math.log(2), nsentences, round=3)
+                log_bits(key, total(key), total("nsentences"))
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

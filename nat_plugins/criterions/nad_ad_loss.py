@@ -18,7 +18,6 @@ Logged separately (bits): ``ad_loss``, ``nad_loss``, ``length_loss`` (or ``ferti
 AD's unsmoothed NLL per token, hence ``ppl``) and ``nad_nll_loss``.
 """
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +27,8 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
+
+from ._metrics import log_bits, summed
 
 LOGGED_TERMS = ("ad_loss", "nad_loss", "length_loss", "fertility_loss", "nll_loss", "nad_nll_loss")
 
@@ -128,14 +129,12 @@ class NADADLoss(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return sum(log.get(key, 0) for log in logging_outputs)
-
+        total = summed(logging_outputs)
         sample_size = total("sample_size")
-        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        log_bits("loss", total("loss"), sample_size)
         for key in LOGGED_TERMS:
             if any(key in log for log in logging_outputs):
-                metrics.log_scalar(key, total(key) / max(sample_size, 1) / math.log(2), sample_size, round=3)
+                log_bits(key, total(key), sample_size)
         metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
 
     @staticmethod

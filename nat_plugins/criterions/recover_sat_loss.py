@@ -16,17 +16,16 @@ every rank, reproducible, independent of the data order. Validation uses EQUAL p
 Logged: ``loss``/``nll_loss`` per trained position, ``anneal_p`` and ``pseudo_rep_rate`` (injected sentences).
 """
 
-import math
 import random
 from dataclasses import dataclass, field
 
-from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
+from ._metrics import log_loss_and_nll, summed
 from ..modules.segments import (
     DEL_SYMBOL,
     allowed_split_points,
@@ -147,13 +146,9 @@ class RecoverSATLoss(FairseqCriterion):
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        def total(key):
-            return sum(log.get(key, 0) for log in logging_outputs)
-
-        sample_size, trained, nsentences = total("sample_size"), total("trained_positions"), total("nsentences")
-        metrics.log_scalar("loss", total("loss") / max(sample_size, 1) / math.log(2), sample_size, round=3)
-        metrics.log_scalar("nll_loss", total("nll_loss") / max(trained, 1) / math.log(2), trained, round=3)
-        metrics.log_derived("ppl", lambda meters: utils.get_perplexity(meters["nll_loss"].avg))
+        total = summed(logging_outputs)
+        nsentences = total("nsentences")
+        log_loss_and_nll(total, total("sample_size"), total("trained_positions"))
         metrics.log_scalar("anneal_p", total("anneal_p_sum") / max(nsentences, 1), nsentences, round=3)
         metrics.log_scalar("pseudo_rep_rate", total("pseudo_rep") / max(nsentences, 1), nsentences, round=3)
 

@@ -23,7 +23,6 @@ are not frozen into the checkpoint).
 
 import logging
 
-import torch
 from fairseq.models import FairseqDecoder, register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,

@@ -55,6 +55,8 @@ from ..modules.nad import (
     ar_decoder_parameter_name,
     copy_source,
     fertility_copy_index,
+    reject_normformer_options,
+    residual_sublayer,
     uniform_fertility,
 )
 from .plugin_model import NATPluginModel
@@ -62,7 +64,6 @@ from .plugin_model import NATPluginModel
 logger = logging.getLogger(__name__)
 
 INPUT_COPY_MODES = ("uniform", "fertility")
-UNSUPPORTED_LAYER_OPTIONS = ("attn_ln", "c_attn", "ffn_layernorm", "w_resid")
 
 
 def nad_memory(encoder_out):
@@ -83,10 +84,7 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
 
     def __init__(self, cfg, no_encoder_attn=False):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
-        for extra in UNSUPPORTED_LAYER_OPTIONS:
-            if getattr(self, extra, None) is not None:
-                raise ValueError(f"nad_ad_transformer does not support fairseq's '{extra}' (NormFormer/scale options): "
-                                 "leave --scale-attn/--scale-heads/--scale-fc/--scale-resids off")
+        reject_normformer_options(self, "nad_ad_transformer")
         self.nad_attn = MultiheadAttention(
             self.embed_dim, cfg.decoder.attention_heads, kdim=self.embed_dim, vdim=self.embed_dim,
             dropout=cfg.attention_dropout, encoder_decoder_attention=True,
@@ -94,17 +92,6 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
         )
         self.nad_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
         self.nad_memory = None
-
-    def sublayer(self, x, layer_norm, fn):
-        """Residual sublayer with fairseq's pre-/post-norm placement; ``fn`` returns (output, attention)."""
-        residual = x
-        if self.normalize_before:
-            x = layer_norm(x)
-        x, attn = fn(x)
-        x = self.residual_connection(self.dropout_module(x), residual)
-        if not self.normalize_before:
-            x = layer_norm(x)
-        return x, attn
 
     def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
                 prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None, self_attn_padding_mask=None,
@@ -135,12 +122,12 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
             h = self.activation_dropout_module(self.activation_fn(self.fc1(h)))
             return self.fc2(h), None
 
-        x, _ = self.sublayer(x, self.self_attn_layer_norm, self_attention)
-        x, _ = self.sublayer(x, self.nad_attn_layer_norm, nad_attention)
+        x, _ = residual_sublayer(self, x, self.self_attn_layer_norm, self_attention)
+        x, _ = residual_sublayer(self, x, self.nad_attn_layer_norm, nad_attention)
         attn = None
         if self.encoder_attn is not None and encoder_out is not None:
-            x, attn = self.sublayer(x, self.encoder_attn_layer_norm, encoder_attention)
-        x, _ = self.sublayer(x, self.final_layer_norm, feed_forward)
+            x, attn = residual_sublayer(self, x, self.encoder_attn_layer_norm, encoder_attention)
+        x, _ = residual_sublayer(self, x, self.final_layer_norm, feed_forward)
         return x, attn, None
 
 

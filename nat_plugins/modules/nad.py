@@ -133,52 +133,61 @@ class LengthPredictor(nn.Module):
         return self.out(pooled)
 
 
+def reject_normformer_options(layer, who):
+    """Fail on fairseq's NormFormer/scale sublayers (``--scale-attn`` etc.), which these layers' forward skips."""
+    for extra in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid"):
+        if getattr(layer, extra, None) is not None:
+            raise ValueError(f"{who} does not support fairseq's '{extra}' (NormFormer/scale options): leave "
+                             "--scale-attn/--scale-heads/--scale-fc/--scale-resids off")
+
+
+def residual_sublayer(layer, x, layer_norm, fn):
+    """One residual sublayer of a fairseq decoder layer ``layer``, with its pre-/post-norm placement
+    (``layer.normalize_before``) and dropout: ``fn(x)`` returns (output, extra); returns (new x, extra)."""
+    residual = x
+    if layer.normalize_before:
+        x = layer_norm(x)
+    x, extra = fn(x)
+    x = layer.residual_connection(layer.dropout_module(x), residual)
+    if not layer.normalize_before:
+        x = layer_norm(x)
+    return x, extra
+
+
 class NADLayer(TransformerDecoderLayerBase):
     """A NAD layer: self-attention -> positional attention -> encoder attention -> FFN, each a residual sublayer
     (fairseq's pre-/post-norm choice). Reuses fairseq's decoder layer for the self/encoder attention and FFN."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        for extra in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid"):
-            if getattr(self, extra, None) is not None:
-                raise ValueError(f"the non-autoregressive decoder layer does not support fairseq's '{extra}' "
-                                 "(NormFormer/scale options): leave --scale-attn/--scale-heads/--scale-fc/--scale-resids off")
+        reject_normformer_options(self, "the non-autoregressive decoder layer")
         self.pos_attn = self.build_encoder_attention(self.embed_dim, cfg)  # query/key/value from different inputs
         self.pos_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
-
-    def sublayer(self, x, layer_norm, fn):
-        residual = x
-        if self.normalize_before:
-            x = layer_norm(x)
-        x = self.residual_connection(self.dropout_module(fn(x)), residual)
-        if not self.normalize_before:
-            x = layer_norm(x)
-        return x
 
     def forward(self, x, positions, encoder_out, encoder_padding_mask, self_attn_mask=None, padding_mask=None):
         """``x``, ``positions``: T x B x C; ``encoder_out``: S x B x C; masks as fairseq's (True = padding)."""
 
         def self_attention(h):
             return self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask,
-                                  need_weights=False)[0]
+                                  need_weights=False)
 
         def positional_attention(h):
             return self.pos_attn(query=positions, key=positions, value=h, key_padding_mask=padding_mask,
-                                 need_weights=False)[0]
+                                 need_weights=False)
 
         def encoder_attention(h):
             return self.encoder_attn(query=h, key=encoder_out, value=encoder_out,
-                                     key_padding_mask=encoder_padding_mask, need_weights=False)[0]
+                                     key_padding_mask=encoder_padding_mask, need_weights=False)
 
         def feed_forward(h):
             h = self.activation_dropout_module(self.activation_fn(self.fc1(h)))
-            return self.fc2(h)
+            return self.fc2(h), None
 
-        x = self.sublayer(x, self.self_attn_layer_norm, self_attention)
-        x = self.sublayer(x, self.pos_attn_layer_norm, positional_attention)
+        x, _ = residual_sublayer(self, x, self.self_attn_layer_norm, self_attention)
+        x, _ = residual_sublayer(self, x, self.pos_attn_layer_norm, positional_attention)
         if encoder_out is not None:
-            x = self.sublayer(x, self.encoder_attn_layer_norm, encoder_attention)
-        return self.sublayer(x, self.final_layer_norm, feed_forward)
+            x, _ = residual_sublayer(self, x, self.encoder_attn_layer_norm, encoder_attention)
+        return residual_sublayer(self, x, self.final_layer_norm, feed_forward)[0]
 
 
 class NonAutoregressiveDecoder(nn.Module):
