@@ -141,12 +141,14 @@ class FertilityDecoder:
         fertility = cap_total(fertility, self.max_lengths(src_lengths.to(src_tokens.device)).repeat_interleave(S))
 
         logits, padding = model.decode(rows_src, encoder_out, fertility)
-        lprobs = model.get_normalized_probs((logits, None), log_probs=True).float()
-        lprobs[..., self.pad] = -math.inf
-        lprobs[..., self.eos] = -math.inf
+        logits = logits.float()
+        log_norm = torch.logsumexp(logits, dim=-1)  # log-softmax = logits - log_norm, without a B*S x T x V copy
+        logits[..., self.pad] = -math.inf
+        logits[..., self.eos] = -math.inf
         if self.unk_penalty:
-            lprobs[..., self.unk] -= self.unk_penalty
-        scores, tokens = lprobs.max(dim=-1)
+            logits[..., self.unk] -= self.unk_penalty
+        best, tokens = logits.max(dim=-1)
+        scores = best - log_norm
         tokens = tokens.masked_fill(padding, self.pad)
         scores = scores.masked_fill(padding, 0.0)
         lengths = (~padding).long().sum(dim=1)
@@ -171,7 +173,7 @@ class FertilityDecoder:
         self.teacher.to(next(self.model.parameters()))
         order = torch.arange(src_tokens.size(0), device=tokens.device).repeat_interleave(self.npd_samples)
         lprobs, target = self.teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
-        token_lprobs = lprobs.float().gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(target.eq(self.pad), 0)
+        token_lprobs = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float().masked_fill(target.eq(self.pad), 0)
         return self.normalize(token_lprobs.sum(dim=1), lengths)
 
     def hypotheses(self, tokens, scores, lengths, steps, teacher_scores):
