@@ -9,7 +9,7 @@ from argparse import Namespace
 
 import pytest
 import torch
-from fairseq import checkpoint_utils, options
+from fairseq import checkpoint_utils, options, tasks
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
@@ -293,3 +293,19 @@ def test_fertility_copy_uses_gold_fertilities_in_training_and_predicted_ones_at_
     assert extra["nad_fertility_logits"].shape[:2] == src.shape
     hypos = generator(model, task.target_dictionary, beam=2).generate([model], sample)  # predicted fertilities
     assert len(hypos) == 4
+
+
+def test_one_training_step_reaches_every_parameter(distilled_bin):
+    """No parameter is left out of the loss (DDP's default needs every parameter in every forward pass)."""
+    args = model_args(distilled_bin, TINY_NAD_AD, ["--criterion", "nad_ad_loss", "--use-distilled", "side"])
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    torch.manual_seed(0)
+    model = task.build_model(args).train()
+    criterion = task.build_criterion(args)
+    dataset = task.dataset("train")
+    sample = dataset.collater([dataset[i] for i in range(8)])
+    loss, sample_size, logging_output = criterion(model, sample)
+    loss.backward()
+    assert sample_size == 1 and {"ad_loss", "nad_loss", "length_loss"} <= set(logging_output)
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
