@@ -91,6 +91,7 @@ step nad-ad bash "$EXAMPLES/nad_ad.sh" "$DATA_BIN" "$TEACHER" "$CKPT/nad-ad"
 step ar-baseline bash "$EXAMPLES/ar_baseline.sh" "$DATA_BIN" "$TEACHER" "$CKPT/ar-baseline"
 add_row "Encoder-NAD-AD, beam 4" "$CKPT/nad-ad" "--beam 4"
 add_row "AR teacher + same updates, beam 4" "$CKPT/ar-baseline" "--beam 4"
+BENCH_ARGS+=(--paired-test "AR teacher + same updates, beam 4::Encoder-NAD-AD, beam 4")  # significance of the gain
 
 # the benchmark re-runs whenever its rows or options change
 BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${SYSTEMS[*]}" | sha1sum | cut -c1-8)

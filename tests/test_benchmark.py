@@ -190,3 +190,27 @@ def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
     assert len(ct2_greedy) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
     assert greedy["latency_sentences_timed"] == NUM_TEST - 2 and greedy["decoder_calls_per_sentence"] is None
     assert abs(beam["bleu"] - fixture["results"]["rows"][0]["bleu"]) < 2.0
+
+
+def test_paired_bootstrap_of_two_rows(fixture):
+    """Identical outputs: Δ = 0 and equal intervals; beam vs greedy: the rows' BLEU and a p-value in (0, 1]."""
+    rows, out = fixture["results"]["rows"], fixture["out"]
+    references = benchmark.check_inputs(_args(fixture), [])
+    same, differ = benchmark.paired_bootstrap(
+        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")],
+        rows, references, out)
+    assert same["delta"] == 0 and same["system_ci"] == pytest.approx(same["baseline_ci"])
+    assert differ["baseline_bleu"] == pytest.approx(rows[1]["bleu"]) and differ["system_bleu"] == pytest.approx(rows[0]["bleu"])
+    assert 0 < differ["p_value"] <= 1 and differ["system_ci"] >= 0 and "bs:1000" in differ["signature"]
+    report = benchmark.markdown_report(fixture["results"]["meta"], rows, [same, differ])
+    assert "| AR teacher, greedy | same teacher greedy |" in report and "| +0.00 |" in report
+
+
+def test_paired_test_names_must_be_rows(fixture):
+    specs = benchmark.teacher_specs(_args(fixture))
+    ok = benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy::AR teacher, beam 4"]), specs)
+    assert ok == [("AR teacher, greedy", "AR teacher, beam 4")]
+    with pytest.raises(benchmark.BenchmarkError, match="no row named 'nosuch'"):
+        benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy::nosuch"]), specs)
+    with pytest.raises(benchmark.BenchmarkError, match="expected 'BASELINE ROW NAME::SYSTEM ROW NAME'"):
+        benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy"]), specs)

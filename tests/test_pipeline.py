@@ -39,7 +39,12 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     table = out[out.index("| system | BLEU |"):]
     assert "| AR teacher, beam 4 |" in table and "| AR teacher, greedy |" in table
     with open(os.path.join(quickstart["work"], "bench", "results.json")) as f:
-        rows = json.load(f)["rows"]
+        results = json.load(f)
+    rows = results["rows"]
+    paired = results["paired_tests"]  # Encoder-NAD-AD vs the teacher trained for the same updates
+    assert [(t["baseline"], t["system"]) for t in paired] == [("AR teacher + same updates, beam 4",
+                                                              "Encoder-NAD-AD, beam 4")]
+    assert 0 < paired[0]["p_value"] <= 1
     assert all(r["num_sentences"] == LINES for r in rows)
     names = [r["name"] for r in rows]
     assert names[:4] == ["AR teacher, beam 4", "AR teacher, greedy", "AR teacher, beam 4 (CTranslate2)",

@@ -14,6 +14,9 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * speedups of latency and throughput against both teacher rows;
 * Rep and Mis (Ran et al. 2020): repeated and missing tokens against the teacher's greedy output.
 
+``--paired-test 'BASELINE::SYSTEM'`` adds sacreBLEU's paired bootstrap resampling test (1,000 resamples) of two
+rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` and ``results.json``.
+
 ``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy; :mod:`.ctranslate2_rows`), the
 production baseline a fast decoder has to beat.
 
@@ -158,6 +161,11 @@ def get_parser() -> argparse.ArgumentParser:
         "(e.g. the same length limit for all: '--max-len-a 1.2 --max-len-b 10')",
     )
     parser.add_argument("--teacher-beam", type=int, default=4, help="beam size of the teacher's beam row (default: 4)")
+    parser.add_argument(
+        "--paired-test", action="append", default=[], metavar="'BASELINE::SYSTEM'",
+        help="sacreBLEU's paired bootstrap resampling test (1000 resamples) of SYSTEM's BLEU against BASELINE's "
+        "(two row names); repeat for more pairs",
+    )
     parser.add_argument(
         "--ctranslate2", action="store_true",
         help="add rows for the teacher decoded by CTranslate2 (beam and greedy): converted once into "
@@ -409,6 +417,14 @@ def benchmark_row(args, spec: SystemSpec, cfg, references: List[str], use_cuda: 
     }
 
 
+def ctranslate2_row_names(args) -> List[tuple]:
+    """(name, beam) of the CTranslate2 rows (none without ``--ctranslate2``)."""
+    if not args.ctranslate2:
+        return []
+    return [(f"AR teacher, beam {args.teacher_beam} (CTranslate2)", args.teacher_beam),
+            ("AR teacher, greedy (CTranslate2)", 1)]
+
+
 def ctranslate2_rows(args, teacher_cfg, references: List[str], use_cuda: bool) -> List[dict]:
     """The teacher's beam and greedy rows decoded by CTranslate2 (see :mod:`.ctranslate2_rows`)."""
     task = tasks.setup_task(teacher_cfg.task)
@@ -423,8 +439,8 @@ def ctranslate2_rows(args, teacher_cfg, references: List[str], use_cuda: bool) -
     size = len(decoder.sources)
     num_latency = size if args.latency_sentences is None else min(args.latency_sentences, size)
     rows = []
-    for beam, label in ((args.teacher_beam, f"beam {args.teacher_beam}"), (1, "greedy")):
-        spec = SystemSpec(f"AR teacher, {label} (CTranslate2)", args.teacher, ["--beam", str(beam)])
+    for name, beam in ctranslate2_row_names(args):
+        spec = SystemSpec(name, args.teacher, ["--beam", str(beam)])
         hyps, measured = decoder.measure(beam, references, num_latency, args.warmup, args.batch_size, spec.name)
         hyp_file = os.path.join(args.out_dir, f"hyp.{spec.slug}.txt")
         with open(hyp_file, "w", encoding="utf-8") as f:
@@ -433,6 +449,46 @@ def ctranslate2_rows(args, teacher_cfg, references: List[str], use_cuda: bool) -
                      "args": ["ctranslate2", "--beam", str(beam)], "hyp_file": os.path.basename(hyp_file),
                      **measured})
     return rows
+
+
+def parse_paired_tests(args, specs: List[SystemSpec]) -> List[tuple]:
+    """``--paired-test 'BASELINE::SYSTEM'`` pairs of row names, checked against the rows this run will have."""
+    names = [spec.name for spec in specs] + [name for name, _beam in ctranslate2_row_names(args)]
+    pairs = []
+    for text in args.paired_test:
+        baseline, sep, system = (part.strip() for part in text.partition("::"))
+        if not sep or not baseline or not system:
+            raise BenchmarkError(f"--paired-test {text!r}: expected 'BASELINE ROW NAME::SYSTEM ROW NAME'")
+        unknown = [name for name in (baseline, system) if name not in names]
+        if unknown:
+            raise BenchmarkError(f"--paired-test {text!r}: no row named {unknown[0]!r} (rows: {names})")
+        pairs.append((baseline, system))
+    return pairs
+
+
+def paired_bootstrap(pairs: List[tuple], rows: List[dict], references: List[str], out_dir: str) -> List[dict]:
+    """sacreBLEU's paired bootstrap resampling (Koehn 2004) for every (baseline, system) pair of row names."""
+    from sacrebleu.significance import PairedTest
+
+    by_name = {row["name"]: row for row in rows}
+    results = []
+    for baseline, system in pairs:
+        hyps = []
+        for name in (baseline, system):
+            with open(os.path.join(out_dir, by_name[name]["hyp_file"]), encoding="utf-8") as f:
+                hyps.append(f.read().splitlines())
+        bleu = sacrebleu.metrics.BLEU(references=[references])
+        test = PairedTest([(baseline, hyps[0]), (system, hyps[1])], {"BLEU": bleu}, references=None,
+                          test_type="bs", n_samples=1000)
+        signatures, scores = test()
+        base, other = scores["BLEU"]
+        results.append({
+            "baseline": baseline, "system": system, "baseline_bleu": base.score, "system_bleu": other.score,
+            "delta": other.score - base.score, "p_value": other.p_value,
+            "baseline_mean": base.mean, "baseline_ci": base.ci, "system_mean": other.mean, "system_ci": other.ci,
+            "signature": str(signatures["BLEU"]),
+        })
+    return results
 
 
 def add_speedups(rows: List[dict]):
@@ -517,8 +573,8 @@ def markdown_table(rows: List[dict], teacher_beam: int) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(meta: dict, rows: List[dict]) -> str:
-    """results.md: header with device/versions/data, the table, and the per-row decoding arguments."""
+def markdown_report(meta: dict, rows: List[dict], paired: Optional[List[dict]] = None) -> str:
+    """results.md: header with device/versions/data, the table, the per-row decoding arguments and paired tests."""
     header = [
         f"# {meta['title']}",
         "",
@@ -537,6 +593,20 @@ def markdown_report(meta: dict, rows: List[dict]) -> str:
         "|---|---|---|",
     ]
     header += [f"| {r['name']} | `{r['checkpoint']}` | `{shlex.join(r['args'])}` |" for r in rows]
+    if paired:
+        header += [
+            "",
+            f"Paired bootstrap resampling (sacreBLEU, {paired[0]['signature']}): p = share of resamples whose "
+            "centred BLEU difference exceeds the observed Δ (small p: SYSTEM's gain is unlikely to be chance; "
+            "sacreBLEU's rule also gives identical outputs a small p, so read it with Δ); ± = 95% confidence "
+            "interval of the resampled mean.",
+            "",
+            "| baseline | system | BLEU baseline | BLEU system | Δ | p-value |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        header += [f"| {t['baseline']} | {t['system']} | {t['baseline_bleu']:.2f} (± {t['baseline_ci']:.2f}) | "
+                   f"{t['system_bleu']:.2f} (± {t['system_ci']:.2f}) | {t['delta']:+.2f} | {t['p_value']:.4f} |"
+                   for t in paired]
     return "\n".join(header) + "\n"
 
 
@@ -569,6 +639,7 @@ def main(args) -> dict:
     use_cuda = torch.cuda.is_available() and not args.cpu
     specs = teacher_specs(args) + systems
     cfgs = [generation_cfg(args, spec, use_cuda) for spec in specs]  # every row's arguments checked up front
+    pairs = parse_paired_tests(args, specs)
     os.makedirs(args.out_dir, exist_ok=True)
     rows = [benchmark_row(args, spec, cfg, references, use_cuda) for spec, cfg in zip(specs, cfgs)]
     if args.ctranslate2:
@@ -576,11 +647,12 @@ def main(args) -> dict:
     add_speedups(rows)
     add_rep_mis(rows, args.out_dir)
     meta = run_metadata(args, use_cuda, rows)
-    results = {"meta": meta, "rows": rows}
+    paired = paired_bootstrap(pairs, rows, references, args.out_dir)
+    results = {"meta": meta, "rows": rows, "paired_tests": paired}
     with open(os.path.join(args.out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, ensure_ascii=False)
     with open(os.path.join(args.out_dir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown_report(meta, rows))
+        f.write(markdown_report(meta, rows, paired))
     plot(meta, rows, os.path.join(args.out_dir, PLOT_FILE))
     print(markdown_table(rows, args.teacher_beam))
     return results
