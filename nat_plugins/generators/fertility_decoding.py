@@ -25,14 +25,10 @@ import math
 
 import torch
 
+from . import check_generation_options
 from ..modules.teacher import FrozenTeacher
 
 DECODING_MODES = ("argmax", "average", "npd")
-# fairseq generation options these decoders do not implement, with their "off" values
-UNSUPPORTED_OPTIONS = {
-    "sampling": False, "match_source_len": False, "no_repeat_ngram_size": 0, "diverse_beam_groups": -1,
-    "diversity_rate": -1.0, "prefix_size": 0, "constraints": None, "lm_path": None, "print_alignment": None,
-}
 
 
 def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
@@ -58,11 +54,7 @@ class FertilityDecoder:
     """Argmax / average / noisy parallel decoding of one ``fertility_nat`` model (see the module docstring)."""
 
     def __init__(self, models, task, gen_args, mode="argmax", npd_samples=10, npd_teacher=None):
-        if len(models) != 1:
-            raise ValueError(f"fertility_nat decoding decodes one model, got an ensemble of {len(models)} (--path)")
-        for name, off in UNSUPPORTED_OPTIONS.items():
-            if getattr(gen_args, name, off) not in (off, None):
-                raise ValueError(f"--{name.replace('_', '-')} is not supported by fertility_nat decoding")
+        check_generation_options(models, gen_args, "fertility_nat decoding")
         beam = getattr(gen_args, "beam", 1)
         if beam != 1:
             raise ValueError(f"fertility_nat decoding is one parallel pass: pass --beam 1 (got {beam}); for several "

@@ -21,22 +21,14 @@ import math
 
 import torch
 
-# fairseq generation options this generator does not implement, with their "off" values
-UNSUPPORTED_OPTIONS = {
-    "sampling": False, "match_source_len": False, "no_repeat_ngram_size": 0, "diverse_beam_groups": -1,
-    "diversity_rate": -1.0, "prefix_size": 0, "constraints": None, "lm_path": None, "print_alignment": None,
-}
+from . import check_generation_options
 
 
 class GroupDecoder:
     """Greedy (``--beam 1``) or beam search group decoding of one SAT model (see the module docstring)."""
 
     def __init__(self, models, tgt_dict, gen_args):
-        if len(models) != 1:
-            raise ValueError(f"SAT group decoding decodes one model, got an ensemble of {len(models)} (--path)")
-        for name, off in UNSUPPORTED_OPTIONS.items():
-            if getattr(gen_args, name, off) not in (off, None):
-                raise ValueError(f"--{name.replace('_', '-')} is not supported by SAT group decoding")
+        check_generation_options(models, gen_args, "SAT group decoding")
         self.model = models[0]
         self.group_size = self.model.decoder.group_size
         self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()

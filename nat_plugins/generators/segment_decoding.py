@@ -23,24 +23,15 @@ import math
 
 import torch
 
+from . import check_generation_options
 from ..modules.segments import DEL_SYMBOL
-
-# fairseq generation options segment decoding does not implement, with their "off" values
-UNSUPPORTED_OPTIONS = {
-    "sampling": False, "match_source_len": False, "no_repeat_ngram_size": 0, "diverse_beam_groups": -1,
-    "diversity_rate": -1.0, "prefix_size": 0, "constraints": None, "lm_path": None, "print_alignment": None,
-}
 
 
 class SegmentDecoder:
     """Greedy segment decoding of one RecoverSAT model (see the module docstring)."""
 
     def __init__(self, models, tgt_dict, gen_args, length_margin=10, print_segments=False):
-        if len(models) != 1:
-            raise ValueError(f"RecoverSAT segment decoding decodes one model, got an ensemble of {len(models)} (--path)")
-        for name, off in UNSUPPORTED_OPTIONS.items():
-            if getattr(gen_args, name, off) not in (off, None):
-                raise ValueError(f"--{name.replace('_', '-')} is not supported by RecoverSAT segment decoding")
+        check_generation_options(models, gen_args, "RecoverSAT segment decoding")
         beam = getattr(gen_args, "beam", 1)
         if beam != 1:
             raise ValueError(f"RecoverSAT segment decoding is greedy (the paper's decoding): pass --beam 1, got {beam}")
