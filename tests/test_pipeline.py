@@ -24,7 +24,7 @@ def quickstart(multi30k_dir, tmp_path_factory):
         "TEACHER_UPDATES": "12", "STUDENT_UPDATES": "2", "LATENCY_SENTENCES": "15", "PRESET": "cpu",
     }
     run = lambda: subprocess.run(["bash", os.path.join(REPO_ROOT, "run_scripts", "quickstart.sh")], env=env,
-                                 capture_output=True, text=True, timeout=900)
+                                 capture_output=True, text=True, timeout=1800)
     first = run()
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     second = run()  # everything is done: the steps are skipped and the table printed again
