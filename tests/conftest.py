@@ -1,11 +1,14 @@
 import os
+import shutil
 
 import pytest
 import torch
 
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
+from nat_plugins.cli import distill
 
-from .utils import MULTI30K_DIR, TINY_TEACHER_ARGS, TINY_TEACHER_UPDATES, binarize, train_model, write_dummy_parallel
+from .utils import (MULTI30K_DIR, USER_DIR, SYNTHETIC_TEACHER_ARGS, SYNTHETIC_TEACHER_UPDATES, TINY_TEACHER_ARGS,
+                    TINY_TEACHER_UPDATES, binarize, train_model, write_dummy_parallel, write_synthetic_parallel)
 
 
 def pytest_configure(config):
@@ -51,3 +54,26 @@ def multi30k_dir():
     if not os.path.exists(os.path.join(MULTI30K_DIR, "train.en")):
         pytest.skip(f"Multi30k raw data not found at {MULTI30K_DIR} (set MULTI30K_DIR)")
     return MULTI30K_DIR
+
+
+# ----- the learning tests' synthetic task (tests/utils.py: synthetic_translation) ----------------------------------
+@pytest.fixture(scope="session")
+def synthetic_data_bin(tmp_path_factory):
+    """Binarized synthetic task with the gold fertilities next to it (``{split}.fert.src``)."""
+    raw = write_synthetic_parallel(str(tmp_path_factory.mktemp("synthetic-raw")))
+    data_bin = binarize(raw, str(tmp_path_factory.mktemp("synthetic-data-bin")))
+    for split in ("train", "valid", "test"):
+        shutil.copy(os.path.join(raw, f"{split}.fert.src"), data_bin)
+    return data_bin
+
+
+@pytest.fixture(scope="session")
+def synthetic_teacher(synthetic_data_bin, tmp_path_factory):
+    """The AR teacher of the learning tests (2 x 64-d), trained until it translates the synthetic task almost
+    perfectly, and the data-bin with its greedy distillation of the training set (``train.kd.tgt``, for the
+    students that train on distilled targets). Returns ``(checkpoint, data_bin)``."""
+    save_dir = str(tmp_path_factory.mktemp("synthetic-teacher"))
+    checkpoint = train_model(synthetic_data_bin, save_dir, SYNTHETIC_TEACHER_ARGS, max_update=SYNTHETIC_TEACHER_UPDATES)
+    distill.cli_main([synthetic_data_bin, "--path", checkpoint, "--user-dir", USER_DIR, "--cpu", "--beam", "1",
+                      "--batch-size", "256", "--gen-subset", "train", "--no-progress-bar"])
+    return checkpoint, synthetic_data_bin

@@ -9,8 +9,9 @@ import os
 
 import pytest
 import sacrebleu
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.cli import benchmark
+from nat_plugins.cli import benchmark, rep_mis
 
 SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
 NUM_TEST = 40
@@ -56,7 +57,7 @@ def test_json_rows_and_metadata(fixture):
         "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_mean",
         "latency_sentences_timed", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
-        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis",
+        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis", "rep_ratio", "mis_ratio",
     }
     for row in results["rows"]:
         assert set(row) == expected
@@ -66,11 +67,31 @@ def test_json_rows_and_metadata(fixture):
         assert row["mean_steps"] is None  # SequenceGenerator does not report steps
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
     assert results["rows"][1]["throughput_speedup_vs_ar_greedy"] == pytest.approx(1.0)
-    assert results["rows"][1]["rep"] == 0.0 and results["rows"][1]["mis"] == 0.0  # the AR output vs itself
     meta = results["meta"]
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key
     assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
+
+
+def test_rep_mis_of_every_row(fixture):
+    """Rep/Mis (Ran et al. eq. 7-10): each row's repeated/missing-token ratios on its 13a-tokenized output and the
+    references, and their relative increments over the greedy teacher row (0 for that row and its copy)."""
+    tokenize = Tokenizer13a()
+    with open(fixture["reference"], encoding="utf-8") as f:
+        references = [tokenize(line) for line in f.read().splitlines()]
+    rows = fixture["results"]["rows"]
+    greedy = rows[1]
+    assert greedy["rep_ratio"] > 0 and greedy["mis_ratio"] > 0  # the toy teacher is not perfect
+    for row in rows:
+        with open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8") as f:
+            hyps = [tokenize(line) for line in f.read().splitlines()]
+        assert row["rep_ratio"] == pytest.approx(rep_mis.repeated_ratio(hyps, window=2))
+        assert row["mis_ratio"] == pytest.approx(rep_mis.missing_ratio(hyps, references))
+        assert row["rep"] == pytest.approx(100 * (row["rep_ratio"] / greedy["rep_ratio"] - 1))
+        assert row["mis"] == pytest.approx(100 * (row["mis_ratio"] / greedy["mis_ratio"] - 1))
+    assert greedy["rep"] == greedy["mis"] == rows[2]["rep"] == rows[2]["mis"] == 0.0
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert "| Rep | Mis | rep. tokens % | missing tokens % |" in markdown and "eq. 7-10" in markdown
 
 
 def test_system_row_matches_greedy_teacher(fixture):

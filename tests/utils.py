@@ -33,6 +33,21 @@ TINY_TEACHER_ARGS = TINY_TRANSFORMER + [
 ]
 
 
+# the teacher of the learning tests (tests/conftest.py: synthetic_teacher), 2 x 64-d
+SYNTHETIC_TEACHER_UPDATES = 300
+SYNTHETIC_MODEL_SIZE = [
+    "--share-all-embeddings", "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
+    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+]
+SYNTHETIC_TEACHER_ARGS = ["--arch", "transformer"] + SYNTHETIC_MODEL_SIZE + [
+    "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--max-tokens", "2000",
+    "--dropout", "0.1", "--disable-validation",
+]
+
+
 def console_script(name):
     """Path of a console script (fairseq-generate, ...) of the Python running the tests, activated or not."""
     return os.path.join(os.path.dirname(sys.executable), name)
@@ -53,6 +68,43 @@ def write_dummy_parallel(raw_dir, n_train=300, n_valid=40, n_test=40, seed=0):
         for lang, lines in (("src", src_lines), ("tgt", tgt_lines)):
             with open(os.path.join(raw_dir, f"{split}.{lang}"), "w") as f:
                 f.writelines(line + "\n" for line in lines)
+    return raw_dir
+
+
+SYNTHETIC_VOCAB = 30
+
+
+def synthetic_translation(source_ids):
+    """The synthetic task of the learning tests: a monotone word mapping whose fertilities vary.
+
+    Source word ``sN`` becomes ``tN``, except that ``N % 5 == 1`` expands to two words ``tN uN`` (fertility 2) and
+    ``N % 7 == 3`` is deleted (fertility 0). Returns (target words, fertility of each source word)."""
+    target, fertility = [], []
+    for n in source_ids:
+        words = [] if n % 7 == 3 else [f"t{n}", f"u{n}"] if n % 5 == 1 else [f"t{n}"]
+        target.extend(words)
+        fertility.append(len(words))
+    return target, fertility
+
+
+def write_synthetic_parallel(raw_dir, n_train=3000, n_valid=100, n_test=100, seed=0):
+    """Raw ``{train,valid,test}.{src,tgt}`` of :func:`synthetic_translation` (sources of 3-12 words, never an empty
+    target) and the gold fertilities ``{split}.fert.src`` (one integer per source word); returns ``raw_dir``."""
+    rng = random.Random(seed)
+    os.makedirs(raw_dir, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        lines = {"src": [], "tgt": [], "fert.src": []}
+        while len(lines["src"]) < n:
+            source = [rng.randrange(SYNTHETIC_VOCAB) for _ in range(rng.randint(3, 12))]
+            target, fertility = synthetic_translation(source)
+            if not target:
+                continue
+            lines["src"].append(" ".join(f"s{n}" for n in source))
+            lines["tgt"].append(" ".join(target))
+            lines["fert.src"].append(" ".join(map(str, fertility)))
+        for suffix, content in lines.items():
+            with open(os.path.join(raw_dir, f"{split}.{suffix}"), "w") as f:
+                f.writelines(line + "\n" for line in content)
     return raw_dir
 
 

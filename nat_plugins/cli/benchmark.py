@@ -12,7 +12,10 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
   sentences, plus the mean of ``hypo["steps"]`` where the generator reports it;
 * speedups of latency and throughput against both teacher rows;
-* Rep and Mis (Ran et al. 2020): repeated and missing tokens against the teacher's greedy output.
+* Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`.rep_mis`): the relative increment (%) of the repeated-token
+  ratio (a token equal to one of the 2 before it) and of the ratio of reference tokens missing, over the
+  teacher's greedy row; and the two ratios themselves (``rep_ratio``, ``mis_ratio``, %), on the words of
+  sacreBLEU's 13a tokenization of the detokenized output and the references.
 
 ``--paired-test 'BASELINE::SYSTEM'`` adds sacreBLEU's paired bootstrap resampling test (1,000 resamples) of two
 rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` and ``results.json``.
@@ -43,6 +46,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import sacrebleu
 import torch
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 from tqdm import tqdm
 
 import fairseq
@@ -499,15 +503,19 @@ def add_speedups(rows: List[dict]):
             row[f"throughput_speedup_vs_{key}"] = row["throughput_sent_per_s"] / ref["throughput_sent_per_s"]
 
 
-def add_rep_mis(rows: List[dict], out_dir: str):
-    """Rep and Mis (Ran et al. 2020, eq. 7-10) of every row against the teacher's greedy output (row 1)."""
+def add_rep_mis(rows: List[dict], references: List[str], out_dir: str):
+    """Rep and Mis (Ran et al. 2020, eq. 7-10) of every row, relative to the teacher's greedy row (row 1), and the
+    repeated/missing-token ratios, on 13a-tokenized words."""
+    tokenize = Tokenizer13a()
+
     def read(row):
         with open(os.path.join(out_dir, row["hyp_file"]), encoding="utf-8") as f:
-            return f.read().splitlines()
+            return [tokenize(line) for line in f.read().splitlines()]
 
+    tokenized_references = [tokenize(line) for line in references]
     ar_output = read(rows[1])
     for row in rows:
-        row.update(rep_mis(read(row), ar_output))
+        row.update(rep_mis(read(row), tokenized_references, ar_output))
 
 
 def device_name(use_cuda: bool) -> str:
@@ -558,8 +566,8 @@ def markdown_table(rows: List[dict], teacher_beam: int) -> str:
     lines = [
         f"| system | BLEU | latency ms (median) | latency ms (mean) | latency × vs {beam} | latency × vs greedy "
         f"| sent/s (batch) | throughput × vs {beam} | throughput × vs greedy | decoder calls / sent "
-        "| tokens / call | steps | Rep | Mis |",
-        "|---|" + "---:|" * 13,
+        "| tokens / call | steps | Rep | Mis | rep. tokens % | missing tokens % |",
+        "|---|" + "---:|" * 15,
     ]
     for r in rows:
         cells = [
@@ -568,6 +576,7 @@ def markdown_table(rows: List[dict], teacher_beam: int) -> str:
             _fmt(r["throughput_sent_per_s"], 1), _fmt(r["throughput_speedup_vs_ar_beam"], 2, "×"),
             _fmt(r["throughput_speedup_vs_ar_greedy"], 2, "×"), _fmt(r["decoder_calls_per_sentence"]),
             _fmt(r["tokens_per_call"]), _fmt(r["mean_steps"]), _fmt(r["rep"]), _fmt(r["mis"]),
+            _fmt(r["rep_ratio"]), _fmt(r["mis_ratio"]),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -582,7 +591,9 @@ def markdown_report(meta: dict, rows: List[dict], paired: Optional[List[dict]] =
         f"nat_plugins {meta['nat_plugins']}; precision {meta['precision']}; {meta['date']}",
         f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
         f"BLEU = sacreBLEU ({rows[0]['bleu_signature']}) vs `{meta['reference']}`",
-        "- Rep/Mis: repeated/missing tokens (%) against the teacher's greedy output (Ran et al. 2020, eq. 7-10)",
+        "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
+        "to one of the 2 before it) and of the missing-token ratio (reference tokens the output lacks) over the "
+        "teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
         f"- latency: batch 1, first {meta['latency_sentences']} sentences, {meta['warmup']} warm-up excluded; "
         f"throughput: batches of {meta['batch_size']} sentences, decode time only",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
@@ -645,7 +656,7 @@ def main(args) -> dict:
     if args.ctranslate2:
         rows[2:2] = ctranslate2_rows(args, cfgs[1], references, use_cuda)
     add_speedups(rows)
-    add_rep_mis(rows, args.out_dir)
+    add_rep_mis(rows, references, args.out_dir)
     meta = run_metadata(args, use_cuda, rows)
     paired = paired_bootstrap(pairs, rows, references, args.out_dir)
     results = {"meta": meta, "rows": rows, "paired_tests": paired}

@@ -1,18 +1,28 @@
-"""Rep and Mis (Ran et al., ACL 2020, §4, eq. 7-10): repeated and missing tokens of a system's translations,
-measured against the AR teacher's translations of the same sources (not against human references).
+"""Rep and Mis (Ran et al., ACL 2020, §4, eq. 7-10): how much more a system repeats and drops tokens than the AR
+model, the errors the multi-modality problem causes.
 
-    python -m nat_plugins.cli.rep_mis --ar-output teacher.gen.txt --hypotheses system.gen.txt [--field D] [--json]
+    python -m nat_plugins.cli.rep_mis --references ref.txt --ar-output teacher.txt --hypotheses system.txt \\
+        [--window 2] [--field D] [--json]
 
-Each file is either plain text (one translation per line, in the same order) or fairseq-generate /
-fairseq-interactive output, whose ``H-<id>`` lines (``--field D``: the detokenized ``D-<id>`` lines) are read and
-sorted by id. Tokens are whitespace-separated words of the chosen field (subwords for ``H`` without
-``--post-process``). Written c_y(w) for the count of token w in y, per sentence pair (y = system, a = AR output):
+For translations Y = (y^1 .. y^M) of M sources with references Y* (whitespace-separated tokens; c_y(w) = count
+of token w in y):
 
-    rep(y, a) = sum_w max(0, c_y(w) - max(c_a(w), 1))     occurrences of a token repeated beyond the AR output's
-    mis(y, a) = sum_w max(0, c_a(w) - c_y(w))             occurrences of the AR output's tokens that are missing
-    Rep = 100 * sum rep / sum |y|                         Mis = 100 * sum mis / sum |a|
+    r(Y)     = 100 * sum_i #{j : y^i_j in {y^i_{j-N}, .., y^i_{j-1}}} / sum_i |y^i|          repeated tokens (%)
+    m(Y, Y*) = 100 * sum_i sum_w max(0, c_{y*^i}(w) - c_{y^i}(w)) / sum_i |y*^i|             missing tokens (%)
+    Rep = 100 * (r(Y) - r(Y_AR)) / r(Y_AR)         Mis = 100 * (m(Y, Y*) - m(Y_AR, Y*)) / m(Y_AR, Y*)
 
-Prints ``Rep <value>\\tMis <value>`` (and a JSON object with ``--json``); the benchmark imports :func:`rep_mis`.
+A token is repeated when it equals one of the N preceding tokens of its sentence (``--window N``, default 2); a
+reference token is missing when the translation has fewer copies of it than the reference. Like the paper, Rep
+and Mis are relative increments (%) over the AR model's ratios on the same sources: 0 for the AR model itself,
+negative for a system that repeats (drops) less; undefined (None) when the AR model has no repeated (missing)
+token at all. The paper's text could not be consulted here; the window N = 2 and the exact normalisation are
+recalled, not quoted, so the absolute ratios r and m are reported too (``rep_ratio``, ``mis_ratio``);
+``--window 1`` gives the rate of immediately repeated tokens.
+
+Each file is plain text (one translation per line, in the same order) or fairseq-generate/-interactive output,
+whose ``H-<id>`` lines (``--field D``: the detokenized ``D-<id>`` lines) are read and sorted by id. Prints
+``Rep <value>\\tMis <value>\\trep% <value>\\tmis% <value>`` (and a JSON object with ``--json``); the benchmark
+imports :func:`rep_mis`.
 """
 
 import argparse
@@ -22,6 +32,7 @@ import sys
 from collections import Counter
 
 GENERATE_LINE = re.compile(r"^([HD])-(\d+)\t")
+DEFAULT_WINDOW = 2
 
 
 def read_translations(path, field="H"):
@@ -41,44 +52,80 @@ def read_translations(path, field="H"):
     return [by_id[i] for i in sorted(by_id)]
 
 
-def sentence_counts(hypothesis, ar_output):
-    """(rep, mis) token counts of one sentence pair (module docstring)."""
-    hyp, ar = Counter(hypothesis.split()), Counter(ar_output.split())
-    rep = sum(max(0, count - max(ar[word], 1)) for word, count in hyp.items())
-    mis = sum(max(0, count - hyp[word]) for word, count in ar.items())
-    return rep, mis
+def repeated_tokens(tokens, window=DEFAULT_WINDOW):
+    """Number of tokens equal to one of the ``window`` tokens before them."""
+    if window < 1:
+        raise ValueError(f"the repetition window must be >= 1, got {window}")
+    return sum(token in tokens[max(0, j - window): j] for j, token in enumerate(tokens))
 
 
-def rep_mis(hypotheses, ar_outputs):
-    """Corpus-level {"rep": Rep, "mis": Mis} in percent for aligned lists of translations."""
-    if len(hypotheses) != len(ar_outputs):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(ar_outputs)} AR outputs: they must translate the "
-                         "same sentences")
-    rep = mis = hyp_tokens = ar_tokens = 0
-    for hypothesis, ar_output in zip(hypotheses, ar_outputs):
-        sentence_rep, sentence_mis = sentence_counts(hypothesis, ar_output)
-        rep, mis = rep + sentence_rep, mis + sentence_mis
-        hyp_tokens += len(hypothesis.split())
-        ar_tokens += len(ar_output.split())
-    return {"rep": 100.0 * rep / max(hyp_tokens, 1), "mis": 100.0 * mis / max(ar_tokens, 1)}
+def missing_tokens(hypothesis, reference):
+    """Number of reference tokens (with multiplicity) that the hypothesis lacks."""
+    hyp = Counter(hypothesis)
+    return sum(max(0, count - hyp[token]) for token, count in Counter(reference).items())
+
+
+def repeated_ratio(translations, window=DEFAULT_WINDOW):
+    """r(Y): repeated tokens in % of all tokens of ``translations`` (lines of whitespace-separated tokens)."""
+    sentences = [line.split() for line in translations]
+    return 100.0 * sum(repeated_tokens(s, window) for s in sentences) / max(sum(map(len, sentences)), 1)
+
+
+def missing_ratio(translations, references):
+    """m(Y, Y*): reference tokens missing from the aligned ``translations``, in % of all reference tokens."""
+    if len(translations) != len(references):
+        raise ValueError(f"{len(translations)} translations but {len(references)} references: they must translate "
+                         "the same sentences")
+    pairs = [(t.split(), r.split()) for t, r in zip(translations, references)]
+    return 100.0 * sum(missing_tokens(t, r) for t, r in pairs) / max(sum(len(r) for _, r in pairs), 1)
+
+
+def relative_increment(value, baseline):
+    """100 * (value - baseline) / baseline; None when the baseline is 0."""
+    return None if baseline == 0 else 100.0 * (value - baseline) / baseline
+
+
+def rep_mis(hypotheses, references, ar_outputs, window=DEFAULT_WINDOW):
+    """{"rep", "mis"}: Rep and Mis (%, relative to the AR model; module docstring) of aligned lists of translations,
+    and the system's absolute ratios {"rep_ratio", "mis_ratio"} (%)."""
+    if not len(hypotheses) == len(references) == len(ar_outputs):
+        raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references and {len(ar_outputs)} AR "
+                         "outputs: they must translate the same sentences")
+    rep_ratio, mis_ratio = repeated_ratio(hypotheses, window), missing_ratio(hypotheses, references)
+    return {
+        "rep": relative_increment(rep_ratio, repeated_ratio(ar_outputs, window)),
+        "mis": relative_increment(mis_ratio, missing_ratio(ar_outputs, references)),
+        "rep_ratio": rep_ratio,
+        "mis_ratio": mis_ratio,
+    }
 
 
 def get_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--references", required=True, metavar="FILE",
+                        help="reference translations (plain text, one per line; tokenized like the hypotheses)")
     parser.add_argument("--ar-output", required=True, metavar="FILE",
-                        help="the AR teacher's translations of the same sources (text or fairseq-generate output)")
+                        help="the AR model's translations of the same sources (text or fairseq-generate output)")
     parser.add_argument("--hypotheses", required=True, metavar="FILE",
                         help="the system's translations (text or fairseq-generate output)")
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+                        help="a token is repeated when it equals one of the N tokens before it")
     parser.add_argument("--field", choices=("H", "D"), default="H",
                         help="which lines of fairseq output to read: H (hypothesis) or D (detokenized)")
     parser.add_argument("--json", action="store_true", help="also print the result as a JSON object")
     return parser
 
 
+def _fmt(value):
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    scores = rep_mis(read_translations(args.hypotheses, args.field), read_translations(args.ar_output, args.field))
-    print(f"Rep {scores['rep']:.2f}\tMis {scores['mis']:.2f}")
+    scores = rep_mis(read_translations(args.hypotheses, args.field), read_translations(args.references),
+                     read_translations(args.ar_output, args.field), args.window)
+    print(f"Rep {_fmt(scores['rep'])}\tMis {_fmt(scores['mis'])}\t"
+          f"rep% {_fmt(scores['rep_ratio'])}\tmis% {_fmt(scores['mis_ratio'])}")
     if args.json:
         print(json.dumps(scores))
     return scores

@@ -3,12 +3,13 @@
 For every sentence the segmented decoder inputs and targets are built on the fly from ``sample["target"]``:
 
 * mixed annealing dividing (§3.3): s ~ Bernoulli(p); s = 0 cuts at the EQUAL points ceil(i*n/K), s = 1 at K-1
-  distinct RAND points; p = max(0, 1 - updates / ``--anneal-steps``) goes linearly from 1 to 0 (``--anneal-steps
-  0``: p = 0, always EQUAL). It follows the model's update count (``set_num_updates``), so it continues correctly
-  after ``--restore-file``. No split point falls inside a word (``▁``/``@@`` aware).
+  distinct RAND points drawn from 1..n (n: an empty last segment); p = max(0, 1 - updates / ``--anneal-steps``)
+  goes linearly from 1 to 0 (``--anneal-steps 0``: p = 0, always EQUAL). It follows the model's update count
+  (``set_num_updates``), so it continues correctly after ``--restore-file``. No split point falls inside a word
+  (``▁``/``@@`` aware).
 * pseudo-repetitive segments (§3.2), with probability ``--pseudo-rep-prob`` q per sentence: the sentence is divided
   into K-1 segments, a prefix of random length 1..|S| of a random non-empty segment S is copied, followed by DEL,
-  right after S; only the DEL position of that segment is trained.
+  right after S; it is trained like any segment (its tokens, then DEL where a segment ends with EOS).
 * empty segments are BOS -> EOS; the loss is label-smoothed NLL (``--label-smoothing``, the paper's 0.15).
 
 Randomness comes from ``random.Random`` seeded with (``--seed``, update number, call within the update): identical on

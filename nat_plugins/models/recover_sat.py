@@ -6,9 +6,12 @@ The translation is generated as K segments in parallel, each left to right (§3.
 * the target dictionary gets a DEL symbol (:func:`~nat_plugins.modules.segments.add_segment_symbols`), added when
   the model is built, so training, ``fairseq-generate`` and ``fairseq-interactive`` see the same dictionary; every
   segment starts with fairseq's start symbol (EOS) and ends with EOS, or with DEL when it repeats its predecessor;
-* decoder input embedding = token embedding + sinusoid(position inside the segment) + learned segment embedding
-  (segment 0's starts at zero, so a model initialised from the AR teacher starts as the teacher on the first
-  segment and K = 1 is exactly the teacher; the others start random, N(0, 1/d), which tells the segments apart);
+* decoder input embedding = token embedding + sinusoid(position inside the segment) + learned segment embedding.
+  Segment embeddings are parameterised like fairseq's token embeddings: initialised N(0, 1/d) and multiplied by
+  the same scale sqrt(d) (``embed_scale``), so at initialisation a segment's embedding is as large as a token's
+  (unscaled, it would be sqrt(d) times weaker and every segment would see almost the same input at a step).
+  Segment 0's starts at zero, so a model initialised from the AR teacher starts as the teacher on the first
+  segment and K = 1 is exactly the teacher;
 * decoder inputs are laid out step-major (position t*K + k = step t of segment k); a query at step t attends to
   the keys at steps <= t of every segment, plus fairseq's key padding mask (ended segments are padding).
 
@@ -50,7 +53,7 @@ class RecoverSATDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, num_segments, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.num_segments = num_segments
-        self.embed_segments = nn.Embedding(num_segments, embed_tokens.embedding_dim)
+        self.embed_segments = nn.Embedding(num_segments, embed_tokens.embedding_dim)  # scaled by embed_scale
         nn.init.normal_(self.embed_segments.weight, mean=0.0, std=embed_tokens.embedding_dim ** -0.5)
         nn.init.zeros_(self.embed_segments.weight[0])
 
@@ -104,7 +107,7 @@ class RecoverSATDecoder(TransformerDecoderBase):
             x = self.project_in_dim(x)
         if positions is not None:
             x = x + positions.repeat_interleave(K, dim=0)
-        x = x + self.embed_segments(segment_ids(prev_output_tokens.size(1), K, device=x.device))
+        x = x + self.embed_scale * self.embed_segments(segment_ids(prev_output_tokens.size(1), K, device=x.device))
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C

@@ -61,9 +61,12 @@ def equal_split_points(length, num_segments, allowed=None):
 
 
 def random_split_points(length, num_segments, allowed, rng):
-    """RAND(n, K-1): K-1 distinct points drawn uniformly from ``allowed`` (interior points keeping words whole),
-    sorted; when fewer are allowed, all of them and the rest at n (empty segments at the end)."""
-    drawn = sorted(rng.sample(list(allowed), min(num_segments - 1, len(allowed))))
+    """RAND(n, K-1): K-1 distinct points drawn uniformly from 1..n, the range of EQUAL's points ceil(i*n/K) and
+    of the released code's split indices (a point at n leaves the last segment empty: BOS -> EOS), restricted to
+    the ``allowed`` interior points that keep words whole; sorted. When fewer than K-1 points are available, all
+    of them and the rest at n (empty segments at the end)."""
+    candidates = [point for point in allowed if 0 < point < length] + ([length] if length > 0 else [])
+    drawn = sorted(rng.sample(candidates, min(num_segments - 1, len(candidates))))
     return drawn + [length] * (num_segments - 1 - len(drawn))
 
 
@@ -75,7 +78,7 @@ def split_at(tokens, points):
 
 def inject_pseudo_repetition(segments, index, prefix_length):
     """§3.2: insert, right after ``segments[index]``, a pseudo-repetitive segment made of its first
-    ``prefix_length`` tokens (followed by DEL when batched). Returns (segments, is_pseudo flags)."""
+    ``prefix_length`` tokens (ending in DEL instead of EOS when batched). Returns (segments, is_pseudo flags)."""
     if not 1 <= prefix_length <= len(segments[index]):
         raise ValueError(f"prefix length {prefix_length} is not in 1..{len(segments[index])} (segment {index})")
     pseudo = segments[index][:prefix_length]
@@ -88,8 +91,9 @@ def inject_pseudo_repetition(segments, index, prefix_length):
 def segment_batch(batch_segments, batch_pseudo, eos, pad, del_index):
     """Decoder inputs and targets (B x L*K, step-major) for a batch of K-segment lists.
 
-    Segment S: inputs BOS (= EOS, as fairseq's decoders) then S; targets S then EOS. A pseudo-repetitive
-    segment keeps its inputs but its only target is DEL at its last step (the copied tokens are not trained)."""
+    Segment S: inputs BOS (= EOS, as fairseq's decoders) then S; targets S then EOS. A pseudo-repetitive segment
+    is ordinary training data that ends in DEL (§3.2: "lots of DEL"): targets S then DEL, every position trained.
+    (The released code trains only its DEL; the paper presents the injected segment as ordinary training data.)"""
     num_segments = len(batch_segments[0])
     steps = max(len(segment) for segments in batch_segments for segment in segments) + 1
     inputs, targets = [], []
@@ -100,8 +104,7 @@ def segment_batch(batch_segments, batch_pseudo, eos, pad, del_index):
         for segment, pseudo in zip(segments, pseudo_flags):
             filler = [pad] * (steps - len(segment) - 1)
             sentence_inputs.append([eos] + segment + filler)
-            ends = [pad] * len(segment) + [del_index] if pseudo else segment + [eos]
-            sentence_targets.append(ends + filler)
+            sentence_targets.append(segment + [del_index if pseudo else eos] + filler)
         inputs.append(sentence_inputs)
         targets.append(sentence_targets)
     return step_major(torch.tensor(inputs, dtype=torch.long)), step_major(torch.tensor(targets, dtype=torch.long))
