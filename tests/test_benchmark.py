@@ -22,10 +22,13 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
     """One benchmark run: its arguments, output directory and returned results."""
     out_dir = str(tmp_path_factory.mktemp("bench"))
     reference = os.path.join(dummy_raw, "test.tgt")
+    distilled = os.path.join(out_dir, "train.kd.tgt.txt")  # 5 subwords, one repeats the one before: 20%
+    with open(distilled, "w", encoding="utf-8") as f:
+        f.write("t1 t1 t2\nt3 t1\n")
     argv = [
         dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
         "--post-process", "none", "--warmup", "2", "--batch-size", "12",
-        "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
+        "--distilled-targets", distilled, "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
     results = benchmark.main(benchmark.get_parser().parse_args(argv))
     return {"teacher": tiny_teacher, "reference": reference, "out": out_dir, "argv": argv, "results": results}
@@ -71,6 +74,15 @@ def test_json_rows_and_metadata(fixture):
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key
     assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
+
+
+def test_distilled_targets_repetition_is_reported(fixture, tmp_path):
+    kd = fixture["results"]["meta"]["distilled_targets"]
+    assert kd["sentences"] == 2 and kd["repeated_subwords"] == pytest.approx(20.0)
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert "2 sentences, 20.00% of the subwords repeat the one before" in markdown
+    with pytest.raises(benchmark.BenchmarkError, match="--distilled-targets .* does not exist"):
+        benchmark.main(_args(fixture, distilled_targets=str(tmp_path / "none.txt")))
 
 
 def test_rep_mis_of_every_row(fixture):

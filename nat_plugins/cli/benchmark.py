@@ -56,7 +56,7 @@ from fairseq_cli.generate import get_symbols_to_strip_from_output
 
 import nat_plugins
 from nat_plugins.cli.ctranslate2_rows import CTranslate2Teacher, CTranslate2Unavailable, convert_teacher
-from nat_plugins.cli.rep_mis import rep_mis
+from nat_plugins.cli.rep_mis import rep_mis, repeated_ratio
 
 logger = logging.getLogger("nat_plugins.cli.benchmark")
 
@@ -175,6 +175,11 @@ def get_parser() -> argparse.ArgumentParser:
         help="add rows for the teacher decoded by CTranslate2 (beam and greedy): converted once into "
         "OUT_DIR/ctranslate2-teacher, same device, threads, precision and length limit",
     )
+    parser.add_argument(
+        "--distilled-targets", default=None, metavar="FILE",
+        help="the students' distilled training targets (subword text, e.g. DATA_BIN/train.kd.de.txt): their rate "
+        "of immediately repeated subwords goes into the report (a teacher that stutters teaches stuttering)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
     parser.add_argument("--title", default="Decoding benchmark", help="heading of results.md and the plot")
     return parser
@@ -205,6 +210,9 @@ def check_inputs(args, systems: List[SystemSpec]) -> List[str]:
         raise BenchmarkError("--batch-size and --teacher-beam must be >= 1 and --warmup >= 0")
     if not os.path.isfile(args.reference):
         raise BenchmarkError(f"--reference {args.reference!r} does not exist")
+    if args.distilled_targets is not None and not os.path.isfile(args.distilled_targets):
+        raise BenchmarkError(f"--distilled-targets {args.distilled_targets!r} does not exist (run_scripts/distill.sh "
+                             "writes DATA_BIN/train.kd.TGT.txt)")
     with open(args.reference, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
@@ -553,7 +561,18 @@ def run_metadata(args, use_cuda: bool, rows: List[dict]) -> dict:
         "post_process": args.post_process,
         "generate_args": args.generate_args,
         "seed": args.seed,
+        "distilled_targets": distilled_targets_stats(args.distilled_targets),
     }
+
+
+def distilled_targets_stats(path: Optional[str]) -> Optional[dict]:
+    """Sentences and immediately repeated subwords (%) of the distilled training targets at ``path``."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return {"path": os.path.abspath(path), "sentences": len(lines),
+            "repeated_subwords": repeated_ratio(lines, window=1)}
 
 
 def _fmt(value, digits=2, suffix=""):
@@ -597,6 +616,12 @@ def markdown_report(meta: dict, rows: List[dict], paired: Optional[List[dict]] =
         f"- latency: batch 1, first {meta['latency_sentences']} sentences, {meta['warmup']} warm-up excluded; "
         f"throughput: batches of {meta['batch_size']} sentences, decode time only",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
+    ]
+    kd = meta.get("distilled_targets")
+    if kd:
+        header.append(f"- distilled training targets: `{kd['path']}`, {kd['sentences']} sentences, "
+                      f"{kd['repeated_subwords']:.2f}% of the subwords repeat the one before")
+    header += [
         "",
         markdown_table(rows, meta["teacher_beam"]),
         "",
