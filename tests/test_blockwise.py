@@ -2,16 +2,20 @@
 sampling, verify-accept decoding (exact acceptance == greedy decoding of head 1 for every k, batch size and cache
 mode; top-m acceptance; minimum block size; EOS inside a block) and a tiny train -> generate -> interactive run."""
 
+import logging
 import math
 import os
+import re
 import subprocess
 from argparse import Namespace
 
 import pytest
+import sacrebleu
 import torch
 from fairseq import options
 from fairseq.data import Dictionary, data_utils
 from fairseq.logging import metrics
+from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
@@ -19,7 +23,8 @@ from nat_plugins.generators.verify_accept import VerifyAcceptGenerator, accepted
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
-from .utils import TINY_TRANSFORMER, USER_DIR, console_script, generate_lines, hypotheses, interactive_lines, train_model
+from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, USER_DIR, console_script, generate_lines, hypotheses,
+                    interactive_lines, train_model)
 
 TINY_BLOCKWISE = ["--arch", "blockwise_transformer"] + TINY_TRANSFORMER[2:]
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
@@ -96,17 +101,34 @@ def test_block_targets_shift_each_head_by_its_offset():
 def test_block_heads_slices_equal_the_full_layer():
     torch.manual_seed(0)
     heads = BlockHeads(8, 16, block_size=4, identity_first_head=True, dropout=0.0, activation_dropout=0.0).eval()
-    assert heads.fc1.out_features == 3 * 16 and heads.fc2.out_features == 3 * 8  # heads 2..4 only
+    assert heads.fc1.out_features == 3 * 16 and [fc.out_features for fc in heads.fc2] == [8, 8, 8]  # heads 2..4 only
     x = torch.randn(2, 5, 8)
     everything = heads(x)
     assert everything.shape == (2, 5, 4, 8)
     assert torch.equal(heads(x, range(1))[..., 0, :], x)  # head 1 is the decoder output itself
     torch.testing.assert_close(heads(x, range(2, 4)), everything[..., 2:4, :])
-    torch.testing.assert_close(everything[..., 1, :] - x, heads.fc2(torch.relu(heads.fc1(x)))[..., :8])  # residual
-    with pytest.raises(ValueError, match="consecutive range"):
-        heads(x, range(3, 5))
+    torch.testing.assert_close(heads(x, [3, 0]), everything[..., [3, 0], :])  # any heads, in the order asked
+    hidden = torch.relu(heads.fc1(x))  # one hidden layer of (k-1)·d_ff shared by the heads (§6)
+    torch.testing.assert_close(everything[..., 1, :] - x, heads.fc2[0](hidden))  # residual
+    torch.testing.assert_close(everything[..., 3, :] - x, heads.fc2[2](hidden))
+    for bad in (range(3, 5), [1, 1], []):
+        with pytest.raises(ValueError, match="distinct head indices"):
+            heads(x, bad)
     with pytest.raises(ValueError, match="--block-size"):
         BlockHeads(8, 16, block_size=0, identity_first_head=False, dropout=0.0, activation_dropout=0.0)
+
+
+def test_checkpoints_with_one_output_matrix_load_into_per_head_layers(toy_task):
+    """Checkpoints written when fc2 was one (k·d)-row matrix load through fairseq's state-dict upgrade."""
+    model = build_model(toy_task, 3, extra=["--identity-first-head"])
+    state = model.state_dict()
+    prefix = "decoder.block_heads.fc2"
+    for kind in ("weight", "bias"):
+        state[f"{prefix}.{kind}"] = torch.cat([state.pop(f"{prefix}.{i}.{kind}") for i in range(2)])
+    reloaded = build_model(toy_task, 3, seed=1, extra=["--identity-first-head"])
+    reloaded.load_state_dict(state)  # fairseq's load_state_dict upgrades first
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
 
 
 def test_identity_first_head_with_frozen_base_is_the_base_model(toy_task):
@@ -115,8 +137,8 @@ def test_identity_first_head_with_frozen_base_is_the_base_model(toy_task):
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and all(name.startswith("decoder.block_heads.") for name in missing)
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {
-        "decoder.block_heads.fc1.weight", "decoder.block_heads.fc1.bias",
-        "decoder.block_heads.fc2.weight", "decoder.block_heads.fc2.bias"}
+        "decoder.block_heads.fc1.weight", "decoder.block_heads.fc1.bias"} | {
+        f"decoder.block_heads.fc2.{i}.{kind}" for i in range(2) for kind in ("weight", "bias")}
     assert model.trainable_heads == range(1, 3)
 
     sample = random_batch(toy_task.target_dictionary, 4, seed=0)
@@ -150,49 +172,165 @@ def training_sample(dictionary, seed=0):
     return sample, [n + 1 for n in lengths]
 
 
+def criterion_for(task, head_sampling="mean", other_heads_weight=0.1, label_smoothing=0.1, **kwargs):
+    return BlockwiseLoss(task, label_smoothing=label_smoothing, head_sampling=head_sampling, sentence_avg=False,
+                         seed=1, other_heads_weight=other_heads_weight, **kwargs)
+
+
+def own_parameters(model, head):
+    """The parameters only 0-based ``head`` uses: its output layer (none for an identity head 1)."""
+    block_heads = model.decoder.block_heads
+    if block_heads.identity_first_head and head == 0:
+        return []
+    return list(block_heads.fc2[head - int(block_heads.identity_first_head)].parameters())
+
+
+def scored_heads(log, block_size):
+    return [h for h in range(block_size) if log[f"h{h + 1}_ntokens"] > 0]
+
+
+@pytest.mark.parametrize("head_sampling", ["random", "first-plus-random", "mean"])
 @pytest.mark.parametrize("extra", [[], ["--identity-first-head"], ["--identity-first-head", "--freeze-base"]])
-def test_random_head_sampling_is_deterministic_and_keeps_every_parameter_in_the_graph(toy_task, extra):
-    model = build_model(toy_task, 3, extra=extra).train()
-    criterion = BlockwiseLoss(toy_task, label_smoothing=0.1, head_sampling="random", sentence_avg=False, seed=1)
+def test_head_sampling_is_deterministic_and_unscored_heads_get_no_gradient(toy_task, extra, head_sampling):
+    """Heads are drawn from (seed, update); head 1 is in every update when the base trains (first-plus-random,
+    mean); a head the update does not score has ``grad is None`` (so fairseq's Adam skips it), every scored one
+    has a gradient."""
+    model = build_model(toy_task, 4, extra=extra).train()
+    criterion = criterion_for(toy_task, head_sampling, other_heads_weight=0.5)
     sample, lengths = training_sample(toy_task.target_dictionary)
+    base_trains = "--freeze-base" not in extra
     drawn = set()
-    for update in range(12):
+    for update in range(40):
         model.set_num_updates(update)
-        model.zero_grad()
+        model.zero_grad(set_to_none=True)
         loss, sample_size, log = criterion(model, sample)
-        scored = [h for h in range(1, 4) if log[f"h{h}_ntokens"] > 0]
-        assert len(scored) == 1
-        head = scored[0]
-        drawn.add(head)
-        assert sample_size == log["predicted"] == sum(max(n - head + 1, 0) for n in lengths)
-        assert criterion(model, sample)[2][f"h{head}_ntokens"] > 0  # same update, same head
+        heads = scored_heads(log, 4)
+        assert scored_heads(criterion(model, sample)[2], 4) == heads  # same update, same heads
+        expected_count = {"random": 1, "first-plus-random": 1 + base_trains, "mean": len(model.trainable_heads)}
+        assert len(heads) == expected_count[head_sampling]
+        assert (0 in heads) == (base_trains and head_sampling != "random" or heads == [0])
+        drawn.update(heads)
+        weights = {h: 1.0 if h == 0 else 0.5 for h in heads}
+        assert sample_size == pytest.approx(sum(weights[h] * sum(max(n - h, 0) for n in lengths) for h in heads))
         loss.backward()
-        assert all(p.grad is not None for p in model.parameters() if p.requires_grad)  # DDP needs no unused ones
-    assert drawn == {h + 1 for h in model.trainable_heads}
+        for head in range(4):
+            assert all((p.grad is not None) == (head in heads) for p in own_parameters(model, head))
+        uses_layer = any(h > 0 or not model.decoder.block_heads.identity_first_head for h in heads)
+        assert (model.decoder.block_heads.fc1.weight.grad is not None) == uses_layer
+        if base_trains:
+            assert model.decoder.embed_tokens.weight.grad is not None
+    assert drawn == set(model.trainable_heads)
 
 
-def test_mean_loss_scores_every_head_on_shifted_targets(toy_task):
+@pytest.mark.parametrize("head", [0, 2])
+def test_an_update_that_does_not_score_a_head_leaves_it_bit_identical(toy_task, head):
+    """fairseq's Adam (momentum and weight decay) after an update that scores one head only: the other heads'
+    own parameters stay bit for bit, even with momentum from an earlier update of every head. When head 1 — the
+    decoder output itself under --identity-first-head — is the only one scored, the whole new layer stays put."""
+    model = build_model(toy_task, 4, extra=["--identity-first-head"]).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = FairseqAdam(FairseqAdamConfig(lr=[0.01], weight_decay=0.1, adam_betas="(0.9, 0.98)"), params)
+    sample, _ = training_sample(toy_task.target_dictionary)
+
+    def update(criterion, num_updates):
+        model.set_num_updates(num_updates)
+        optimizer.zero_grad()
+        loss, _, log = criterion(model, sample)
+        loss.backward()
+        optimizer.step()
+        return scored_heads(log, 4)
+
+    assert update(criterion_for(toy_task, "mean"), 0) == [0, 1, 2, 3]  # every head gets Adam state
+    random_head = criterion_for(toy_task, "random")
+
+    def draws(num_updates):
+        model.set_num_updates(num_updates)
+        return random_head.heads_to_score(model)
+
+    num_updates = next(u for u in range(1, 100) if draws(u) == [head])
+    block_heads = {n: p.clone() for n, p in model.decoder.block_heads.named_parameters()}
+    trunk = model.decoder.layers[0].fc1.weight.clone()
+    assert update(random_head, num_updates) == [head]
+    assert not torch.equal(trunk, model.decoder.layers[0].fc1.weight)
+    for other in range(4):
+        for p in own_parameters(model, other):
+            before = next(block_heads[n] for n, q in model.decoder.block_heads.named_parameters() if q is p)
+            assert torch.equal(before, p) == (other != head)
+    if head == 0:
+        assert all(torch.equal(block_heads[n], p) for n, p in model.decoder.block_heads.named_parameters())
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.25])
+def test_loss_is_the_weighted_mean_over_every_head_on_shifted_targets(toy_task, weight):
     model = build_model(toy_task, 3)
-    criterion = BlockwiseLoss(toy_task, label_smoothing=0.0, head_sampling="mean", sentence_avg=False, seed=1)
+    criterion = criterion_for(toy_task, "mean", other_heads_weight=weight, label_smoothing=0.0)
     sample, lengths = training_sample(toy_task.target_dictionary)
     with torch.no_grad():
         loss, sample_size, log = criterion(model, sample)  # model.eval(): validation scores every head
         logits, _ = model(**sample["net_input"], heads=range(3))
     lprobs = torch.log_softmax(logits.float(), dim=-1)
     pad = toy_task.target_dictionary.pad()
-    total = 0.0
+    total = total_nll = tokens = 0.0
     for head in range(3):
         target = sample["target"][:, head:]
         nll = -lprobs[:, : target.size(1), head].gather(-1, target.unsqueeze(-1)).squeeze(-1)
         nll = nll.masked_fill(target.eq(pad), 0.0).sum()
-        total += float(nll)
+        head_weight = 1.0 if head == 0 else weight
+        total += head_weight * float(nll)
+        total_nll += float(nll)
+        tokens += head_weight * sum(max(n - head, 0) for n in lengths)
         assert log[f"h{head + 1}_ntokens"] == sum(max(n - head, 0) for n in lengths)
         assert float(log[f"h{head + 1}_nll"]) == pytest.approx(float(nll), rel=1e-5)
-    assert float(loss) == pytest.approx(total, rel=1e-5) and sample_size == sum(log[f"h{h}_ntokens"] for h in (1, 2, 3))
+    assert float(loss) == pytest.approx(total, rel=1e-5) and sample_size == pytest.approx(tokens)
+    assert float(log["nll_loss"]) == pytest.approx(total_nll, rel=1e-5)
     with metrics.aggregate() as aggregated:
         BlockwiseLoss.reduce_metrics([log, log])
     values = aggregated.get_smoothed_values()
-    assert {"loss", "nll_loss", "ppl", "nll_h1", "acc_h3"} <= set(values)
+    assert {"loss", "nll_loss", "ppl", "nll_h1", "acc_h3", "accepted_block"} <= set(values)
+
+
+def test_validation_logs_the_mean_accepted_block_of_exact_verify_accept(toy_task):
+    """``accepted_block`` = tokens (EOS included) / decoder calls of exact verify-accept decoding over the whole
+    validation set — the quantity fairseq-generate reports — combined over batches by their calls; k=1 gives 1."""
+    dictionary = toy_task.target_dictionary
+    logs, tokens, steps = [], 0, 0
+    for seed in range(2):
+        model = random_model(toy_task, 3, seed=3)
+        sample, _ = training_sample(dictionary, seed=seed)
+        with torch.no_grad():
+            log = criterion_for(toy_task)(model, sample)[2]
+        hypos = VerifyAcceptGenerator([model], dictionary).generate([model], sample)
+        assert log["block_tokens"] == sum(len(h[0]["tokens"]) for h in hypos)
+        assert log["block_steps"] == sum(h[0]["steps"] for h in hypos)
+        logs.append(log)
+        tokens, steps = tokens + log["block_tokens"], steps + log["block_steps"]
+    assert tokens > steps  # blocks of more than one token were accepted
+    with metrics.aggregate() as aggregated:
+        for log in logs:  # fairseq's validation reduces batch by batch
+            BlockwiseLoss.reduce_metrics([log])
+    assert aggregated.get_smoothed_values()["accepted_block"] == pytest.approx(tokens / steps, abs=1e-3)
+
+    single = random_model(toy_task, 1, seed=3)
+    with torch.no_grad():
+        log = criterion_for(toy_task)(single, training_sample(dictionary)[0])[2]
+    assert log["block_tokens"] == log["block_steps"] > 0  # greedy decoding: one token per call
+    with torch.no_grad():
+        train_log = criterion_for(toy_task)(model.train(), sample)[2]
+    assert "block_steps" not in train_log  # decoding happens in validation only
+
+
+def test_bad_criterion_options_are_refused(toy_task):
+    with pytest.raises(ValueError, match="--other-heads-weight must be positive"):
+        criterion_for(toy_task, other_heads_weight=0.0)
+    for sampling in ("random", "first-plus-random"):
+        for backend, find_unused in (("legacy_ddp", True), ("pytorch_ddp", False), ("c10d", False)):
+            with pytest.raises(ValueError, match="--ddp-backend pytorch_ddp --find-unused-parameters"):
+                criterion_for(toy_task, sampling, distributed_world_size=2, ddp_backend=backend,
+                              find_unused_parameters=find_unused)
+        criterion_for(toy_task, sampling, distributed_world_size=2, ddp_backend="pytorch_ddp",
+                      find_unused_parameters=True)
+        criterion_for(toy_task, sampling, distributed_world_size=1, ddp_backend="legacy_ddp")
+    criterion_for(toy_task, "mean", distributed_world_size=2, ddp_backend="legacy_ddp")
 
 
 # ----- verify-accept decoding ------------------------------------------------------------------------------------
@@ -328,3 +466,73 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
         run = subprocess.run(generate + extra, capture_output=True, text=True, env={**os.environ, **env})
         assert run.returncode != 0
         assert "run fairseq with `--user-dir nat_plugins --task translation_nat`" in run.stderr, run.stderr[-2000:]
+
+
+# ----- learning (the synthetic task of tests/utils.py, from the synthetic_teacher fixture) --------------------------
+
+LEARNING_BLOCKWISE = ["--arch", "blockwise_transformer"] + SYNTHETIC_MODEL_SIZE + [
+    "--task", "translation_nat", "--criterion", "blockwise_loss", "--label-smoothing", "0.1", "--block-size", "4",
+    "--identity-first-head", "--use-distilled", "target", "--max-tokens", "2000", "--lr-scheduler", "fixed",
+    "--dropout", "0",
+]
+
+
+def decode(data_bin, checkpoint, subset="test", blockwise=True):
+    """Exact verify-accept (``blockwise``) or the teacher's greedy decoding of ``subset``: hypotheses by id, BLEU
+    against the references, and (blockwise) the mean accepted block: tokens incl. EOS per decoder call, from
+    ``--print-step``."""
+    lines = generate_lines(data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--gen-subset", subset]
+                           + ["--print-step"] * blockwise)
+    hypos = hypotheses(lines)
+    references = {int(key[2:]): text for key, text in (line.split("\t", 1) for line in lines if line.startswith("T-"))}
+    ids = sorted(references)
+    bleu = sacrebleu.corpus_bleu([hypos[i] for i in ids], [[references[i] for i in ids]]).score
+    tokens = sum(len(line.split("\t")[1].split()) for line in lines if line.startswith("P-"))
+    steps = sum(int(line.split("\t")[1]) for line in lines if line.startswith("I-"))
+    return hypos, bleu, tokens / steps if steps else None
+
+
+@pytest.fixture(scope="module")
+def frozen_heads(synthetic_teacher, tmp_path_factory):
+    """Stage 1 (the frozen recipe): heads 2..4 on the teacher, trained on its distilled outputs, mean over the
+    heads, 120 updates at lr 0.01 without dropout (the trunk's features as decoding sees them)."""
+    teacher, data_bin = synthetic_teacher
+    save_dir = str(tmp_path_factory.mktemp("blockwise-frozen"))
+    return train_model(data_bin, save_dir, LEARNING_BLOCKWISE + [
+        "--freeze-base", "--init-from-ar", teacher, "--head-sampling", "mean", "--lr", "0.01", "--disable-validation",
+    ], max_update=120)
+
+
+def test_frozen_heads_propose_the_teachers_greedy_output(synthetic_teacher, frozen_heads):
+    """Frozen base, identity first head, k=4: exact acceptance prints the teacher's greedy output, and the heads
+    learnt to propose it. Measured: mean accepted block 1.64 (120 updates; ``random`` head sampling: 1.46);
+    threshold 1.5 (the issue's bar). ~23 s with the frozen stage (20 s), on 2 busy cores."""
+    teacher, data_bin = synthetic_teacher
+    teacher_hypos, _, _ = decode(data_bin, teacher, blockwise=False)
+    hypos, _, block = decode(data_bin, frozen_heads)
+    assert hypos == teacher_hypos
+    assert block >= 1.5
+
+
+def test_fine_tuned_blockwise_keeps_the_teachers_bleu(synthetic_teacher, frozen_heads, tmp_path, caplog):
+    """Stage 2: every parameter fine-tuned from the frozen stage, 60 updates at lr 5e-4, ``mean`` over the heads
+    with heads 2..4 weighted 0.1 (the defaults). Measured: BLEU 84.5 vs the teacher's greedy 80.9, mean accepted
+    block 1.81; the threshold is the teacher's BLEU - 3, which the collapse of the old recipes fails (same run with
+    ``random`` head sampling: 73.7; with weight 1: 76.2; ``random`` from the teacher in one stage: 10.8). Mean
+    accepted block >= 1.5. The validation's ``accepted_block`` (1.728) is the mean accepted block fairseq-generate
+    reports on the validation set. ~15 s on 2 busy cores."""
+    teacher, data_bin = synthetic_teacher
+    caplog.set_level(logging.INFO)
+    checkpoint = train_model(data_bin, str(tmp_path / "finetuned"), LEARNING_BLOCKWISE + [
+        "--finetune-from-model", frozen_heads, "--head-sampling", "mean", "--other-heads-weight", "0.1",
+        "--lr", "0.0005", "--validate-interval", "1000",  # validate once, at the end
+    ], max_update=60)
+    _, teacher_bleu, _ = decode(data_bin, teacher, blockwise=False)
+    _, bleu, block = decode(data_bin, checkpoint)
+    assert bleu >= teacher_bleu - 3, (bleu, teacher_bleu)
+    assert block >= 1.5
+
+    logged = [float(m.group(1)) for r in caplog.records if "valid on 'valid' subset" in r.getMessage()
+              for m in [re.search(r"accepted_block ([0-9.]+)", r.getMessage())] if m]
+    assert len(logged) == 1
+    assert logged[0] == pytest.approx(decode(data_bin, checkpoint, subset="valid")[2], abs=1e-3)

@@ -2,14 +2,15 @@
 
 A fairseq Transformer whose decoder output feeds k proposal heads (:class:`~nat_plugins.modules.block_heads.
 BlockHeads`, §6); head i is trained to predict y_{t+i} (criterion ``blockwise_loss``) and decoding is
-verify-accept (:mod:`nat_plugins.generators.verify_accept`). Usual recipes initialise everything from an AR
-teacher (``--init-from-ar``) and either train the heads only (``--freeze-base``, with ``--identity-first-head``
-p1 stays exactly the teacher, so exact acceptance reproduces its greedy output) or fine-tune everything on
-distilled data.
+verify-accept (:mod:`nat_plugins.generators.verify_accept`). Recipes train on the teacher's distilled outputs (the
+heads must predict what p1 will emit) in two stages: the heads on the AR teacher (``--init-from-ar``
+``--freeze-base``; with ``--identity-first-head`` p1 stays exactly the teacher, so exact acceptance reproduces its
+greedy output), then optionally everything (``--finetune-from-model`` the first stage's checkpoint), with head 1 in
+every update (see ``blockwise_loss``).
 
 The decoder's ``forward`` keeps fairseq's contract (logits of head 1, so fairseq's tools treat the model as the AR
-model p1) and adds ``heads=range(...)`` for the logits of several heads and ``positions=`` for decoding several
-new tokens per call against the incremental key/value cache.
+model p1) and adds ``heads=`` (0-based head indices) for the logits of several heads and ``positions=`` for decoding
+several new tokens per call against the incremental key/value cache.
 """
 
 import logging
@@ -64,8 +65,8 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
                 return_all_hiddens=False, heads=None, positions=None):
         """fairseq's decoder forward with two additions.
 
-        * ``heads``: a ``range`` of 0-based head indices; the logits come back as (B, T, len(heads), V). ``None``
-          (fairseq's callers) gives the logits of head 1 as (B, T, V).
+        * ``heads``: distinct 0-based head indices (a ``range`` or a list); the logits come back as
+          (B, T, len(heads), V) in that order. ``None`` (fairseq's callers) gives the logits of head 1 as (B, T, V).
         * ``positions`` (B, T): decode ``prev_output_tokens`` as new tokens at these target positions (0 = BOS),
           attending causally among themselves and to every unmasked slot of ``incremental_state``
           (see :meth:`extract_block_features`); ``None`` is fairseq's behaviour.
@@ -86,7 +87,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
 
     def head_logits(self, features, heads):
         """Logits of the heads in ``heads`` for decoder output ``features`` (..., d) -> (..., len(heads), V)."""
-        if heads == range(1) and self.block_heads.identity_first_head:
+        if list(heads) == [0] and self.block_heads.identity_first_head:
             return self.output_layer(features).unsqueeze(-2)  # bit for bit the base model's logits
         return self.output_layer(self.block_heads(features, heads))
 
@@ -203,7 +204,7 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=True, features_only=False,
                 alignment_layer=None, alignment_heads=None, heads=None):
-        """fairseq's forward; ``heads`` (a ``range``) returns those heads' logits, (B, T, len(heads), V)."""
+        """fairseq's forward; ``heads`` (0-based head indices) returns those heads' logits, (B, T, len(heads), V)."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
         return self.decoder(
             prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
@@ -218,7 +219,7 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
         return range(first, self.decoder.block_size)
 
     def set_num_updates(self, num_updates):
-        """Remember the update count (``blockwise_loss`` draws its head from it, identically on every rank)."""
+        """Remember the update count (``blockwise_loss`` draws its heads from it, identically on every rank)."""
         super().set_num_updates(num_updates)
         self.num_updates = num_updates
 

@@ -11,12 +11,18 @@ class BlockHeads(nn.Module):
     """Multi-output feed-forward layer after the decoder output: head i (i = 1..k) is trained to predict
     y_{t+i} from the decoder state at t.
 
-    §6 (implementation): "we insert a single feedforward layer with hidden size k·d_hidden and output size k·d_model after the
-    original decoder output layer", with "residual connections from the original decoder output to each of the k
-    outputs"; every output then goes through the decoder's shared output projection. With
+    §6 (implementation): "we insert a single feedforward layer with hidden size k·d_hidden and output size
+    k·d_model after the original decoder output layer", with "residual connections from the original decoder
+    output to each of the k outputs"; every output then goes through the decoder's shared output projection. With
     ``identity_first_head`` head 1 bypasses the layer (its output *is* the decoder output, so p1 is exactly the base
     model — tensor2tensor sends head 1 through the layer too) and the layer serves heads 2..k only
     (hidden (k-1)·d_hidden, output (k-1)·d_model).
+
+    The hidden layer ``fc1`` is shared by all heads (as in the paper); the output layer is one ``nn.Linear`` per
+    head (``fc2[i]``: the rows of the paper's k·d_model output that belong to head i). A head that a training step does
+    not score then has no gradient (``.grad`` stays ``None``), so the optimizer leaves its parameters alone — with
+    one (k·d_model)-row matrix they would get a zero gradient and Adam's momentum and weight decay would still move
+    them.
     """
 
     def __init__(self, embed_dim, ffn_dim, block_size, identity_first_head, dropout, activation_dropout,
@@ -30,29 +36,44 @@ class BlockHeads(nn.Module):
         self.num_ffn_heads = block_size - int(identity_first_head)
         if self.num_ffn_heads > 0:
             self.fc1 = nn.Linear(embed_dim, self.num_ffn_heads * ffn_dim)
-            self.fc2 = nn.Linear(self.num_ffn_heads * ffn_dim, self.num_ffn_heads * embed_dim)
+            self.fc2 = nn.ModuleList(nn.Linear(self.num_ffn_heads * ffn_dim, embed_dim)
+                                     for _ in range(self.num_ffn_heads))
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)
 
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Split the single (k·d_model)-row output layer of checkpoints written before ``fc2`` became one layer per
+        head (fairseq calls this when a checkpoint is loaded)."""
+        for kind in ("weight", "bias"):
+            old = state_dict.pop(f"{name}.fc2.{kind}", None)
+            if old is not None:
+                for head, rows in enumerate(old.chunk(self.num_ffn_heads, dim=0)):
+                    state_dict[f"{name}.fc2.{head}.{kind}"] = rows.clone()
+
+    def check_heads(self, heads):
+        """``heads`` (0-based indices, ``None``: all k) as a list; an error unless they are distinct and in range."""
+        heads = list(range(self.block_size)) if heads is None else list(heads)
+        if not heads or len(set(heads)) != len(heads) or not all(0 <= h < self.block_size for h in heads):
+            raise ValueError(f"heads must be distinct head indices within 0..{self.block_size - 1}, got {heads}")
+        return heads
+
     def forward(self, x, heads=None):
-        """Outputs of the heads in ``heads`` (a ``range`` of 0-based head indices, all k by default) for decoder
-        states ``x`` of shape (..., d): a tensor of shape (..., len(heads), d)."""
-        heads = range(self.block_size) if heads is None else heads
-        if heads.step != 1 or not 0 <= heads.start < heads.stop <= self.block_size:
-            raise ValueError(f"heads must be a non-empty consecutive range within 0..{self.block_size - 1}, got {heads}")
+        """Outputs of the heads in ``heads`` (0-based head indices, in that order; all k by default) for decoder
+        states ``x`` of shape (..., d): a tensor of shape (..., len(heads), d). Only the requested heads' output
+        layers are used."""
+        heads = self.check_heads(heads)
         offset = int(self.identity_first_head)
+        hidden = None
         outputs = []
-        if self.identity_first_head and heads.start == 0:
-            outputs.append(x.unsqueeze(-2))
-        first, stop = max(heads.start - offset, 0), heads.stop - offset
-        if stop > first:
-            hidden = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
-            # only the rows of fc2 that produce the requested heads (a view: no copy, no wasted work)
-            rows = slice(first * self.embed_dim, stop * self.embed_dim)
-            out = self.dropout_module(F.linear(hidden, self.fc2.weight[rows], self.fc2.bias[rows]))
-            outputs.append(out.view(*x.shape[:-1], stop - first, self.embed_dim) + x.unsqueeze(-2))
-        return torch.cat(outputs, dim=-2) if len(outputs) > 1 else outputs[0]
+        for head in heads:
+            if head < offset:
+                outputs.append(x)  # identity head 1: the decoder output itself
+                continue
+            if hidden is None:
+                hidden = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+            outputs.append(self.dropout_module(self.fc2[head - offset](hidden)) + x)
+        return torch.stack(outputs, dim=-2)
 
 
 def block_targets(target, block_size, pad):
