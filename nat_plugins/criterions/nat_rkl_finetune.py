@@ -22,17 +22,30 @@ Eq. 11, the fine-tuning objective implemented here:
 The released salesforce code mixes these terms differently (e.g. other weights between the REINFORCE, RKL and
 distillation terms); this follows the paper's eq. 11.
 
+Every pass of the student goes through ``model(...)`` (its ``forward``), so that DistributedDataParallel sees the
+forward it must reduce the gradients of (a call of ``model.encode``/``decode`` would bypass it: with several GPUs the
+gradients would not be all-reduced). There are two:
+
+* the gold-fertility pass, with gradient and the training-time dropout: L_KD, L_RKL(f_gold) and log p_F(f);
+* one pass without gradient and **without dropout** over 3B rows, the gold, the sampled and the average fertilities:
+  it yields the NAT outputs ŷ that the teacher is fed, exactly what the generator would emit for those fertilities
+  (:func:`~nat_plugins.generators.fertility_decoding.nat_output`: argmax without pad and EOS), and the
+  distributions of L_RKL(f) and L_RKL(f_avg). Without dropout the REINFORCE reward L_RKL(f) - L_RKL(f_avg) is a
+  function of f alone, measured on the decode the generator would make; with dropout the two rows would carry
+  independent masks (and rows of different lengths cannot share one), adding noise that does not depend on f.
+
 The teacher (``--teacher-path``) is loaded once with the student's task, kept in eval mode with
 ``requires_grad=False`` in a plain holder (:class:`~nat_plugins.modules.teacher.FrozenTeacher`, not a submodule, so
-it is neither optimised nor saved in the student's checkpoint) and moved to the student's device/dtype on first use.
-The sampled and average decodes run without gradient; the teacher scores all 3B decodes in one pass. Sampled and
-average fertilities are cut (from the end of the source) to ``--rkl-max-len-a`` * |x| + ``--rkl-max-len-b`` tokens
-and the decoder's positions, and a zero total gets one token, as at inference; the REINFORCE log-probability is
-that of the drawn sample. The logged ``loss`` includes the REINFORCE surrogate (its value is not a likelihood and
-may be negative); ``word_ins_loss``/``fertility_loss`` are the L_KD terms. Logged on top of ``fertility_nat_loss``'s terms (per sentence):
-``rkl_gold``, ``rkl_sampled``, ``rkl_baseline`` and ``reinforce_loss``.
+it is neither optimised nor saved in the student's checkpoint) and moved to the student's device/dtype on first use;
+it scores all 3B outputs in one teacher-forced pass. Sampled and average fertilities are cut (from the end of the
+source) to ``--rkl-max-len-a`` * |x| + ``--rkl-max-len-b`` tokens and the decoder's positions, and a zero total gets
+one token, as at inference; the REINFORCE log-probability is that of the drawn sample. The logged ``loss`` includes
+the REINFORCE surrogate (its value is not a likelihood and may be negative); ``word_ins_loss``/``fertility_loss``
+are the L_KD terms. Logged on top of ``fertility_nat_loss``'s terms (per sentence): ``rkl_gold``, ``rkl_sampled``,
+``rkl_baseline`` and ``reinforce_loss``.
 """
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -41,7 +54,7 @@ from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
-from ..generators.fertility_decoding import cap_total, ensure_nonempty
+from ..generators.fertility_decoding import cap_total, ensure_nonempty, nat_output
 from ..modules.teacher import FrozenTeacher
 from .fertility_nat_loss import FertilityNATLoss, FertilityNATLossConfig
 
@@ -77,6 +90,18 @@ def reverse_kl(nat_logits, teacher_lprobs, mask, form="kl"):
     return (per_position * mask.to(per_position.dtype)).sum(dim=1)
 
 
+@contextlib.contextmanager
+def without_dropout(model):
+    """Every submodule of ``model`` (a DDP wrapper included) in eval mode inside the block, then as before."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
 @register_criterion("nat_rkl_finetune", dataclass=NATRKLFinetuneConfig)
 class NATRKLFinetune(FertilityNATLoss):
     def __init__(self, task, teacher_path=None, rkl_weight=0.25, rkl_form="kl", rkl_max_len_a=2.0, rkl_max_len_b=10,
@@ -92,6 +117,23 @@ class NATRKLFinetune(FertilityNATLoss):
         self.teacher = FrozenTeacher(teacher_path, task, "--teacher-path")  # a plain object: not a submodule
 
     def forward(self, model, sample, reduce=True):
+        terms = self.losses(model, sample)
+        loss = self.rkl_weight * (terms["reinforce"] + terms["rkl_gold"].sum()) + (1.0 - self.rkl_weight) * terms["kd"]
+        bsz = sample["net_input"]["src_tokens"].size(0)
+        sample_size = bsz if self.sentence_avg else terms["ntarget"]
+        logging_output = self.logging_output(loss, terms, bsz, sample_size, sample["ntokens"])
+        logging_output.update({
+            "rkl_gold": terms["rkl_gold"].detach().sum(), "rkl_sampled": terms["rkl_sampled"].sum(),
+            "rkl_baseline": terms["rkl_baseline"].sum(), "reinforce_loss": terms["reinforce"].detach(),
+        })
+        return loss, sample_size, logging_output
+
+    def losses(self, model, sample):
+        """The terms of eq. 11 for one batch (module docstring), with what they were computed from: ``kd``,
+        ``rkl_gold`` (B, with gradient), ``reinforce`` (the score-function surrogate), ``rkl_sampled`` and
+        ``rkl_baseline`` (B, no gradient), ``sampled`` (the drawn f, B x S), ``sample_lprob`` (log p_F(f), B),
+        ``fertility`` (the 3B decoded fertilities: gold, sampled, average), ``tokens``/``lengths`` (the 3B
+        outputs fed to the teacher) and the ``fertility_nat_loss`` terms."""
         net_input = sample["net_input"]
         src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
         gold = sample["fertility"] if "fertility" in sample else None
@@ -99,57 +141,44 @@ class NATRKLFinetune(FertilityNATLoss):
             raise ValueError("nat_rkl_finetune needs sample['fertility'] ({split}.fert.{src}, nat_plugins.cli.fertility)")
         bsz = src_tokens.size(0)
 
-        # gold fertilities: the decoder pass that L_KD and the backprop term L_RKL(f_gold) share
-        encoder_out = model.encode(src_tokens, src_lengths)
-        gold_logits, gold_padding = model.decode(src_tokens, encoder_out, gold)
-        copyable = model.copyable(src_tokens)
-        fert_logits = model.fertility_logits(encoder_out)
-        net_output = {"word_ins": {"out": gold_logits, "mask": ~gold_padding},
-                      "fertility": {"out": fert_logits, "mask": copyable}}
+        # the gold-fertility pass with gradient, shared by L_KD and the backprop term L_RKL(f_gold)
+        net_output = model(src_tokens, src_lengths, gold)
         terms, _ = self.terms(model, sample, net_output)
         kd_loss = terms["word_loss"] + self.fertility_loss_weight * terms["fertility_nll"]
+        gold_logits, gold_mask = net_output["word_ins"]["out"], net_output["word_ins"]["mask"]
+        copyable = net_output["fertility"]["mask"]
 
-        # f ~ p_F (REINFORCE) and the average-fertility baseline, decoded without gradient in one pass
-        fert_lprobs = utils.log_softmax(fert_logits.float(), dim=-1)
+        # f ~ p_F (REINFORCE) and the average-fertility baseline, limited as at inference
+        fert_lprobs = utils.log_softmax(net_output["fertility"]["out"].float(), dim=-1)
         sampled = torch.distributions.Categorical(logits=fert_lprobs.detach()).sample().masked_fill(~copyable, 0)
         sample_lprob = (fert_lprobs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1) * copyable).sum(dim=1)
         values = torch.arange(fert_lprobs.size(-1), device=fert_lprobs.device, dtype=fert_lprobs.dtype)
         average = (fert_lprobs.detach().exp() * values).sum(dim=-1).round().long().masked_fill(~copyable, 0)
-        both = torch.cat([sampled, average])
-        both_src = torch.cat([src_tokens, src_tokens])
-        order = torch.arange(bsz, device=src_tokens.device).repeat(2)
-        max_length = (src_lengths.double() * self.max_len_a + self.max_len_b).long().repeat(2).to(both.device)
+        noisy = torch.cat([sampled, average])
+        noisy_src = torch.cat([src_tokens, src_tokens])
+        max_length = (src_lengths.double() * self.max_len_a + self.max_len_b).long().repeat(2).to(noisy.device)
         limit = min(model.max_decoder_positions(), self.teacher.model.max_decoder_positions() - 1)
-        max_length = max_length.clamp(min=1, max=limit)
-        both = ensure_nonempty(both, fert_lprobs.detach().repeat(2, 1, 1), model.copyable(both_src),
-                               both_src.ne(self.padding_idx))
-        both = cap_total(both, max_length)
-        with torch.no_grad():
-            noisy_logits, noisy_padding = model.decode(both_src, model.encoder.reorder_encoder_out(encoder_out, order),
-                                                       both)
+        noisy = ensure_nonempty(noisy, fert_lprobs.detach().repeat(2, 1, 1), copyable.repeat(2, 1),
+                                noisy_src.ne(self.padding_idx))
+        noisy = cap_total(noisy, max_length.clamp(min=1, max=limit))
 
-        # the teacher on the NAT's argmax outputs of all 3B decodes: one teacher-forced pass
-        width = max(gold_logits.size(1), noisy_logits.size(1))
-        tokens = src_tokens.new_full((3 * bsz, width), self.padding_idx)
-        tokens[:bsz, :gold_logits.size(1)] = gold_logits.detach().argmax(dim=-1).masked_fill(gold_padding, self.padding_idx)
-        tokens[bsz:, :noisy_logits.size(1)] = noisy_logits.argmax(dim=-1).masked_fill(noisy_padding, self.padding_idx)
-        lengths = tokens.ne(self.padding_idx).long().sum(dim=1)
-        self.teacher.to(next(model.parameters()))  # the student's device/dtype (moved once)
+        # gold, sampled and average fertilities decoded without gradient or dropout, as the generator would
+        fertility = torch.cat([gold.long(), noisy])
+        with torch.no_grad(), without_dropout(model):
+            decoded = model(torch.cat([src_tokens, noisy_src]), src_lengths.repeat(3), fertility)["word_ins"]
+        tokens, _scores, lengths = nat_output(decoded["out"], ~decoded["mask"], self.padding_idx, self.eos)
+
+        # the teacher on those outputs: one teacher-forced pass over the 3B rows
+        self.teacher.to(gold_logits)  # the student's device/dtype (moved once)
         teacher_lprobs, _target = self.teacher.score(src_tokens, src_lengths, tokens, lengths,
                                                      order=torch.arange(bsz, device=src_tokens.device).repeat(3))
-
-        rkl_gold = reverse_kl(gold_logits, teacher_lprobs[:bsz, :gold_logits.size(1)], ~gold_padding, self.rkl_form)
+        rkl_gold = reverse_kl(gold_logits, teacher_lprobs[:bsz, :gold_logits.size(1)], gold_mask, self.rkl_form)
         with torch.no_grad():
-            rkl_noisy = reverse_kl(noisy_logits, teacher_lprobs[bsz:, :noisy_logits.size(1)], ~noisy_padding,
+            width = decoded["out"].size(1)
+            rkl_noisy = reverse_kl(decoded["out"][bsz:], teacher_lprobs[bsz:, :width], decoded["mask"][bsz:],
                                    self.rkl_form)
         rkl_sampled, rkl_baseline = rkl_noisy[:bsz], rkl_noisy[bsz:]
-        reinforce = ((rkl_sampled - rkl_baseline).detach() * sample_lprob).sum()
-
-        loss = self.rkl_weight * (reinforce + rkl_gold.sum()) + (1.0 - self.rkl_weight) * kd_loss
-        sample_size = bsz if self.sentence_avg else terms["ntarget"]
-        logging_output = self.logging_output(loss, terms, bsz, sample_size, sample["ntokens"])
-        logging_output.update({
-            "rkl_gold": rkl_gold.detach().sum(), "rkl_sampled": rkl_sampled.sum(), "rkl_baseline": rkl_baseline.sum(),
-            "reinforce_loss": reinforce.detach(),
-        })
-        return loss, sample_size, logging_output
+        reinforce = ((rkl_sampled - rkl_baseline) * sample_lprob).sum()  # rewards are -L_RKL: a lower loss is better
+        return dict(terms, kd=kd_loss, rkl_gold=rkl_gold, reinforce=reinforce, rkl_sampled=rkl_sampled,
+                    rkl_baseline=rkl_baseline, sampled=sampled, sample_lprob=sample_lprob, fertility=fertility,
+                    tokens=tokens, lengths=lengths)

@@ -5,20 +5,21 @@
 * ``argmax``: f_j = argmax_f p_F(f | x, j) at every source position, then the argmax token at every target position;
 * ``average``: f_j = Round(sum_f f * p_F(f | x, j)), the rounded expected fertility (§4.1 "average decoding");
 * ``npd``: noisy parallel decoding: ``--npd-samples`` S fertility sequences per sentence (the argmax one first, S-1
-  sampled from p_F), all B*S decoded in one batched decoder pass, every candidate rescored by the AR teacher
-  (``--npd-teacher``) in one teacher-forced parallel pass (sum of the teacher's log-probabilities of the tokens and
-  the final EOS), and the best candidate kept per sentence (ties: the earlier candidate, so S=1 is argmax
-  decoding). The teacher score is length-normalised as fairseq normalises hypothesis scores (divided by
-  (length + 1) ** ``--lenpen``, EOS counted) unless ``--unnormalized``; the paper ranks by the plain sum, i.e.
-  ``--unnormalized``. The sampled candidates depend on the random state (fairseq's ``--seed``), so with S > 1
-  the output of a sentence depends on its batch; S = 1, argmax and average decoding do not.
+  sampled from p_F); duplicate sequences are dropped (after the length limits below, which can make samples equal),
+  the distinct ones decoded in one batched decoder pass, every candidate rescored by the AR teacher
+  (``--npd-teacher``) in one teacher-forced parallel pass, and the best candidate kept per sentence (ties: the
+  earlier candidate, so S=1 is argmax decoding). Candidates are ranked by the teacher's log-probability of the
+  tokens and the final EOS, eq. 8 of the paper; ``--npd-length-normalize`` divides it by (length + 1) ** ``--lenpen``
+  as fairseq normalises hypothesis scores. The sampled candidates depend on the random state (fairseq's ``--seed``),
+  so with S > 1 the output of a sentence depends on its batch; S = 1, argmax and average decoding do not.
 
 Every sentence gets at least one token (a zero total fertility gives fertility 1 to the source subword least
 likely to have fertility 0) and at most ``--max-len-a`` * source length + ``--max-len-b`` tokens (also capped by
 the decoder's positions; fertilities are cut from the end of the source). Pad and EOS are never emitted inside a
-hypothesis (the NAT's targets have no EOS); EOS is appended. ``positional_scores`` are the NAT's log-probabilities
-of the tokens, 0 for the appended EOS, which the NAT does not model; ``score`` is their sum normalised like
-fairseq's; NPD adds ``teacher_score``. ``hypo["steps"]`` = 1 (one decoder pass), 2 with NPD (+ the teacher pass).
+hypothesis (the NAT's targets have no EOS, :func:`nat_output`); EOS is appended. ``positional_scores`` are the NAT's
+log-probabilities of the tokens, 0 for the appended EOS, which the NAT does not model; ``score`` is their sum
+normalised like fairseq's (``--unnormalized``, ``--lenpen``); NPD adds ``teacher_score``, the ranking score.
+``hypo["steps"]`` = 1 (one decoder pass), 2 with NPD (+ the teacher pass).
 """
 
 import math
@@ -50,10 +51,37 @@ def cap_total(fertility, max_length):
     return ends.clamp(max=limit) - (ends - fertility).clamp(max=limit)
 
 
+def first_occurrences(candidates):
+    """``candidates`` (B x S x S_src fertility sequences, S per sentence) -> B x S bool: True where the sequence
+    differs from every earlier one of its sentence (NPD decodes each distinct sequence once)."""
+    same = candidates.unsqueeze(2).eq(candidates.unsqueeze(1)).all(dim=-1)  # B x S x S: [b, i, k] = f_i == f_k
+    earlier = torch.ones_like(same[0]).tril(diagonal=-1)  # k < i
+    return ~(same & earlier).any(dim=-1)
+
+
+def nat_output(logits, padding, pad, eos, unk=None, unk_penalty=0.0):
+    """What the NAT emits for decoder ``logits`` (B x T x V) and the target ``padding`` mask (B x T): at every
+    position the most probable token other than pad and EOS (the NAT's targets contain neither; the generator
+    appends EOS), with ``unk_penalty`` subtracted from ``unk``'s logit; pad on padding positions.
+
+    Returns ``tokens`` (B x T), their log-probabilities under the NAT (B x T, 0 on padding) and ``lengths`` (B).
+    ``logits`` is left unchanged (the top-4 candidates hold the best token that is none of pad/EOS/unk)."""
+    logits = logits.float()
+    values, indices = logits.topk(min(4, logits.size(-1)), dim=-1)
+    values = values.masked_fill(indices.eq(pad) | indices.eq(eos), -math.inf)
+    if unk_penalty:
+        values = values - unk_penalty * indices.eq(unk).to(values.dtype)
+    best, choice = values.max(dim=-1)
+    tokens = indices.gather(-1, choice.unsqueeze(-1)).squeeze(-1).masked_fill(padding, pad)
+    scores = (best - torch.logsumexp(logits, dim=-1)).masked_fill(padding, 0.0)
+    return tokens, scores, (~padding).long().sum(dim=1)
+
+
 class FertilityDecoder:
     """Argmax / average / noisy parallel decoding of one ``fertility_nat`` model (see the module docstring)."""
 
-    def __init__(self, models, task, gen_args, mode="argmax", npd_samples=10, npd_teacher=None):
+    def __init__(self, models, task, gen_args, mode="argmax", npd_samples=10, npd_teacher=None,
+                 npd_length_normalize=False):
         check_generation_options(models, gen_args, "fertility_nat decoding")
         beam = getattr(gen_args, "beam", 1)
         if beam != 1:
@@ -73,14 +101,16 @@ class FertilityDecoder:
         self.normalize_scores = not getattr(gen_args, "unnormalized", False)
         self.len_penalty = getattr(gen_args, "lenpen", 1)
         self.unk_penalty = getattr(gen_args, "unkpen", 0)
+        self.npd_length_normalize = npd_length_normalize
         self.teacher = None
         if mode == "npd":
             if not npd_teacher:
                 raise ValueError("--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
                                  "rescores the candidates)")
             self.teacher = FrozenTeacher(npd_teacher, task, "--npd-teacher")
-        elif npd_teacher:
-            raise ValueError(f"--npd-teacher is only used by --fertility-decoding npd (got {mode})")
+        elif npd_teacher or npd_length_normalize:
+            raise ValueError(f"--npd-teacher and --npd-length-normalize are only used by --fertility-decoding npd "
+                             f"(got {mode})")
 
     def max_lengths(self, src_lengths):
         """Target tokens (EOS excluded) allowed per sentence: max_len_a * |x| + max_len_b, capped by positions."""
@@ -120,59 +150,55 @@ class FertilityDecoder:
         bsz = src_tokens.size(0)
 
         encoder_out = model.encode(src_tokens, src_lengths)
-        copyable = model.copyable(src_tokens)
         fertility_lprobs = model.get_normalized_probs((model.fertility_logits(encoder_out), None), log_probs=True)
-        fertility = self.fertilities(fertility_lprobs.float(), copyable)
-        rows_src = src_tokens
+        fertility = self.fertilities(fertility_lprobs.float(), model.copyable(src_tokens))
+        order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(S)  # sentence of every candidate
+        rows_src = src_tokens.index_select(0, order) if S > 1 else src_tokens
+        fertility = ensure_nonempty(fertility, fertility_lprobs.index_select(0, order), model.copyable(rows_src),
+                                    rows_src.ne(self.pad))
+        fertility = cap_total(fertility, self.max_lengths(src_lengths.to(src_tokens.device)).index_select(0, order))
         if S > 1:
-            order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(S)
+            distinct = first_occurrences(fertility.view(bsz, S, -1)).view(-1)
+            kept = distinct.nonzero().squeeze(1)
+            order, fertility, rows_src = order[kept], fertility[kept], rows_src[kept]
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
-            rows_src = src_tokens.index_select(0, order)
-            fertility_lprobs = fertility_lprobs.index_select(0, order)
-        fertility = ensure_nonempty(fertility, fertility_lprobs, model.copyable(rows_src), rows_src.ne(self.pad))
-        fertility = cap_total(fertility, self.max_lengths(src_lengths.to(src_tokens.device)).repeat_interleave(S))
 
         logits, padding = model.decode(rows_src, encoder_out, fertility)
-        logits = logits.float()
-        log_norm = torch.logsumexp(logits, dim=-1)  # log-softmax = logits - log_norm, without a B*S x T x V copy
-        logits[..., self.pad] = -math.inf
-        logits[..., self.eos] = -math.inf
-        if self.unk_penalty:
-            logits[..., self.unk] -= self.unk_penalty
-        best, tokens = logits.max(dim=-1)
-        scores = best - log_norm
-        tokens = tokens.masked_fill(padding, self.pad)
-        scores = scores.masked_fill(padding, 0.0)
-        lengths = (~padding).long().sum(dim=1)
+        tokens, scores, lengths = nat_output(logits, padding, self.pad, self.eos, self.unk, self.unk_penalty)
 
         steps, teacher_scores = 1, None
         if self.teacher is not None:
-            teacher_scores = self.teacher_scores(src_tokens, src_lengths, tokens, lengths)
-            best = teacher_scores.view(bsz, S).argmax(dim=1) + torch.arange(bsz, device=tokens.device) * S
-            tokens, scores, lengths = tokens[best], scores[best], lengths[best]
-            teacher_scores = teacher_scores[best]
+            teacher_scores = self.teacher_scores(src_tokens, src_lengths, tokens, lengths, order)
+            if S > 1:  # the best distinct candidate of every sentence (dropped duplicates: -inf)
+                ranked = teacher_scores.new_full((bsz * S,), -math.inf).index_copy_(0, kept, teacher_scores)
+                slot = ranked.view(bsz, S).argmax(dim=1) + torch.arange(bsz, device=tokens.device) * S
+                best = (distinct.long().cumsum(dim=0) - 1)[slot]  # row of that candidate among the kept ones
+                tokens, scores, lengths = tokens[best], scores[best], lengths[best]
+                teacher_scores = teacher_scores[best]
             steps = 2
         return self.hypotheses(tokens, scores, lengths, steps, teacher_scores)
 
     def normalize(self, total, lengths):
-        """fairseq's score normalisation: sum / (length incl. EOS) ** lenpen, unless --unnormalized."""
-        if not self.normalize_scores:
-            return total
+        """fairseq's score normalisation: sum / (length incl. EOS) ** lenpen."""
         return total / (lengths.to(total.dtype) + 1) ** self.len_penalty
 
-    def teacher_scores(self, src_tokens, src_lengths, tokens, lengths):
-        """Teacher log-probability of every candidate (tokens + EOS), one teacher-forced pass over all B*S rows."""
+    def teacher_scores(self, src_tokens, src_lengths, tokens, lengths, order):
+        """Ranking score of every candidate (row n translates sentence ``order[n]``): the teacher's log-probability
+        of its tokens and EOS (Gu et al. eq. 8), length-normalised with ``--npd-length-normalize``; one
+        teacher-forced pass over all rows."""
         self.teacher.to(next(self.model.parameters()))
-        order = torch.arange(src_tokens.size(0), device=tokens.device).repeat_interleave(self.npd_samples)
         lprobs, target = self.teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
         token_lprobs = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float().masked_fill(target.eq(self.pad), 0)
-        return self.normalize(token_lprobs.sum(dim=1), lengths)
+        total = token_lprobs.sum(dim=1)
+        return self.normalize(total, lengths) if self.npd_length_normalize else total
 
     def hypotheses(self, tokens, scores, lengths, steps, teacher_scores):
         eos_column = tokens.new_full((tokens.size(0), 1), self.pad)
         tokens = torch.cat([tokens, eos_column], dim=1).scatter_(1, lengths.view(-1, 1), self.eos)
         scores = torch.cat([scores, scores.new_zeros(scores.size(0), 1)], dim=1)
-        totals = self.normalize(scores.sum(dim=1), lengths)
+        totals = scores.sum(dim=1)
+        if self.normalize_scores:
+            totals = self.normalize(totals, lengths)
         hypos = []
         for i, length in enumerate((lengths + 1).tolist()):
             hypo = {"tokens": tokens[i, :length], "score": totals[i], "positional_scores": scores[i, :length],

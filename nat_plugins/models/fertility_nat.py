@@ -185,7 +185,7 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     def make_generator(self, task, models, gen_args):
         cfg = task.cfg
         return FertilityDecoder(models, task, gen_args, mode=cfg.fertility_decoding, npd_samples=cfg.npd_samples,
-                                npd_teacher=cfg.npd_teacher)
+                                npd_teacher=cfg.npd_teacher, npd_length_normalize=cfg.npd_length_normalize)
 
 
 @register_model_architecture("fertility_nat", "fertility_nat")

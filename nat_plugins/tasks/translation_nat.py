@@ -91,6 +91,11 @@ class TranslationNATConfig(TranslationConfig):
     npd_teacher: Optional[str] = field(
         default=None, metadata={"help": "fertility_nat NPD: the AR teacher checkpoint that rescores the candidates"}
     )
+    npd_length_normalize: bool = field(
+        default=False,
+        metadata={"help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
+                  "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"},
+    )
 
 
 def side_file_paths(data_path, split, src, tgt):
