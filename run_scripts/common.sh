@@ -20,22 +20,34 @@ CPU_MODEL_SIZE=(--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --
 arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the preset, in ARCH_ARGS
   if [ "$PRESET" = gpu ]; then ARCH_ARGS=(--arch "${1}_iwslt_de_en"); else ARCH_ARGS=(--arch "$1" "${CPU_MODEL_SIZE[@]}"); fi
 }
-# training options every plugin model (student) shares; its recipe adds arch, criterion and system options.
-# cpu: STUDENT_UPDATES (default 20) updates from the teacher's weights, no validation, checkpoint_last.pt;
-# gpu: 3000 updates, checkpoints selected by validation BLEU through the system's own generator.
-if [ "$PRESET" = gpu ]; then
-  STUDENT_UPDATES=${STUDENT_UPDATES:-3000}
-  STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr 5e-4 --warmup-updates 1000
-    --dropout 0.3 --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1
-    --eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
-    --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
-  STUDENT_CHECKPOINT=checkpoint_best.pt
-else
-  STUDENT_UPDATES=${STUDENT_UPDATES:-20}
-  STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr 1e-3 --warmup-updates 10
-    --dropout 0.1 --disable-validation)
-  STUDENT_CHECKPOINT=checkpoint_last.pt
-fi
-STUDENT_ARGS+=(--share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --lr-scheduler inverse_sqrt
-  --weight-decay 0.0001 --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
+# Encoder-NAD-AD and its same-updates AR baseline (examples/multi30k/{nad_ad,ar_baseline}.sh) train with one budget:
+# CPU updates, learning rate, CPU warm-up
+NAD_AD_BUDGET=(30 5e-4 10)
+# the checkpoint a student's recipe leaves for decoding
+if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT_CHECKPOINT=checkpoint_last.pt; fi
+# student_args CPU_UPDATES LR CPU_WARMUP: STUDENT_ARGS, the training options every plugin model (student) shares,
+# with the learning rate and warm-up its recipe chose. A student starts from the converged teacher's weights, so a
+# fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4 (DESIGN.md §10).
+# cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation;
+# gpu: STUDENT_UPDATES (default 3000) updates, warm-up 1000, checkpoints selected by validation BLEU through the
+# system's own generator.
+student_args() {
+  local lr=$2
+  if [ "$PRESET" = gpu ]; then
+    STUDENT_UPDATES=${STUDENT_UPDATES:-3000}
+    STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates 1000
+      --dropout 0.3 --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1
+      --eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
+      --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
+  else
+    STUDENT_UPDATES=${STUDENT_UPDATES:-$1}
+    STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$3"
+      --dropout 0.1 --disable-validation)
+  fi
+  # the learning rate decays linearly to 0 over the run (a student's last updates count: with a constant rate its
+  # BLEU swings by many points from one checkpoint to the next, tests/test_sat.py)
+  STUDENT_ARGS+=(--share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)'
+    --lr-scheduler polynomial_decay --total-num-update "$STUDENT_UPDATES" --weight-decay 0.0001
+    --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
+}
 log() { echo "[$(basename "$0") $(date +%H:%M:%S)] $*"; }

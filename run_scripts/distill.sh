@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sequence-level distillation: the teacher's beam-search translations of the training set (DISTILL_BEAM, default
-# 4; the CPU preset uses 1 to keep the smoke run short), binarized next to the
+# 4: beam outputs repeat and drop fewer words than greedy ones, and students learn their mistakes), binarized next to the
 # data (DATA_BIN/train.kd.TGT.{txt,bin,idx}) for --use-distilled target|side. Shard with
 # --num-shards N --shard-id I --no-merge on N machines, then run once more with --merge-only.
 #   [PRESET=cpu|gpu] bash run_scripts/distill.sh DATA_BIN TEACHER_CKPT [extra options of nat_plugins.cli.distill]
@@ -9,6 +9,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 DATA_BIN=${1:?usage: distill.sh DATA_BIN TEACHER_CKPT [options]}
 TEACHER=${2:?usage: distill.sh DATA_BIN TEACHER_CKPT [options]}
 shift 2
-if [ "$PRESET" = gpu ]; then DISTILL_BEAM=${DISTILL_BEAM:-4}; else DISTILL_BEAM=${DISTILL_BEAM:-1}; fi
 exec python -m nat_plugins.cli.distill "$DATA_BIN" --path "$TEACHER" --user-dir "$USER_DIR" "${DEVICE_ARGS[@]}" \
-  --gen-subset train --beam "$DISTILL_BEAM" --max-tokens "${DISTILL_MAX_TOKENS:-8000}" --max-len-a 1.5 --max-len-b 10 "$@"
+  --gen-subset train --beam "${DISTILL_BEAM:-4}" --max-tokens "${DISTILL_MAX_TOKENS:-8000}" --max-len-a 1.2 --max-len-b 10 "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The AR Transformer teacher, trained with plain fairseq (task translation_nat = translation + side files),
-# checkpoints selected by validation BLEU (--eval-bleu). Re-running resumes from SAVE_DIR/checkpoint_last.pt.
+# checkpoints selected by validation BLEU (--eval-bleu; PRESET=cpu: by validation loss). Re-running resumes from checkpoint_last.pt.
 #   [PRESET=cpu|gpu] bash run_scripts/train_teacher.sh DATA_BIN SAVE_DIR [extra fairseq-train args]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -10,18 +10,24 @@ shift 2
 arch_args transformer
 if [ "$PRESET" = gpu ]; then
   # DESIGN.md §5: transformer_iwslt_de_en-sized, 8k tokens, 3000 updates (~5 min on an H100) -> ~38 BLEU
-  SIZE=(--max-tokens 8192 --max-update 3000 --lr 7e-4 --warmup-updates 1000 --dropout 0.3
+  SIZE=(--max-tokens 8192 --max-update 3000 --lr 7e-4 --warmup-updates 1000 --dropout 0.3 --lr-scheduler inverse_sqrt
         --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1)
+  BLEU_SELECTION=(--eval-bleu --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space
+    --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 else
-  # a 2-layer 256-d model that learns something in a few CPU minutes
-  SIZE=(--max-tokens 4096 --max-update "${TEACHER_UPDATES:-250}" --lr 2e-3 --warmup-updates 100 --dropout 0.1
-        --validate-interval 1000 --save-interval 1000 --save-interval-updates 125 --keep-interval-updates 1)
+  # a 2-layer 256-d model worth distilling from in ~9 CPU minutes: 450 updates (~3.5 epochs) with the learning rate
+  # decaying linearly to 0 (a teacher stopped early while its loss still falls fast stutters, DESIGN.md §10);
+  # checkpoints are selected by validation loss (no validation decoding: the last one is the best)
+  TEACHER_UPDATES=${TEACHER_UPDATES:-450}
+  BLEU_SELECTION=()
+  SIZE=(--max-tokens 4096 --max-update "$TEACHER_UPDATES" --lr 2e-3 --warmup-updates 60 --dropout 0.1
+        --lr-scheduler polynomial_decay --total-num-update "$TEACHER_UPDATES"
+        --validate-interval 1000 --save-interval 1000 --save-interval-updates 250 --keep-interval-updates 1)
   # (fairseq validates, i.e. decodes the validation set, at each interval save and at the end)
 fi
 exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${SIZE[@]}" --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
-  --lr-scheduler inverse_sqrt --weight-decay 0.0001 \
+  --weight-decay 0.0001 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --eval-bleu --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece \
-  --best-checkpoint-metric bleu --maximize-best-checkpoint-metric --no-epoch-checkpoints \
+  "${BLEU_SELECTION[@]}" --no-epoch-checkpoints \
   --save-dir "$SAVE_DIR" --log-format simple --log-interval 50 --seed 1 "$@"

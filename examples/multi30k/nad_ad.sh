@@ -17,6 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
 usage="usage: nad_ad.sh DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]"
 DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}
 shift 3
+student_args "${NAD_AD_BUDGET[@]}"  # the same budget as ar_baseline.sh (run_scripts/common.sh)
 KD_IDX=$(find "$DATA_BIN" -maxdepth 1 -name 'train.kd.*.idx' | head -n 1)
 if [ -z "$KD_IDX" ]; then
   echo "nad_ad.sh: no $DATA_BIN/train.kd.TGT.bin/.idx: distil the training set first" \
