@@ -18,7 +18,7 @@ else
   # a 2-layer 256-d model worth distilling from in ~10 CPU minutes: 500 updates (~4 epochs) with the learning rate
   # decaying linearly to 0 (a teacher stopped early while its loss still falls fast stutters, DESIGN.md §10);
   # checkpoints are selected by validation loss (no validation decoding: the last one is the best). Measured: 450
-  # updates leave 5.3% immediately repeated subwords in the distilled targets, 500 updates 4.2% (docs/results.md)
+  # updates leave 5.3% immediately repeated subwords in the beam-4 distilled targets, 500 updates 3.9% (docs/results.md)
   TEACHER_UPDATES=${TEACHER_UPDATES:-500}
   BLEU_SELECTION=()
   SIZE=(--max-tokens 4096 --max-update "$TEACHER_UPDATES" --lr 2e-3 --warmup-updates 60 --dropout 0.1
