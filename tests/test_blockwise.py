@@ -268,6 +268,9 @@ def test_loss_is_the_weighted_mean_over_every_head_on_shifted_targets(toy_task, 
     with torch.no_grad():
         loss, sample_size, log = criterion(model, sample)  # model.eval(): validation scores every head
         logits, _ = model(**sample["net_input"], heads=range(3))
+        scored = block_targets(sample["target"], 3, toy_task.target_dictionary.pad()).ne(toy_task.target_dictionary.pad())
+        packed, _ = model(**sample["net_input"], heads=range(3), logits_at=scored)  # what the criterion projects
+    assert 0 < scored.sum() < scored.numel() and torch.allclose(packed, logits[scored], atol=1e-5)
     lprobs = torch.log_softmax(logits.float(), dim=-1)
     pad = toy_task.target_dictionary.pad()
     total = total_nll = tokens = 0.0

@@ -5,10 +5,12 @@ once, batch invariance, empty/max length), the two criterions (RKL fine-tuning: 
 emits, REINFORCE sign, which parameters each term reaches, dropout-free rewards, gradients all-reduced under DDP; no
 teacher in the checkpoint), a tiny train -> generate -> interactive run, and learning on the synthetic task."""
 
+import faulthandler
 import os
 import shutil
 import socket
 import sys
+import time
 from argparse import Namespace
 
 import pytest
@@ -571,9 +573,14 @@ def test_reinforce_raises_the_log_probability_of_a_better_sample(fert_data_bin, 
     assert outcomes == {True, False}  # both a better and a worse sample were drawn
 
 
+DDP_TIMEOUT_S = 120
+
+
 def ddp_rank(rank, port, model, criterion, samples, out_dir):
     """One of two gloo ranks: torch's DistributedDataParallel (no device_ids on CPU) behind fairseq's
     ModuleProxyWrapper, as fairseq's ``--ddp-backend pytorch_ddp`` wraps a model; one SGD step on its own batch."""
+    faulthandler.dump_traceback_later(DDP_TIMEOUT_S / 2, file=sys.__stderr__)  # where a hang is, if one happens
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP thread pool
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(rank)
     wrapped = ModuleProxyWrapper(DistributedDataParallel(model))
@@ -594,8 +601,14 @@ def test_rkl_finetune_gradients_are_all_reduced_under_ddp(fert_data_bin, task, t
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    torch.multiprocessing.start_processes(ddp_rank, args=(port, model, criterion, samples, str(tmp_path)), nprocs=2,
-                                          start_method="fork")
+    ranks = torch.multiprocessing.start_processes(ddp_rank, args=(port, model, criterion, samples, str(tmp_path)),
+                                                  nprocs=2, start_method="fork", join=False)
+    deadline = time.monotonic() + DDP_TIMEOUT_S
+    while not ranks.join(timeout=1):  # a hung rank fails the test instead of the CI job
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the two DDP ranks did not finish within {DDP_TIMEOUT_S} s (stacks on stderr)")
     states = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     for name in initial:
         assert torch.equal(states[0][name], states[1][name]), name

@@ -297,6 +297,22 @@ def test_fertility_copy_uses_gold_fertilities_in_training_and_predicted_ones_at_
     assert len(hypos) == 4
 
 
+def test_logits_at_scored_positions_are_the_full_logits_there(task):
+    model = build(task)
+    sample = batch(task, range(4))
+    target = sample["target"]
+    scored = target.ne(task.target_dictionary.pad())
+    lengths = scored.sum(dim=1) - 1
+    with torch.no_grad():
+        full, full_extra = model(**sample["net_input"], nad_lengths=lengths)
+        packed, extra = model(**sample["net_input"], nad_lengths=lengths, logits_at=scored)
+    assert torch.equal(extra["nad_padding_mask"], full_extra["nad_padding_mask"])
+    assert torch.allclose(packed, full[scored], atol=1e-5)
+    nad_positions = ~extra["nad_padding_mask"]
+    assert 0 < nad_positions.sum() < nad_positions.numel()
+    assert torch.allclose(extra["nad_logits"], full_extra["nad_logits"][nad_positions], atol=1e-5)
+
+
 def test_one_training_step_reaches_every_parameter(distilled_bin):
     """No parameter is left out of the loss (DDP's default needs every parameter in every forward pass)."""
     args = model_args(distilled_bin, TINY_NAD_AD, ["--criterion", "nad_ad_loss", "--use-distilled", "side"])

@@ -196,6 +196,20 @@ def test_model_sees_steps_up_to_its_own_in_every_segment(dummy_data_bin, teacher
         assert not torch.allclose(out[:, position], changed_out[:, position])
 
 
+def test_logits_at_scored_positions_are_the_full_logits_there(dummy_data_bin, teacher):
+    _, task = teacher
+    model = build_recover_sat(dummy_data_bin, task, 2)
+    sample = batch(task, range(4))
+    src = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    inputs, targets, _, _ = RecoverSATLoss(task, 0.0, 0, 0.0, False, 1).build_segments(model.eval(), sample["target"])
+    scored = targets.ne(task.target_dictionary.pad())
+    assert 0 < scored.sum() < scored.numel()  # the segment fillers are left out
+    full, _ = model(*src, inputs)
+    packed, _ = model(*src, inputs, logits_at=scored)
+    assert packed.shape == (int(scored.sum()), full.size(-1))
+    assert torch.allclose(packed, full[scored], atol=1e-5)
+
+
 def test_bad_options_are_refused(dummy_data_bin, teacher):
     _, task = teacher
     with pytest.raises(ValueError, match="--num-segments must be >= 1"):

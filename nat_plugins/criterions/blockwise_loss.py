@@ -39,6 +39,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+import torch
 from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
@@ -137,17 +138,23 @@ class BlockwiseLoss(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         heads = self.heads_to_score(model)
-        logits, _ = model(**sample["net_input"], heads=heads)  # B x T x len(heads) x V
         targets = block_targets(sample["target"], model.decoder.block_size, self.padding_idx)[..., heads]
+        scored = targets.ne(self.padding_idx)  # B x T x len(heads); past the end: no vocabulary projection
+        logits, _ = model(**sample["net_input"], heads=heads, logits_at=scored)  # N x V, N = scored predictions
+        targets = targets[scored]
+        slot_of_row = torch.arange(len(heads), device=targets.device).expand_as(scored)[scored]
         lprobs = utils.log_softmax(logits, dim=-1)
-        loss, nll_loss = label_smoothed_nll_loss(lprobs, targets, self.eps, ignore_index=self.padding_idx, reduce=False)
-        non_pad = targets.ne(self.padding_idx)
-        correct = lprobs.argmax(dim=-1).eq(targets) & non_pad
-        per_head_tokens = non_pad.sum(dim=(0, 1))
-        per_head_nll = nll_loss.squeeze(-1).sum(dim=(0, 1))
-        per_head_correct = correct.sum(dim=(0, 1))
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, targets, self.eps, reduce=False)
+        correct = lprobs.argmax(dim=-1).eq(targets)
+
+        def per_slot(values):
+            return values.new_zeros(len(heads)).index_add_(0, slot_of_row, values)
+
+        per_head_tokens = torch.bincount(slot_of_row, minlength=len(heads))
+        per_head_nll = per_slot(nll_loss.squeeze(-1).detach())
+        per_head_correct = torch.bincount(slot_of_row[correct], minlength=len(heads))
         weights = loss.new_tensor([1.0 if head == 0 else self.other_heads_weight for head in heads])
-        loss = (loss.sum(dim=(0, 1)).squeeze(-1) * weights).sum()
+        loss = (per_slot(loss.squeeze(-1)) * weights).sum()
         nll_loss = nll_loss.sum()
         predicted = int(per_head_tokens.sum())
         if self.sentence_avg:

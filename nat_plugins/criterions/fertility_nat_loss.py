@@ -82,9 +82,9 @@ class FertilityNATLoss(FairseqCriterion):
         word = net_output["word_ins"]
         target, _lengths = targets_without_eos(sample["target"], sample["fertility"], self.padding_idx,
                                                length=word["out"].size(1))
-        lprobs = model.get_normalized_probs(net_output, log_probs=True)
         mask = word["mask"] & target.ne(self.padding_idx)
-        word_loss, word_nll = label_smoothed_nll_loss(lprobs[mask], target[mask], self.eps, reduce=True)
+        lprobs = model.get_normalized_probs((word["out"][mask], None), log_probs=True)  # no log-softmax on padding
+        word_loss, word_nll = label_smoothed_nll_loss(lprobs, target[mask], self.eps, reduce=True)
 
         fert = net_output["fertility"]
         fert_lprobs = utils.log_softmax(fert["out"], dim=-1)

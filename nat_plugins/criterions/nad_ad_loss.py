@@ -81,7 +81,8 @@ class NADADLoss(FairseqCriterion):
         self.length_loss_weight = length_loss_weight
 
     def smoothed_nll(self, logits, target, model, extra):
-        """(label-smoothed loss, NLL, tokens) per token of ``target`` (B x T, padding ignored)."""
+        """(label-smoothed loss, NLL, tokens) per token of ``target`` (the targets of the N rows of ``logits``,
+        padding ignored)."""
         lprobs = model.get_normalized_probs((logits, extra), log_probs=True)
         loss, nll = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), target.reshape(-1), self.eps,
                                             ignore_index=self.padding_idx)
@@ -99,13 +100,16 @@ class NADADLoss(FairseqCriterion):
         if fertility_mode and "fertility" not in sample:
             raise ValueError("--nad-input-copy fertility needs sample['fertility'] ({split}.fert.{src} side files "
                              "computed on the distilled targets)")
+        target = sample["target"]
+        scored = target.ne(self.padding_idx)  # logits of the scored positions only (packed, N x V)
         logits, extra = model(net_input["src_tokens"], net_input["src_lengths"], net_input["prev_output_tokens"],
                               nad_lengths=None if fertility_mode else kd_lengths,
-                              nad_fertility=sample["fertility"] if fertility_mode else None)
+                              nad_fertility=sample["fertility"] if fertility_mode else None, logits_at=scored)
 
-        ad_loss, ad_nll, ad_tokens = self.smoothed_nll(logits, sample["target"], model, extra)
-        targets, _ = nad_targets(kd_target, self.padding_idx, extra["nad_logits"].size(1))
-        nad_loss, nad_nll, nad_tokens = self.smoothed_nll(extra["nad_logits"], targets, model, {})
+        ad_loss, ad_nll, ad_tokens = self.smoothed_nll(logits, target[scored], model, extra)
+        nad_padding = extra["nad_padding_mask"]  # the NAD logits come at its unpadded positions
+        targets, _ = nad_targets(kd_target, self.padding_idx, nad_padding.size(1))
+        nad_loss, nad_nll, nad_tokens = self.smoothed_nll(extra["nad_logits"], targets[~nad_padding], model, {})
         logging_output = {"ad_loss": ad_loss.data, "nad_loss": nad_loss.data, "nll_loss": ad_nll.data,
                           "nad_nll_loss": nad_nll.data}
         loss = ad_loss + self.nad_weight * nad_loss

@@ -127,10 +127,11 @@ class RecoverSATLoss(FairseqCriterion):
     def forward(self, model, sample, reduce=True):
         inputs, targets, p, injected = self.build_segments(model, sample["target"])
         net_input = sample["net_input"]
-        net_output = model(net_input["src_tokens"], net_input["src_lengths"], inputs)
+        scored = targets.ne(self.padding_idx)  # segment fillers are padding: no vocabulary projection there
+        net_output = model(net_input["src_tokens"], net_input["src_lengths"], inputs, logits_at=scored)
         lprobs = model.get_normalized_probs(net_output, log_probs=True)
-        loss, nll_loss = label_smoothed_nll_loss(lprobs, targets, self.eps, ignore_index=self.padding_idx)
-        trained = int(targets.ne(self.padding_idx).sum())
+        loss, nll_loss = label_smoothed_nll_loss(lprobs, targets[scored], self.eps)
+        trained = int(scored.sum())
         nsentences = sample["target"].size(0)
         sample_size = nsentences if self.sentence_avg else trained
         logging_output = {

@@ -30,7 +30,7 @@ from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..generators.verify_accept import VerifyAcceptGenerator
 from ..modules.block_heads import BlockHeads
-from .plugin_model import NATPluginModel
+from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +62,14 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 full_context_alignment=False, alignment_layer=None, alignment_heads=None, src_lengths=None,
-                return_all_hiddens=False, heads=None, positions=None):
-        """fairseq's decoder forward with two additions.
+                return_all_hiddens=False, heads=None, positions=None, logits_at=None):
+        """fairseq's decoder forward with three additions.
 
         * ``heads``: distinct 0-based head indices (a ``range`` or a list); the logits come back as
           (B, T, len(heads), V) in that order. ``None`` (fairseq's callers) gives the logits of head 1 as (B, T, V).
+        * ``logits_at`` (B, T, len(heads) bool, with ``heads``): only those logits, packed N x V
+          (:func:`~nat_plugins.models.plugin_model.logits_at_positions`; ``blockwise_loss`` passes its non-pad
+          targets).
         * ``positions`` (B, T): decode ``prev_output_tokens`` as new tokens at these target positions (0 = BOS),
           attending causally among themselves and to every unmasked slot of ``incremental_state``
           (see :meth:`extract_block_features`); ``None`` is fairseq's behaviour.
@@ -83,13 +86,16 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
             return x, extra
         if heads is None:
             return self.head_logits(x, range(1)).squeeze(-2), extra
-        return self.head_logits(x, heads), extra
+        return self.head_logits(x, heads, logits_at), extra
 
-    def head_logits(self, features, heads):
-        """Logits of the heads in ``heads`` for decoder output ``features`` (..., d) -> (..., len(heads), V)."""
-        if list(heads) == [0] and self.block_heads.identity_first_head:
-            return self.output_layer(features).unsqueeze(-2)  # bit for bit the base model's logits
-        return self.output_layer(self.block_heads(features, heads))
+    def head_logits(self, features, heads, logits_at=None):
+        """Logits of the heads in ``heads`` for decoder output ``features`` (..., d) -> (..., len(heads), V); with
+        ``logits_at`` (..., len(heads) bool) those logits only, packed N x V."""
+        if list(heads) == [0] and self.block_heads.identity_first_head:  # bit for bit the base model's logits
+            if logits_at is None:
+                return self.output_layer(features).unsqueeze(-2)
+            return logits_at_positions(self.output_layer, features, logits_at[..., 0])
+        return logits_at_positions(self.output_layer, self.block_heads(features, heads), logits_at)
 
     def extract_block_features(self, tokens, positions, encoder_out, incremental_state):
         """Decoder output for new ``tokens`` (B, T) at target ``positions`` (B, T), in one call.
@@ -203,13 +209,14 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
                                            no_encoder_attn=getattr(args, "no_cross_attention", False))
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=True, features_only=False,
-                alignment_layer=None, alignment_heads=None, heads=None):
-        """fairseq's forward; ``heads`` (0-based head indices) returns those heads' logits, (B, T, len(heads), V)."""
+                alignment_layer=None, alignment_heads=None, heads=None, logits_at=None):
+        """fairseq's forward; ``heads`` (0-based head indices) returns those heads' logits, (B, T, len(heads), V),
+        and ``logits_at`` (B, T, len(heads) bool) only those of them, packed N x V."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
         return self.decoder(
             prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
             alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
-            return_all_hiddens=return_all_hiddens, heads=heads,
+            return_all_hiddens=return_all_hiddens, heads=heads, logits_at=logits_at,
         )
 
     @property

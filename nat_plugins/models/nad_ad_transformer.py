@@ -59,7 +59,7 @@ from ..modules.nad import (
     residual_sublayer,
     uniform_fertility,
 )
-from .plugin_model import NATPluginModel
+from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
 
@@ -286,17 +286,26 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
         return NADADDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=True, features_only=False,
-                alignment_layer=None, alignment_heads=None, nad_lengths=None, nad_fertility=None):
+                alignment_layer=None, alignment_heads=None, nad_lengths=None, nad_fertility=None, logits_at=None):
         """fairseq's forward (AD logits and extras); the extras also hold the NAD's ``nad_logits`` (B x T x V),
         ``nad_padding_mask`` and the length or fertility predictor's logits. ``nad_lengths`` / ``nad_fertility``:
-        the gold NAD length (B, EOS excluded) or fertilities (B x S) in training."""
+        the gold NAD length (B, EOS excluded) or fertilities (B x S) in training. ``logits_at`` (B x T bool, the
+        AD's scored positions): the AD logits of those positions only and the NAD logits of its unpadded
+        positions only, each packed N x V (:func:`~nat_plugins.models.plugin_model.logits_at_positions`)."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
                                    nad_lengths=nad_lengths, nad_fertility=nad_fertility)
-        x, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
+        x, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out,
+                                features_only=features_only or logits_at is not None,
                                 alignment_layer=alignment_layer, alignment_heads=alignment_heads,
                                 src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
-        extra["nad_logits"] = self.decoder.nad_output_layer(encoder_out["nad_out"][0].transpose(0, 1))
-        extra["nad_padding_mask"] = encoder_out["nad_padding_mask"][0]
+        nad_padding = encoder_out["nad_padding_mask"][0]
+        nad_positions = None
+        if logits_at is not None:
+            x = logits_at_positions(self.decoder.output_layer, x, logits_at)
+            nad_positions = ~nad_padding
+        nad_states = encoder_out["nad_out"][0].transpose(0, 1)
+        extra["nad_logits"] = logits_at_positions(self.decoder.nad_output_layer, nad_states, nad_positions)
+        extra["nad_padding_mask"] = nad_padding
         for key in ("nad_length_logits", "nad_fertility_logits"):
             if encoder_out.get(key):
                 extra[key] = encoder_out[key][0]

@@ -9,6 +9,17 @@ from ..tasks.translation_nat import TranslationNATTask
 logger = logging.getLogger(__name__)
 
 
+def logits_at_positions(output_layer, features, positions):
+    """``output_layer(features)`` (... x V), or with ``positions`` (a bool mask over the leading dimensions of
+    ``features``) the logits of those positions only, packed N x V in the order of ``features[positions]``.
+
+    Criteria pass the positions they score (their targets' non-pad positions) through the model's ``forward``
+    (so DistributedDataParallel sees every parameter used): the vocabulary projection and the log-softmax over it
+    are most of a small model's training step, and padding is a large share of segmented (RecoverSAT), shifted
+    (blockwise heads) and NAD targets."""
+    return output_layer(features if positions is None else features[positions])
+
+
 class NATPluginModel:
     """Mixin for plugin models (put it first in the bases: ``class M(NATPluginModel, TransformerModel)``).
 

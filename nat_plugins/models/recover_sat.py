@@ -36,7 +36,7 @@ from torch import nn
 
 from ..generators.segment_decoding import SegmentDecoder
 from ..modules.segments import add_segment_symbols, segment_attention_mask, segment_ids
-from .plugin_model import NATPluginModel
+from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,15 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
     @property
     def num_segments(self):
         return self.decoder.num_segments
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, logits_at=None, **kwargs):
+        """fairseq's forward; ``logits_at`` (B x T bool): the logits of those positions only, packed N x V
+        (:func:`~nat_plugins.models.plugin_model.logits_at_positions`; ``recover_sat_loss`` passes its non-pad
+        targets)."""
+        if logits_at is None:
+            return super().forward(src_tokens, src_lengths, prev_output_tokens, **kwargs)
+        features, extra = super().forward(src_tokens, src_lengths, prev_output_tokens, features_only=True, **kwargs)
+        return logits_at_positions(self.decoder.output_layer, features, logits_at), extra
 
     def set_num_updates(self, num_updates):
         """Remember the update count (``recover_sat_loss`` anneals p and seeds its draws with it)."""
