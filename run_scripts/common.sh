@@ -6,6 +6,10 @@ PRESET=${PRESET:-cpu}
 case $PRESET in cpu|gpu) ;; *) echo "PRESET must be 'cpu' or 'gpu' (got '$PRESET')" >&2; exit 2 ;; esac
 # shellcheck disable=SC1091
 source "${NAT_VENV:-$ROOT/.venv}/bin/activate"
+# glibc hands every freed block over 32 MiB back to the kernel, so each CPU training step page-faults its
+# vocabulary-sized tensors in again: a fifth to a third of a step was kernel time. Keeping freed memory in the heap
+# made training 20-40% faster on 2 cores (docs/results.md; peak memory ~1 GB higher). A GLIBC_TUNABLES you set is kept.
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736}
 # fairseq's CLIs import the plugin from this directory (--user-dir), wherever the script is run from
 USER_DIR=$ROOT/nat_plugins
 if [ "$PRESET" = gpu ]; then
@@ -50,4 +54,7 @@ student_args() {
     --lr-scheduler polynomial_decay --total-num-update "$STUDENT_UPDATES" --weight-decay 0.0001
     --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
 }
+# the training command of every recipe: fairseq-train, or a tool taking the same options (run_scripts/train_speed.sh
+# sets FAIRSEQ_TRAIN to nat_plugins.cli.train_speed to time the recipes on the same batches)
+read -r -a FAIRSEQ_TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
 log() { echo "[$(basename "$0") $(date +%H:%M:%S)] $*"; }

@@ -85,3 +85,26 @@ def test_frozen_blockwise_outputs_the_teachers_greedy_translations(quickstart):
     read = lambda slug: open(os.path.join(bench, f"hyp.{slug}.txt"), encoding="utf-8").read()
     for k in (4,):  # the CPU preset's block size; exact acceptance + identity first head on a frozen teacher (Stern et al. 2018, §3)
         assert read(f"blockwise-k-{k}-frozen-exact") == read("ar-teacher-greedy")
+
+
+@pytest.mark.slow
+def test_train_speed_times_every_recipe_with_its_own_options(quickstart):
+    work = quickstart["work"]
+    run = subprocess.run(["bash", os.path.join(REPO_ROOT, "run_scripts", "train_speed.sh"), work, "1"],
+                         env={**os.environ, "PRESET": "cpu"}, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    with open(os.path.join(work, "train_speed", "speed.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert [(r["label"], r["arch"], r["criterion"]) for r in rows] == [
+        ("teacher-on-distilled", "transformer", "label_smoothed_cross_entropy"),
+        ("sat-2", "sat_transformer", "label_smoothed_cross_entropy"),
+        ("recover-sat-2", "recover_sat", "recover_sat_loss"),
+        ("blockwise-4-frozen", "blockwise_transformer", "blockwise_loss"),
+        ("blockwise-4-finetuned", "blockwise_transformer", "blockwise_loss"),
+        ("fertility-nat", "fertility_nat", "fertility_nat_loss"),
+        ("ar-baseline", "transformer", "label_smoothed_cross_entropy"),
+        ("nad-ad", "nad_ad_transformer", "nad_ad_loss"),
+    ]
+    assert all(r["updates"] == 1 and r["updates_per_s"] > 0 for r in rows)
+    assert "| recipe | updates/s |" in run.stdout and "| nad-ad |" in run.stdout
+    assert not os.path.exists(os.path.join(work, "train_speed", "unused-save-dir", "checkpoint_last.pt"))

@@ -13,7 +13,7 @@ shift 3
 [ -f "$TEACHER" ] || { echo "ar_baseline.sh: teacher checkpoint $TEACHER does not exist" >&2; exit 1; }
 arch_args transformer
 student_args "${NAD_AD_BUDGET[@]}"  # the same budget as nad_ad.sh (run_scripts/common.sh)
-exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --finetune-from-model "$TEACHER" \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --save-dir "$SAVE_DIR" "$@"

@@ -32,7 +32,7 @@ case $MODE in
   *) echo "MODE must be 'frozen' or 'finetuned' (got '$MODE'); $usage" >&2; exit 2 ;;
 esac
 arch_args blockwise_transformer
-exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --block-size "$K" --identity-first-head --use-distilled target \
   "${MODE_ARGS[@]}" --criterion blockwise_loss --label-smoothing 0.1 \
   --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"

@@ -21,13 +21,13 @@ if ! ls "$DATA_BIN"/train.fert.* "$DATA_BIN"/valid.fert.* >/dev/null 2>&1; then
 fi
 arch_args fertility_nat
 student_args 120 5e-4 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh)
-fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+"${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --init-from-ar "$TEACHER" --use-distilled target \
   --criterion fertility_nat_loss --label-smoothing 0.1 --max-fertility 50 \
   --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"
 if [ "$RKL_UPDATES" -gt 0 ]; then
   log "fine-tuning $RKL_UPDATES updates with nat_rkl_finetune into $SAVE_DIR/rkl"
-  fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+  "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
     "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --use-distilled target \
     --criterion nat_rkl_finetune --teacher-path "$TEACHER" --rkl-weight 0.25 --label-smoothing 0.1 \
     --restore-file "$SAVE_DIR/$STUDENT_CHECKPOINT" --reset-optimizer --reset-dataloader --reset-meters \

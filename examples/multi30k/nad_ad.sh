@@ -30,7 +30,7 @@ if [[ " ${STUDENT_ARGS[*]} $* " != *" --disable-validation "* ]] && [ ! -f "$DAT
   bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --gen-subset valid
 fi
 arch_args nad_ad_transformer
-exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --init-from-ar "$TEACHER" --use-distilled side \
   --criterion nad_ad_loss --label-smoothing 0.1 --nad-weight 1.0 --length-loss-weight 0.1 \
   --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --save-dir "$SAVE_DIR" "$@"

@@ -19,7 +19,7 @@ student_args 100 5e-4 20  # CPU updates, learning rate, CPU warm-up (run_scripts
 # q = 0.15)
 ANNEAL_STEPS=$(( 2 * STUDENT_UPDATES / 3 ))
 if [ "$K" -ge 5 ]; then PSEUDO_REP_PROB=0.5; else PSEUDO_REP_PROB=0.2; fi
-exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --num-segments "$K" --init-from-ar "$TEACHER" --use-distilled target \
   --criterion recover_sat_loss --label-smoothing 0.15 --anneal-steps "$ANNEAL_STEPS" --pseudo-rep-prob "$PSEUDO_REP_PROB" \
   --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"

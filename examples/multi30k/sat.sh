@@ -13,7 +13,7 @@ DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}; K=${4:?$usag
 shift 4
 arch_args sat_transformer
 student_args 150 5e-4 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh)
-exec fairseq-train "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --group-size "$K" --init-from-ar "$TEACHER" --use-distilled target \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --eval-bleu-args '{"beam": 4}' \
   --save-dir "$SAVE_DIR" "$@"
