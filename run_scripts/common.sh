@@ -1,5 +1,5 @@
 # Sourced by the run_scripts: repository root, the venv, and the size preset.
-#   PRESET=cpu (default): 2-layer 256-d models, one configuration per system, ~33 min on 2 CPU cores.
+#   PRESET=cpu (default): 2-layer 256-d models, one configuration per system, ~26 min on 2 CPU cores.
 #   PRESET=gpu: the full-size recipe (transformer_iwslt_de_en-sized, fp16), meant for one GPU.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${PRESET:-cpu}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job of the README, on Multi30k en->de: set-up, data, AR teacher, sequence-level distillation,
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
-#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~33 min on 2 cores)
+#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~26 min on 2 cores)
 #   PRESET=gpu bash run_scripts/quickstart.sh     # the full-size recipe on one GPU
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
@@ -18,7 +18,7 @@ mkdir -p "$WORK"
 START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
-  log "(~33 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
+  log "(~26 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
   BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-30}" --warmup 10 --batch-size 64)
 else
   BENCH_ARGS=(--batch-size 128)

@@ -13,7 +13,7 @@ UPDATES=${2:-20}
 DATA_BIN=$WORK/data-bin
 TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
 FROZEN=$WORK/ckpt/blockwise-4-frozen/$STUDENT_CHECKPOINT
-for needed in "$TEACHER" "$FROZEN" "$DATA_BIN"/train.kd.*.idx "$DATA_BIN"/train.fert.*.idx; do
+for needed in "$TEACHER" "$FROZEN" "$DATA_BIN"/train.kd.*.idx "$DATA_BIN"/train.fert.*; do
   [ -e "$needed" ] || { echo "train_speed.sh: $needed is missing: run bash run_scripts/quickstart.sh first" >&2; exit 1; }
 done
 OUT=$WORK/train_speed

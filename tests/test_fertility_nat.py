@@ -57,13 +57,17 @@ def fert_data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def task(fert_data_bin):
+def make_task(fert_data_bin):
     args = options.parse_args_and_arch(options.get_training_parser(),
                                        [fert_data_bin, "--task", "translation_nat"] + TINY_FNAT)
     task = tasks.setup_task(args)
     task.load_dataset("test")
     return task
+
+
+@pytest.fixture(scope="module")
+def task(fert_data_bin):
+    return make_task(fert_data_bin)
 
 
 def build(data_bin, task, extra=()):
@@ -576,16 +580,20 @@ def test_reinforce_raises_the_log_probability_of_a_better_sample(fert_data_bin, 
 DDP_TIMEOUT_S = 120
 
 
-def ddp_rank(rank, port, model, criterion, samples, out_dir):
-    """One of two gloo ranks: torch's DistributedDataParallel (no device_ids on CPU) behind fairseq's
-    ModuleProxyWrapper, as fairseq's ``--ddp-backend pytorch_ddp`` wraps a model; one SGD step on its own batch."""
+def ddp_rank(rank, port, fert_data_bin, tiny_teacher, initial_state, out_dir):
+    """One of two gloo ranks (a spawned process: a forked child of this multi-threaded process can deadlock):
+    torch's DistributedDataParallel (no device_ids on CPU) behind fairseq's ModuleProxyWrapper, as fairseq's
+    ``--ddp-backend pytorch_ddp`` wraps a model; one SGD step on its own batch from the same initial parameters."""
     faulthandler.dump_traceback_later(DDP_TIMEOUT_S / 2, file=sys.__stderr__)  # where a hang is, if one happens
-    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP thread pool
+    torch.set_num_threads(1)
+    task = make_task(fert_data_bin)
+    model, criterion = rkl_student(fert_data_bin, task, tiny_teacher)
+    model.load_state_dict(torch.load(initial_state))
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(rank)
     wrapped = ModuleProxyWrapper(DistributedDataParallel(model))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss, _, _ = criterion(wrapped, samples[rank])
+    loss, _, _ = criterion(wrapped, batch(task, range(6 * rank, 6 * rank + 6)))
     loss.backward()
     optimizer.step()
     torch.save(model.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
@@ -595,14 +603,15 @@ def ddp_rank(rank, port, model, criterion, samples, out_dir):
 def test_rkl_finetune_gradients_are_all_reduced_under_ddp(fert_data_bin, task, tiny_teacher, tmp_path):
     """Every student pass goes through forward(), so DDP all-reduces the gradients: two ranks with different
     batches end with identical, changed parameters (a criterion calling model.encode/decode would not)."""
-    model, criterion = rkl_student(fert_data_bin, task, tiny_teacher)
+    model, _ = rkl_student(fert_data_bin, task, tiny_teacher)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    samples = [batch(task, range(0, 6)), batch(task, range(6, 12))]
+    torch.save(initial, tmp_path / "initial.pt")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    ranks = torch.multiprocessing.start_processes(ddp_rank, args=(port, model, criterion, samples, str(tmp_path)),
-                                                  nprocs=2, start_method="fork", join=False)
+    ranks = torch.multiprocessing.start_processes(
+        ddp_rank, args=(port, fert_data_bin, tiny_teacher, str(tmp_path / "initial.pt"), str(tmp_path)), nprocs=2,
+        start_method="spawn", join=False)
     deadline = time.monotonic() + DDP_TIMEOUT_S
     while not ranks.join(timeout=1):  # a hung rank fails the test instead of the CI job
         if time.monotonic() > deadline:

@@ -55,7 +55,7 @@ def measure(cfg, updates, warmup, label):
     trainer = Trainer(cfg, task, model, criterion)
     if cfg.checkpoint.finetune_from_model:  # --finetune-from-model: the weights fairseq-train would start from
         trainer.load_checkpoint(cfg.checkpoint.finetune_from_model, reset_optimizer=True, reset_lr_scheduler=True,
-                                reset_meters=True, reset_dataloader=True)
+                                reset_meters=True)
     samples, epoch = [], 1
     while len(samples) < warmup + updates:  # epoch 1's batches, then epoch 2's, ... (a small training set)
         batches = trainer.get_train_iterator(epoch=epoch, load_dataset=False).next_epoch_itr(shuffle=True)
