@@ -67,7 +67,7 @@ add_row() {  # add_row NAME CHECKPOINT_DIR GENERATE_ARGS: one benchmark row
   SYSTEMS+=(--system "$1=$2/$STUDENT_CHECKPOINT::$3")
 }
 
-# The CPU preset trains one headline configuration of every system, long enough to learn (~30 min in all); the
+# The CPU preset trains one headline configuration of every system, long enough to learn (~26 min in all); the
 # GPU preset every configuration of the papers' tables.
 if [ "$PRESET" = gpu ]; then
   BLOCK_SIZES="2 4 8"; SAT_KS="2 4 6"; RECOVER_SAT_KS="2 4 6"; NPD_SAMPLES="10 100"

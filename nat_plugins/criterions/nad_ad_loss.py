@@ -84,8 +84,7 @@ class NADADLoss(FairseqCriterion):
         """(label-smoothed loss, NLL, tokens) per token of ``target`` (the targets of the N rows of ``logits``,
         padding ignored)."""
         lprobs = model.get_normalized_probs((logits, extra), log_probs=True)
-        loss, nll = label_smoothed_nll_loss(lprobs.view(-1, lprobs.size(-1)), target.reshape(-1), self.eps,
-                                            ignore_index=self.padding_idx)
+        loss, nll = label_smoothed_nll_loss(lprobs, target, self.eps, ignore_index=self.padding_idx)
         tokens = int(target.ne(self.padding_idx).sum())
         return loss / max(tokens, 1), nll / max(tokens, 1), tokens
 
