@@ -1,9 +1,13 @@
 # Sourced by the run_scripts: repository root, the venv, and the size preset.
 #   PRESET=cpu (default): 2-layer 256-d models, one configuration per system, ~26 min on 2 CPU cores.
+#   PRESET=cpu-long: the same models trained to convergence (teacher 1,500 updates, every student 4x the cpu
+#     preset's updates), a second SAT configuration and fairseq's own NAT/CMLM for comparison, ~100 min on 2 cores.
 #   PRESET=gpu: the full-size recipe (transformer_iwslt_de_en-sized, fp16), meant for one GPU.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${PRESET:-cpu}
-case $PRESET in cpu|gpu) ;; *) echo "PRESET must be 'cpu' or 'gpu' (got '$PRESET')" >&2; exit 2 ;; esac
+case $PRESET in cpu|cpu-long|gpu) ;; *) echo "PRESET must be 'cpu', 'cpu-long' or 'gpu' (got '$PRESET')" >&2; exit 2 ;; esac
+# how many times the cpu preset's student updates (and warm-up) a CPU preset trains each student for
+if [ "$PRESET" = cpu-long ]; then CPU_UPDATE_FACTOR=4; else CPU_UPDATE_FACTOR=1; fi
 # shellcheck disable=SC1091
 source "${NAT_VENV:-$ROOT/.venv}/bin/activate"
 # glibc hands every freed block over 32 MiB back to the kernel, so each CPU training step page-faults its
@@ -32,7 +36,8 @@ if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT
 # student_args CPU_UPDATES LR CPU_WARMUP: STUDENT_ARGS, the training options every plugin model (student) shares,
 # with the learning rate and warm-up its recipe chose. A student starts from the converged teacher's weights, so a
 # fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4 (DESIGN.md §10).
-# cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation;
+# cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation; cpu-long: CPU_UPDATE_FACTOR
+# times the updates and warm-up;
 # gpu: STUDENT_UPDATES (default 3000) updates, warm-up 1000, checkpoints selected by validation BLEU through the
 # system's own generator.
 student_args() {
@@ -44,8 +49,8 @@ student_args() {
       --eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
       --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
   else
-    STUDENT_UPDATES=${STUDENT_UPDATES:-$1}
-    STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$3"
+    STUDENT_UPDATES=${STUDENT_UPDATES:-$(( $1 * CPU_UPDATE_FACTOR ))}
+    STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$(( $3 * CPU_UPDATE_FACTOR ))"
       --dropout 0.1 --disable-validation)
   fi
   # the learning rate decays linearly to 0 over the run (a student's last updates count: with a constant rate its

@@ -19,9 +19,11 @@ else
   # decaying linearly to 0 (a teacher stopped early while its loss still falls fast stutters, DESIGN.md §10);
   # checkpoints are selected by validation loss (no validation decoding: the last one is the best). Measured: 450
   # updates leave 5.3% immediately repeated subwords in the beam-4 distilled targets, 500 updates 3.9% (docs/results.md)
-  TEACHER_UPDATES=${TEACHER_UPDATES:-500}
+  # PRESET=cpu-long trains it to convergence: 1,500 updates (~12 epochs), validation loss logged every 250
+  if [ "$PRESET" = cpu-long ]; then TEACHER_UPDATES=${TEACHER_UPDATES:-1500}; WARMUP=180
+  else TEACHER_UPDATES=${TEACHER_UPDATES:-500}; WARMUP=60; fi
   BLEU_SELECTION=()
-  SIZE=(--max-tokens 4096 --max-update "$TEACHER_UPDATES" --lr 2e-3 --warmup-updates 60 --dropout 0.1
+  SIZE=(--max-tokens 4096 --max-update "$TEACHER_UPDATES" --lr 2e-3 --warmup-updates "$WARMUP" --dropout 0.1
         --lr-scheduler polynomial_decay --total-num-update "$TEACHER_UPDATES"
         --validate-interval 1000 --save-interval 1000 --save-interval-updates 250 --keep-interval-updates 1)
   # (fairseq validates, i.e. decodes the validation set, at each interval save and at the end)
