@@ -8,8 +8,10 @@ PRESET=${PRESET:-cpu}
 case $PRESET in cpu|cpu-long|gpu) ;; *) echo "PRESET must be 'cpu', 'cpu-long' or 'gpu' (got '$PRESET')" >&2; exit 2 ;; esac
 # how many times the cpu preset's student updates (and warm-up) a CPU preset trains each student for
 if [ "$PRESET" = cpu-long ]; then CPU_UPDATE_FACTOR=4; else CPU_UPDATE_FACTOR=1; fi
+# the Python environment: ./.venv (run_scripts/setup_env.sh makes it), another venv (NAT_VENV=DIR), or
+# NAT_VENV=system: the python3 on the PATH, which already has fairseq and this package (e.g. a GPU machine's)
 # shellcheck disable=SC1091
-source "${NAT_VENV:-$ROOT/.venv}/bin/activate"
+[ "${NAT_VENV:-}" = system ] || source "${NAT_VENV:-$ROOT/.venv}/bin/activate"
 # glibc hands every freed block over 32 MiB back to the kernel, so each CPU training step page-faults its
 # vocabulary-sized tensors in again. Keeping freed memory in the heap made every quickstart step 12-44% shorter on 2
 # cores (docs/results.md; peak memory ~1 GB higher). A GLIBC_TUNABLES you set is kept.
@@ -38,13 +40,13 @@ if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT
 # fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4 (DESIGN.md §10).
 # cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation; cpu-long: CPU_UPDATE_FACTOR
 # times the updates and warm-up;
-# gpu: STUDENT_UPDATES (default 3000) updates, warm-up 1000, checkpoints selected by validation BLEU through the
-# system's own generator.
+# gpu: STUDENT_UPDATES (default 2000, so that the 25-minute plan of examples/multi30k/README.md fits) updates,
+# warm-up 500, checkpoints selected by validation BLEU through the system's own generator.
 student_args() {
   local lr=$2
   if [ "$PRESET" = gpu ]; then
-    STUDENT_UPDATES=${STUDENT_UPDATES:-3000}
-    STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates 1000
+    STUDENT_UPDATES=${STUDENT_UPDATES:-2000}
+    STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates 500
       --dropout 0.3 --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1
       --eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece
       --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)

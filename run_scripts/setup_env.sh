@@ -14,6 +14,13 @@ VENV=${NAT_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 EXTRAS=${NAT_SETUP_EXTRAS-eflomal}
 if [ "$EXTRAS" = none ]; then EXTRAS=; fi
+if [ "$VENV" = system ]; then  # NAT_VENV=system: use the python3 on the PATH as it is (run_scripts/common.sh)
+  python3 -c "import fairseq, nat_plugins" || {
+    echo "[setup] NAT_VENV=system: python3 must already import fairseq and nat_plugins (pip install -e . there)" >&2
+    exit 1; }
+  echo "[setup] NAT_VENV=system: using $(command -v python3)"
+  exit 0
+fi
 STAMP=$VENV/.nat_plugins_setup
 want=$(cat "$ROOT/run_scripts/setup_env.sh" "$ROOT/setup.py" | sha1sum | cut -c1-16)-$EXTRAS
 
