@@ -7,7 +7,9 @@ fairseq checkpoint because fairseq stores its configuration as ``argparse.Namesp
 this module adds the handful of plain-data classes fairseq pickles to torch's allow-list, so that
 ``fairseq-train --restore-file``, ``fairseq-generate`` and ``fairseq-interactive`` load checkpoints with
 the plugin loaded and no environment variable. Nothing else becomes loadable: a checkpoint that pickles
-any other class still fails with torch's error naming that class.
+any other class still fails with torch's error naming that class. NumPy 2 renamed ``numpy.core`` to
+``numpy._core`` and a pickle names the module of the NumPy that wrote it, so NumPy's scalar and array
+constructors are allowed under both names: checkpoints load under NumPy 1.x and 2.x, whichever wrote them.
 
 Checkpoints are pickles all the same: load only files you trust.
 
@@ -20,6 +22,7 @@ wraps it so that help is printed after those options were added.
 import argparse
 import contextlib
 import functools
+import importlib
 import io
 import sys
 
@@ -27,24 +30,30 @@ import numpy as np
 import torch
 from fairseq import options as fairseq_options
 
+def numpy_reconstructors():
+    """NumPy's ``scalar`` and ``_reconstruct`` (what a pickled numpy scalar or array calls), each under the
+    ``numpy.core`` name NumPy 1.x pickles and the ``numpy._core`` name NumPy 2.x pickles."""
+    numpy2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
+    multiarray = importlib.import_module("numpy._core.multiarray" if numpy2 else "numpy.core.multiarray")
+    return [(getattr(multiarray, name), f"{package}.multiarray.{name}")
+            for name in ("scalar", "_reconstruct") for package in ("numpy.core", "numpy._core")]
+
+
 FAIRSEQ_CHECKPOINT_GLOBALS = [
     argparse.Namespace,  # cfg.model / cfg.task of argparse-style fairseq models
     # numpy scalars and arrays that fairseq's metrics leave in extra_state (best score, --eval-bleu counts)
     np.dtype,
     np.ndarray,
     *[cls for cls in vars(np.dtypes).values() if isinstance(cls, type) and issubclass(cls, np.dtype)],
-    np._core.multiarray.scalar,
-    np._core.multiarray._reconstruct,
-    (np._core.multiarray.scalar, "numpy.core.multiarray.scalar"),  # pickled under numpy < 2
-    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+    *numpy_reconstructors(),
 ]
 
 
 def allow_fairseq_checkpoints():
-    """Add fairseq's pickled plain-data classes to torch's ``weights_only`` allow-list (torch >= 2.4)."""
-    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
-    if add_safe_globals is not None:
-        add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+    """Add fairseq's pickled plain-data classes to torch's ``weights_only`` allow-list. Only torch >= 2.6 loads
+    with ``weights_only=True`` by default (and only it takes the ``(object, name)`` entries above)."""
+    if torch.__version__ >= (2, 6):
+        torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
 
 
 def help_with_component_options(parse_args_and_arch):

@@ -37,7 +37,7 @@ NAD_AD_BUDGET=(30 5e-4 10)
 if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT_CHECKPOINT=checkpoint_last.pt; fi
 # student_args CPU_UPDATES LR CPU_WARMUP: STUDENT_ARGS, the training options every plugin model (student) shares,
 # with the learning rate and warm-up its recipe chose. A student starts from the converged teacher's weights, so a
-# fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4 (DESIGN.md §10).
+# fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4.
 # cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation; cpu-long: CPU_UPDATE_FACTOR
 # times the updates and warm-up;
 # gpu: STUDENT_UPDATES (default 2000, so that the 25-minute plan of examples/multi30k/README.md fits) updates,

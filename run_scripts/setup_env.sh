@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Idempotent set-up of ./.venv (git-ignored) for nat-plugins, in the order DESIGN.md §3 verified:
-#   torch (an already installed torch is kept; otherwise torch==2.13.0) -> build prerequisites ->
-#   fairseq-fixed==0.12.3.1 (--no-build-isolation --no-deps) -> fairseq's runtime deps (no torchaudio)
-#   -> sentencepiece, sacrebleu, matplotlib, pytest, tensorboardX (fairseq logs a hint at import without it),
-#   subword-nmt + fastBPE (the alternative subword model), ctranslate2 (the benchmark's production baseline)
-#   -> this package (editable).
+# Idempotent set-up of ./.venv (git-ignored) for nat-plugins. Every version comes from pyproject.toml: its
+# [tool.nat-plugins.setup-env] table names what pip cannot install from package metadata alone, in this order:
+#   torch (an already installed torch is kept) -> build prerequisites -> fairseq (--no-build-isolation --no-deps:
+#   its metadata asks for torchaudio, which would pull another torch) -> fairseq's runtime dependencies
+#   -> this package (editable) with its dependencies and the extras the table lists (fastBPE, CTranslate2, pytest).
 # A second run only checks a stamp and returns in seconds. Set NAT_VENV to use another location,
-# NAT_SETUP_EXTRAS: optional extras, default "eflomal" (the GPLv3 word aligner the fertility pipeline
-# run_scripts/fertility.sh calls as an external tool); NAT_SETUP_EXTRAS=none installs no extra.
+# NAT_SETUP_EXTRAS: more extras of pyproject.toml, space-separated, default "eflomal" (the GPLv3 word aligner the
+# fertility pipeline run_scripts/fertility.sh calls as a separate library); NAT_SETUP_EXTRAS=none installs none.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${NAT_VENV:-$ROOT/.venv}
@@ -22,7 +21,7 @@ if [ "$VENV" = system ]; then  # NAT_VENV=system: use the python3 on the PATH as
   exit 0
 fi
 STAMP=$VENV/.nat_plugins_setup
-want=$(cat "$ROOT/run_scripts/setup_env.sh" "$ROOT/setup.py" | sha1sum | cut -c1-16)-$EXTRAS
+want=$(cat "$ROOT/run_scripts/setup_env.sh" "$ROOT/pyproject.toml" "$ROOT/setup.py" | sha1sum | cut -c1-16)-$EXTRAS
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "import fairseq, nat_plugins" 2>/dev/null; then
   echo "[setup] $VENV is up to date"
@@ -30,6 +29,35 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c "
 fi
 
 log() { echo "[setup $(date +%H:%M:%S)] $*"; }
+# setting KEY: pyproject.toml's value at the dotted KEY, one requirement (or, for a table, one key) a line
+setting() {
+  "$PY" - "$ROOT/pyproject.toml" "$1" <<'PYTHON'
+import sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        sys.exit("run_scripts/setup_env.sh reads pyproject.toml with tomllib (Python >= 3.11) or tomli: "
+                 "`pip install tomli` for this Python, or set PYTHON to a Python >= 3.11")
+path, key = sys.argv[1], sys.argv[2]
+with open(path, "rb") as f:
+    value = tomllib.load(f)
+for part in key.split("."):
+    value = value[part]
+print("\n".join([value] if isinstance(value, str) else value))
+PYTHON
+}
+KNOWN_EXTRAS=$(setting project.optional-dependencies | tr '\n' ' ')
+for extra in $EXTRAS; do
+  case " $KNOWN_EXTRAS " in
+    *" $extra "*) ;;
+    *) echo "[setup] unknown extra '$extra' in NAT_SETUP_EXTRAS (pyproject.toml has: ${KNOWN_EXTRAS}or none)" >&2; exit 2 ;;
+  esac
+done
+ALL_EXTRAS=$(setting tool.nat-plugins.setup-env.extras)
+ALL_EXTRAS=$(printf '%s\n' $ALL_EXTRAS $EXTRAS | paste -sd, -)
 start=$(date +%s)
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -46,8 +74,9 @@ VPY="$VENV/bin/python"
 PIP=("$VPY" -m pip install -q --disable-pip-version-check)
 
 if ! "$VPY" -c "import torch" 2>/dev/null; then
-  log "installing torch==2.13.0"
-  "${PIP[@]}" torch==2.13.0
+  TORCH=$(setting tool.nat-plugins.setup-env.torch)
+  log "installing $TORCH"
+  "${PIP[@]}" "$TORCH"
 fi
 TORCH_VERSION=$("$VPY" -c "import torch; print(torch.__version__)")
 # every later install is constrained to the torch that is there, so nothing can replace it
@@ -57,28 +86,24 @@ PIP+=(-c "$CONSTRAINTS")
 log "torch $TORCH_VERSION"
 
 log "build prerequisites"
-"${PIP[@]}" "setuptools<81" wheel cython numpy
+BUILD=$(setting tool.nat-plugins.setup-env.build)
+mapfile -t BUILD <<< "$BUILD"
+"${PIP[@]}" "${BUILD[@]}"
 
 if ! "$VPY" -c "import fairseq" 2>/dev/null; then
-  log "building fairseq-fixed==0.12.3.1 (about 4 minutes the first time; pip caches the wheel)"
-  "${PIP[@]}" --no-build-isolation --no-deps fairseq-fixed==0.12.3.1
+  FAIRSEQ=$(setting tool.nat-plugins.setup-env.fairseq)
+  log "building $FAIRSEQ (about 4 minutes the first time; pip caches the wheel)"
+  "${PIP[@]}" --no-build-isolation --no-deps "$FAIRSEQ"
 fi
 
-log "fairseq's runtime dependencies (without torchaudio) and the project's tools"
-"${PIP[@]}" cffi hydra-core==1.3.2 omegaconf==2.3.0 regex sacrebleu==2.6.* tqdm bitarray scikit-learn packaging \
-  tensorboardX sentencepiece matplotlib pytest subword-nmt==0.3.8 ctranslate2==4.8.5
-log "fastBPE (alternative subword model; its C++ extension needs Cython and --no-build-isolation)"
-"${PIP[@]}" --no-build-isolation fastbpe==0.1.0
+log "fairseq's runtime dependencies (without torchaudio)"
+FAIRSEQ_RUNTIME=$(setting tool.nat-plugins.setup-env.fairseq-runtime)
+mapfile -t FAIRSEQ_RUNTIME <<< "$FAIRSEQ_RUNTIME"
+"${PIP[@]}" "${FAIRSEQ_RUNTIME[@]}"
 
-for extra in $EXTRAS; do
-  case $extra in
-    eflomal) log "optional: eflomal (GPLv3, called as an external aligner)"; "${PIP[@]}" eflomal==2.0.0 ;;
-    *) echo "[setup] unknown extra '$extra' in NAT_SETUP_EXTRAS (known: eflomal, or none)" >&2; exit 2 ;;
-  esac
-done
-
-log "installing nat_plugins (editable)"
-"${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
+# --no-build-isolation: fastBPE's C++ extension builds only with the Cython installed above
+log "installing nat_plugins (editable) with its dependencies and extras [$ALL_EXTRAS]"
+"${PIP[@]}" --no-build-isolation -e "$ROOT[$ALL_EXTRAS]"
 
 "$VPY" -c "import fairseq, torch, nat_plugins; print('[setup] fairseq', fairseq.__version__, '| torch', torch.__version__, '| nat_plugins', nat_plugins.__version__)"
 echo "$want" > "$STAMP"

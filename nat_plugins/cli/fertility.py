@@ -11,8 +11,8 @@ subword.
   exists (``--target auto``; ``real``/``distilled`` force one): fertilities must sum to the target the model trains
   on (``--use-distilled target``). Validation/test use the real targets (needed for gold-fertility evaluation and
   the validation loss).
-* Aligners: ``eflomal`` (``eflomal==2.0.0``, GPLv3, an optional extra called as an external tool through its Python
-  API; all splits are aligned together in one run, since alignment is unsupervised and more text helps);
+* Aligners: ``eflomal`` (GPLv3, the package's optional ``eflomal`` extra, installed separately and called as a
+  separate library through its Python API; all splits are aligned together in one run, since alignment is unsupervised and more text helps);
   ``links``: Pharaoh ``i-j`` files ``{links_dir}/{split}.links`` (i = source subword, j = target subword, 0-based,
   EOS excluded); ``monotone``: target position t copies source position floor(t * n / T) (uniform copy,
   a clearly labelled fallback, *not* an alignment).
@@ -37,9 +37,10 @@ import tempfile
 
 logger = logging.getLogger("nat_plugins.cli.fertility")
 
-EFLOMAL_MISSING = ("the eflomal word aligner is not installed: run `NAT_SETUP_EXTRAS=eflomal bash "
-                   "run_scripts/setup_env.sh` (the default extras) or `pip install eflomal==2.0.0`; or pass "
-                   "--aligner links --links-dir DIR with your own alignments")
+EFLOMAL_MISSING = ("the eflomal word aligner (GPLv3, the optional `eflomal` extra) is not installed: run "
+                   "`pip install -e '.[eflomal]'` in the nat-plugins checkout (or `NAT_SETUP_EXTRAS=eflomal bash "
+                   "run_scripts/setup_env.sh`, the set-up's default); or pass --aligner links --links-dir DIR with "
+                   "your own alignments")
 
 
 class FertilityError(ValueError):

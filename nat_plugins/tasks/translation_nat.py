@@ -1,6 +1,6 @@
 """Task ``translation_nat``: fairseq's ``translation`` plus the side inputs and generators of nat_plugins.
 
-One task serves every plugin model (DESIGN.md §2). On top of :class:`fairseq.tasks.translation.TranslationTask`
+One task serves every plugin model, so every system shares one set of side files and options. On top of :class:`fairseq.tasks.translation.TranslationTask`
 it
 
 * loads optional per-split side files from the data directory:
