@@ -45,6 +45,7 @@ step() {  # step NAME COMMAND...: run once; a marker file records success; the o
   log "$name ... (log: $WORK/logs/$name.log)"
   "$@" 2>&1 | tee "$WORK/logs/$name.log"
   touch "$WORK/.$name.done"
+  printf '%s\t%s\n' "$name" "$(( $(date +%s) - started ))" >> "$WORK/logs/steps.tsv"  # for the report
   log "$name done in $(( $(date +%s) - started )) s"
 }
 
@@ -163,6 +164,11 @@ step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --
   --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --title "Multi30k en-de test2016 (PRESET=$PRESET)" \
   "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
 
-log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (table: $WORK/bench/results.md, plot: $WORK/bench/bleu_vs_speedup.png)"
+# the report: targets, the teacher's validation curve, step times, the benchmark's tables; the quality runs
+# (cpu-long, gpu) also regenerate their section of docs/results.md
+REPORT_ARGS=()
+[ "$PRESET" = cpu ] || REPORT_ARGS=(--docs "$ROOT/docs/results.md")
+python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
+log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (report: $WORK/report.md, benchmark tables and plots: $WORK/bench)"
 echo
-cat "$WORK/bench/results.md"
+cat "$WORK/report.md"
