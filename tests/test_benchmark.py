@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (nat_plugins/cli/benchmark.py).
+"""Tests of the benchmark harness (nat_plugins/cli/benchmark.py and nat_plugins/cli/bench/).
 
 End to end on the session's tiny teacher (toy sN -> tN data, 40 test sentences), all in-process: the
 teacher rows and one ``--system`` row that is the same teacher decoded greedily through ``--task translation``.
@@ -11,9 +11,12 @@ import pytest
 import sacrebleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.cli import benchmark, rep_mis
+from nat_plugins.cli import benchmark, ctranslate2_rows, rep_mis
+from nat_plugins.cli.bench import analysis, measure, report, rows as bench_rows
+from nat_plugins.cli.bench.rows import BenchmarkError
 
 SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
+PAIRED = "AR teacher, greedy::same teacher greedy"
 NUM_TEST = 40
 
 
@@ -28,7 +31,7 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
     argv = [
         dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
         "--post-process", "none", "--warmup", "2", "--batch-size", "12",
-        "--distilled-targets", distilled, "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
+        "--distilled-targets", distilled, "--paired-test", PAIRED, "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
     results = benchmark.main(benchmark.get_parser().parse_args(argv))
     return {"teacher": tiny_teacher, "reference": reference, "out": out_dir, "argv": argv, "results": results}
@@ -43,7 +46,7 @@ def _args(fixture, **changes):
 
 
 def test_outputs_written(fixture):
-    names = {"results.md", "results.json", benchmark.PLOT_FILE}
+    names = {"results.md", "results.json", report.PLOT_FILE}
     names |= {f"hyp.{slug}.txt" for slug in ("ar-teacher-beam-4", "ar-teacher-greedy", "same-teacher-greedy")}
     for name in names:
         assert os.path.getsize(os.path.join(fixture["out"], name)) > 0, name
@@ -55,16 +58,18 @@ def test_json_rows_and_metadata(fixture):
     with open(os.path.join(fixture["out"], "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     assert [r["name"] for r in results["rows"]] == ["AR teacher, beam 4", "AR teacher, greedy", "same teacher greedy"]
+    assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system"]
     expected = {
-        "name", "slug", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
+        "name", "slug", "role", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
         "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_mean",
-        "latency_sentences_timed", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
+        "latency_sentences_timed", "timed_ids", "timed_latency_ms", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
         "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis", "rep_ratio", "mis_ratio",
     }
     for row in results["rows"]:
         assert set(row) == expected
         assert row["num_sentences"] == NUM_TEST and row["latency_sentences_timed"] == NUM_TEST - 2
+        assert row["timed_ids"] == list(range(2, NUM_TEST)) and len(row["timed_latency_ms"]) == NUM_TEST - 2
         assert row["latency_ms_median"] > 0 and row["latency_ms_mean"] > 0
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
         assert row["mean_steps"] is None  # SequenceGenerator does not report steps
@@ -81,7 +86,7 @@ def test_distilled_targets_repetition_is_reported(fixture, tmp_path):
     assert kd["sentences"] == 2 and kd["repeated_subwords"] == pytest.approx(20.0)
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert "2 sentences, 20.00% of the subwords repeat the one before" in markdown
-    with pytest.raises(benchmark.BenchmarkError, match="--distilled-targets .* does not exist"):
+    with pytest.raises(BenchmarkError, match="--distilled-targets .* does not exist"):
         benchmark.main(_args(fixture, distilled_targets=str(tmp_path / "none.txt")))
 
 
@@ -129,19 +134,19 @@ def test_bleu_equals_sacrebleu_on_hyp_files(fixture):
 def test_reference_line_count_mismatch(fixture, tmp_path):
     short = tmp_path / "short.de"
     short.write_text("".join(open(fixture["reference"], encoding="utf-8").readlines()[:39]), encoding="utf-8")
-    with pytest.raises(benchmark.BenchmarkError, match=r"--reference .* 39 lines .* 40 sentences"):
+    with pytest.raises(BenchmarkError, match=r"--reference .* 39 lines .* 40 sentences"):
         benchmark.main(_args(fixture, reference=str(short), out_dir=str(tmp_path / "out")))
 
 
 def test_missing_split(fixture, tmp_path):
-    with pytest.raises(benchmark.BenchmarkError, match="--gen-subset 'nosuch'"):
+    with pytest.raises(BenchmarkError, match="--gen-subset 'nosuch'"):
         benchmark.main(_args(fixture, gen_subset="nosuch", out_dir=str(tmp_path / "out")))
 
 
 def test_missing_checkpoints(fixture, tmp_path):
-    with pytest.raises(benchmark.BenchmarkError, match="--teacher: checkpoint"):
+    with pytest.raises(BenchmarkError, match="--teacher: checkpoint"):
         benchmark.main(_args(fixture, teacher=str(tmp_path / "none.pt")))
-    with pytest.raises(benchmark.BenchmarkError, match="--system 'x': checkpoint"):
+    with pytest.raises(BenchmarkError, match="--system 'x': checkpoint"):
         benchmark.main(_args(fixture, system=[f"x={tmp_path / 'none.pt'}"]))
 
 
@@ -166,12 +171,12 @@ def test_cli_error_exit(fixture, tmp_path, capsys):
     ],
 )
 def test_parse_system_spec(spec, name, checkpoint, args):
-    parsed = benchmark.parse_system_spec(spec)
+    parsed = bench_rows.parse_system_spec(spec)
     assert (parsed.name, parsed.checkpoint, parsed.args) == (name, checkpoint, args)
 
 
 def test_system_slug():
-    assert benchmark.parse_system_spec("SAT, K=2 (greedy)=a.pt").slug == "sat-k-2-greedy"
+    assert bench_rows.parse_system_spec("SAT, K=2 (greedy)=a.pt").slug == "sat-k-2-greedy"
 
 
 @pytest.mark.parametrize(
@@ -187,25 +192,25 @@ def test_system_slug():
     ],
 )
 def test_parse_system_spec_malformed(spec, message):
-    with pytest.raises(benchmark.BenchmarkError, match=message.replace("(", r"\(")) as err:
-        benchmark.parse_system_spec(spec)
+    with pytest.raises(BenchmarkError, match=message.replace("(", r"\(")) as err:
+        bench_rows.parse_system_spec(spec)
     assert repr(spec) in str(err.value)
 
 
 def test_generate_args_reach_every_row_and_are_checked(fixture, tmp_path):
-    results = benchmark.main(_args(fixture, generate_args="--max-len-a 0 --max-len-b 2", system=[],
+    results = benchmark.main(_args(fixture, generate_args="--max-len-a 0 --max-len-b 2", system=[], paired_test=[],
                                    out_dir=str(tmp_path / "out")))
     for row in results["rows"]:  # at most 2 tokens per sentence, teacher rows included
         with open(tmp_path / "out" / row["hyp_file"], encoding="utf-8") as f:
             assert all(len(line.split()) <= 2 for line in f)
     assert results["meta"]["generate_args"] == "--max-len-a 0 --max-len-b 2"
-    with pytest.raises(benchmark.BenchmarkError, match="--generate-args: --path is set by the benchmark"):
+    with pytest.raises(BenchmarkError, match="--generate-args: --path is set by the benchmark"):
         benchmark.main(_args(fixture, generate_args="--path x.pt", out_dir=str(tmp_path / "out2")))
 
 
 def test_bad_generate_args_name_the_row(fixture, tmp_path):
     spec = "bad=" + fixture["teacher"] + "::--task translation --no-such-option"
-    with pytest.raises(benchmark.BenchmarkError, match="row 'bad': fairseq-generate rejected"):
+    with pytest.raises(BenchmarkError, match="row 'bad': fairseq-generate rejected"):
         benchmark.main(_args(fixture, system=[spec], out_dir=str(tmp_path / "out")))
 
 
@@ -214,36 +219,40 @@ def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is installed by run_scripts/setup_env.sh")
     args = _args(fixture, out_dir=str(tmp_path), ctranslate2=True)
     references = benchmark.check_inputs(args, [])
-    teacher_cfg = benchmark.generation_cfg(args, benchmark.teacher_specs(args)[1], use_cuda=False)
-    beam, greedy = benchmark.ctranslate2_rows(args, teacher_cfg, references, use_cuda=False)
-    assert beam["name"] == "AR teacher, beam 4 (CTranslate2)" and greedy["name"] == "AR teacher, greedy (CTranslate2)"
-    read = lambda directory, row: open(os.path.join(directory, row["hyp_file"]), encoding="utf-8").read().splitlines()
-    ct2_greedy, fairseq_greedy = read(str(tmp_path), greedy), read(fixture["out"], fixture["results"]["rows"][1])
-    same = sum(a == b for a, b in zip(ct2_greedy, fairseq_greedy))
-    assert len(ct2_greedy) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
-    assert greedy["latency_sentences_timed"] == NUM_TEST - 2 and greedy["decoder_calls_per_sentence"] is None
-    assert abs(beam["bleu"] - fixture["results"]["rows"][0]["bleu"]) < 2.0
+    teacher_spec = bench_rows.teacher_specs(args.teacher, args.teacher_beam)[1]
+    task, dataset = measure.load_split(measure.generation_cfg(args, teacher_spec, use_cuda=False), teacher_spec.name)
+    beam, greedy = ctranslate2_rows.ctranslate2_rows(args, task, dataset, references, NUM_TEST, use_cuda=False)
+    assert beam.name == "AR teacher, beam 4 (CTranslate2)" and greedy.name == "AR teacher, greedy (CTranslate2)"
+    assert (beam.role, greedy.role) == (bench_rows.CT2_BEAM, bench_rows.CT2_GREEDY)
+    fairseq_greedy = open(os.path.join(fixture["out"], fixture["results"]["rows"][1]["hyp_file"]),
+                          encoding="utf-8").read().splitlines()
+    same = sum(a == b for a, b in zip(greedy.hyps, fairseq_greedy))
+    assert len(greedy.hyps) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
+    assert len(greedy.timed_latency_ms) == NUM_TEST - 2 and greedy.decoder_calls_per_sentence is None
+    assert abs(beam.bleu - fixture["results"]["rows"][0]["bleu"]) < 2.0
 
 
 def test_paired_bootstrap_of_two_rows(fixture):
     """Identical outputs: Δ = 0 and equal intervals; beam vs greedy: the rows' BLEU and a p-value in (0, 1]."""
     rows, out = fixture["results"]["rows"], fixture["out"]
     references = benchmark.check_inputs(_args(fixture), [])
-    same, differ = benchmark.paired_bootstrap(
-        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")],
-        rows, references, out)
+    hyps = {row["name"]: open(os.path.join(out, row["hyp_file"]), encoding="utf-8").read().splitlines() for row in rows}
+    same, differ = analysis.paired_bootstrap(
+        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")], hyps, references)
     assert same["delta"] == 0 and same["system_ci"] == pytest.approx(same["baseline_ci"])
     assert differ["baseline_bleu"] == pytest.approx(rows[1]["bleu"]) and differ["system_bleu"] == pytest.approx(rows[0]["bleu"])
     assert 0 < differ["p_value"] <= 1 and differ["system_ci"] >= 0 and "bs:1000" in differ["signature"]
-    report = benchmark.markdown_report(fixture["results"]["meta"], rows, [same, differ])
-    assert "| AR teacher, greedy | same teacher greedy |" in report and "| +0.00 |" in report
+    (reported,) = fixture["results"]["paired_tests"]  # --paired-test of the fixture's run
+    assert (reported["baseline"], reported["system"], reported["delta"]) == ("AR teacher, greedy", "same teacher greedy", 0)
+    markdown = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    assert "| AR teacher, greedy | same teacher greedy |" in markdown and "| +0.00 |" in markdown
 
 
-def test_paired_test_names_must_be_rows(fixture):
-    specs = benchmark.teacher_specs(_args(fixture))
-    ok = benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy::AR teacher, beam 4"]), specs)
+def test_paired_test_names_must_be_rows():
+    names = [spec.name for spec in bench_rows.teacher_specs("t.pt", 4)]
+    ok = bench_rows.parse_paired_tests(["AR teacher, greedy::AR teacher, beam 4"], names)
     assert ok == [("AR teacher, greedy", "AR teacher, beam 4")]
-    with pytest.raises(benchmark.BenchmarkError, match="no row named 'nosuch'"):
-        benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy::nosuch"]), specs)
-    with pytest.raises(benchmark.BenchmarkError, match="expected 'BASELINE ROW NAME::SYSTEM ROW NAME'"):
-        benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy"]), specs)
+    with pytest.raises(BenchmarkError, match="no row named 'nosuch'"):
+        bench_rows.parse_paired_tests(["AR teacher, greedy::nosuch"], names)
+    with pytest.raises(BenchmarkError, match="expected 'BASELINE ROW NAME::SYSTEM ROW NAME'"):
+        bench_rows.parse_paired_tests(["AR teacher, greedy"], names)

@@ -1,0 +1,213 @@
+"""Decoding and measuring one fairseq row: the path ``fairseq_cli/generate.py`` takes (:mod:`..decoding`), timed.
+
+* throughput: the whole split in length-sorted batches of ``--batch-size`` sentences, summed
+  ``task.inference_step`` time (data loading and detokenization excluded); its hypotheses are the row's output;
+* batch 1: sentences in index order, the first ``--warmup`` decoded but not counted; per sentence the latency,
+  the decoder calls and the emitted tokens (EOS included), and ``hypo["steps"]`` where the generator reports it.
+"""
+
+import contextlib
+import logging
+import shlex
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from fairseq import options, tasks, utils
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq_cli.generate import get_symbols_to_strip_from_output
+
+from ..decoding import Generation, load_generation, progress
+from .analysis import corpus_bleu
+from .rows import BenchmarkError, Row, RowSpec, split_generate_args
+
+logger = logging.getLogger("nat_plugins.cli.benchmark")
+
+
+def generation_cfg(args, spec: RowSpec, use_cuda: bool):
+    """Parse the row's fairseq-generate command line with fairseq's own parser into an omegaconf config."""
+    argv = [
+        args.data_bin, "--path", spec.checkpoint, "--user-dir", args.user_dir, "--task", "translation_nat",
+        "--gen-subset", args.gen_subset, "--batch-size", str(args.batch_size), "--seed", str(args.seed),
+        "--post-process", args.post_process,
+    ]
+    argv += ["-s", args.source_lang] if args.source_lang else []
+    argv += ["-t", args.target_lang] if args.target_lang else []
+    argv += ["--cpu"] if not use_cuda else []
+    argv += ["--fp16"] if args.fp16 else []
+    argv += split_generate_args(args.generate_args, "--generate-args")
+    try:
+        namespace = options.parse_args_and_arch(options.get_generation_parser(), input_args=argv + spec.args)
+    except SystemExit as err:  # argparse already printed the reason
+        raise BenchmarkError(f"row {spec.name!r}: fairseq-generate rejected {shlex.join(spec.args)!r}") from err
+    return convert_namespace_to_omegaconf(namespace)
+
+
+def load_split(cfg, name: str):
+    """``cfg``'s task with its split ``cfg.dataset.gen_subset`` loaded; returns (task, dataset)."""
+    utils.import_user_module(cfg.common)
+    task = tasks.setup_task(cfg.task)
+    try:
+        task.load_dataset(cfg.dataset.gen_subset)
+    except FileNotFoundError as err:
+        raise BenchmarkError(split_error(cfg, name, err)) from err
+    return task, task.dataset(cfg.dataset.gen_subset)
+
+
+def split_error(cfg, name: str, err: Exception) -> str:
+    return (f"--gen-subset {cfg.dataset.gen_subset!r}: cannot load it from data-bin {cfg.task.data!r} "
+            f"for row {name!r}: {err}")
+
+
+@dataclass
+class RowDecoder:
+    """A row's checkpoint ensemble and generator (:class:`..decoding.Generation`) with its output converters."""
+
+    generation: Generation
+    to_text: Callable[[torch.Tensor], str]  # hypothesis tokens -> detokenized text
+    emitted_length: Callable[[torch.Tensor], int]  # hypothesis tokens -> output tokens + 1 for EOS
+
+
+def load_row(cfg, spec: RowSpec) -> RowDecoder:
+    """Task, checkpoint ensemble, split and generator of one row, as fairseq-generate sets them up."""
+    utils.import_user_module(cfg.common)
+    task = tasks.setup_task(cfg.task)
+    try:
+        generation = load_generation(cfg, task)
+    except FileNotFoundError as err:
+        raise BenchmarkError(split_error(cfg, spec.name, err)) from err
+    tgt_dict = task.target_dictionary
+    strip = get_symbols_to_strip_from_output(generation.generator)
+    tokenizer, bpe = task.build_tokenizer(cfg.tokenizer), task.build_bpe(cfg.bpe)
+    not_emitted = torch.tensor(sorted(set(strip) | {tgt_dict.bos(), tgt_dict.eos(), tgt_dict.pad()}))
+
+    def to_text(tokens):
+        text = tgt_dict.string(tokens.int().cpu(), cfg.common_eval.post_process, extra_symbols_to_ignore=strip)
+        text = bpe.decode(text) if bpe is not None else text
+        return tokenizer.decode(text) if tokenizer is not None else text
+
+    def emitted_length(tokens):
+        return int((~torch.isin(tokens.cpu(), not_emitted)).sum()) + 1
+
+    return RowDecoder(generation, to_text, emitted_length)
+
+
+@contextlib.contextmanager
+def count_decoder_calls(models):
+    """Count calls of each model's ``decoder.forward``; yields one counter per model.
+
+    fairseq's SequenceGenerator calls ``model.decoder.forward(...)`` directly, which bypasses ``nn.Module``
+    hooks, so the bound method is wrapped on the decoder instance instead (this catches ``decoder(...)``
+    and ``decoder.forward(...)`` alike) and restored afterwards.
+    """
+    counts = [0] * len(models)
+
+    def counting(i, forward):
+        def forward_and_count(*args, **kwargs):
+            counts[i] += 1
+            return forward(*args, **kwargs)
+
+        return forward_and_count
+
+    for i, model in enumerate(models):
+        model.decoder.forward = counting(i, model.decoder.forward)
+    try:
+        yield counts
+    finally:
+        for model in models:
+            del model.decoder.forward
+
+
+def seed_everything(seed: int):
+    """The same seed before every pass, so sampling decoders are reproducible across rows and passes."""
+    np.random.seed(seed)
+    utils.set_torch_seed(seed)
+
+
+def timed_decode(generation: Generation, sample):
+    """Decode one batch; returns (hypotheses, seconds), CUDA synchronised."""
+    if generation.use_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    hypos = generation.decode(sample)
+    if generation.use_cuda:
+        torch.cuda.synchronize()
+    return hypos, time.perf_counter() - start
+
+
+@dataclass
+class Batch1:
+    """The timed batch-1 sentences of a row: ids, latencies and what the decoder did for them."""
+
+    ids: List[int]
+    latency_ms: List[float]
+    decoder_calls_per_sentence: Optional[float] = None  # None: not observable
+    tokens_per_call: Optional[float] = None
+    mean_steps: Optional[float] = None
+
+
+def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
+    """Decode the whole split in length-sorted batches; returns (seconds, hypotheses in sentence order)."""
+    generation = decoder.generation
+    seed_everything(seed)
+    hyps: Dict[int, str] = {}
+    seconds = 0.0
+    for sample in generation.batches(f"{desc}: throughput", num_workers=0):
+        hypos, elapsed = timed_decode(generation, sample)
+        seconds += elapsed
+        for i, sample_id in enumerate(sample["id"].tolist()):
+            hyps[sample_id] = decoder.to_text(hypos[i][0]["tokens"])
+    size = len(generation.dataset)
+    if len(hyps) != size:
+        raise BenchmarkError(f"row {desc!r}: {size - len(hyps)} sentences were not decoded (longer than the model "
+                             "allows?)")
+    return seconds, [hyps[i] for i in range(size)]
+
+
+def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: int, desc: str) -> Batch1:
+    """Batch-1 latency, decoder calls and tokens per call over sentences ``warmup..num_sentences-1``."""
+    generation = decoder.generation
+    dataset = generation.dataset
+    seed_everything(seed)
+    ids, latencies, calls, tokens, steps = [], [], [], [], []
+    with count_decoder_calls(generation.models) as counts:
+        for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
+            sample = generation.to_device(dataset.collater([dataset[index]]))
+            counts[:] = [0] * len(counts)
+            hypos, elapsed = timed_decode(generation, sample)
+            if index < warmup:
+                continue
+            best = hypos[0][0]
+            ids.append(index)
+            latencies.append(1000 * elapsed)
+            calls.append(max(counts))  # ensemble members are called together: one call per step
+            tokens.append(decoder.emitted_length(best["tokens"]))
+            if best.get("steps") is not None:
+                steps.append(float(best["steps"]))
+    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1),
+                  statistics.fmean(steps) if steps else None)
+
+
+def make_row(spec: RowSpec, hyps: List[str], references: List[str], throughput_seconds: float, batch1: Batch1) -> Row:
+    """A :class:`Row` of measurements (BLEU: sacreBLEU of ``hyps`` against ``references``)."""
+    bleu, signature = corpus_bleu(hyps, references)
+    return Row(spec, hyps, bleu, signature, throughput_seconds, batch1.ids, batch1.latency_ms,
+               batch1.decoder_calls_per_sentence, batch1.tokens_per_call, batch1.mean_steps)
+
+
+def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, warmup: int, seed: int) -> Row:
+    """Load one row and measure it: batch 1 first, then the throughput pass (its output is the row's)."""
+    logger.info("row %r: %s %s", spec.name, spec.checkpoint, shlex.join(spec.args))
+    decoder = load_row(cfg, spec)
+    if len(decoder.generation.dataset) != len(references):
+        raise BenchmarkError(f"row {spec.name!r}: its split has {len(decoder.generation.dataset)} sentences, the "
+                             f"references {len(references)}")
+    batch1 = measure_batch1(decoder, num_latency, warmup, seed, spec.name)
+    seconds, hyps = measure_throughput(decoder, seed, spec.name)
+    if decoder.generation.use_cuda:
+        del decoder
+        torch.cuda.empty_cache()
+    return make_row(spec, hyps, references, seconds, batch1)

@@ -1,0 +1,175 @@
+"""The benchmark's outputs: ``results.json``, ``results.md`` and the plot, from the rows and the run's header."""
+
+import datetime
+import json
+import os
+import platform
+import shlex
+from typing import List, Optional
+
+import fairseq
+import torch
+
+import nat_plugins
+
+from ..rep_mis import repeated_ratio
+from .rows import Row
+
+PLOT_FILE = "bleu_vs_speedup.png"
+
+
+def device_name(use_cuda: bool) -> str:
+    """GPU name, or the CPU model and torch's thread count."""
+    if use_cuda:
+        return torch.cuda.get_device_name()
+    model = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        model = names[0] if names else model
+    return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def distilled_targets_stats(path: Optional[str]) -> Optional[dict]:
+    """Sentences and immediately repeated subwords (%) of the distilled training targets at ``path``."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return {"path": os.path.abspath(path), "sentences": len(lines),
+            "repeated_subwords": repeated_ratio(lines, window=1)}
+
+
+def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int) -> dict:
+    """The header: what was measured, where and how."""
+    return {
+        "title": args.title,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": device_name(use_cuda),
+        "torch": torch.__version__,
+        "fairseq": fairseq.__version__,
+        "nat_plugins": nat_plugins.__version__,
+        "precision": "fp16" if args.fp16 else "fp32",
+        "data_bin": os.path.abspath(args.data_bin),
+        "gen_subset": args.gen_subset,
+        "reference": os.path.abspath(args.reference),
+        "num_sentences": num_sentences,
+        "latency_sentences": num_latency,
+        "warmup": args.warmup,
+        "batch_size": args.batch_size,
+        "teacher": os.path.abspath(args.teacher),
+        "teacher_beam": args.teacher_beam,
+        "post_process": args.post_process,
+        "generate_args": args.generate_args,
+        "seed": args.seed,
+        "distilled_targets": distilled_targets_stats(args.distilled_targets),
+    }
+
+
+def _fmt(value, digits=2, suffix=""):
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown_table(rows: List[Row], teacher_beam: int) -> str:
+    """The results as a markdown table."""
+    beam = f"beam {teacher_beam}"
+    lines = [
+        f"| system | BLEU | latency ms (median) | latency ms (mean) | latency × vs {beam} | latency × vs greedy "
+        f"| sent/s (batch) | throughput × vs {beam} | throughput × vs greedy | decoder calls / sent "
+        "| tokens / call | steps | Rep | Mis | rep. tokens % | missing tokens % |",
+        "|---|" + "---:|" * 15,
+    ]
+    for r in rows:
+        cells = [
+            r.name, _fmt(r.bleu), _fmt(r.latency_ms_median, 1), _fmt(r.latency_ms_mean, 1),
+            _fmt(r.latency_speedup_vs_ar_beam, 2, "×"), _fmt(r.latency_speedup_vs_ar_greedy, 2, "×"),
+            _fmt(r.throughput_sent_per_s, 1), _fmt(r.throughput_speedup_vs_ar_beam, 2, "×"),
+            _fmt(r.throughput_speedup_vs_ar_greedy, 2, "×"), _fmt(r.decoder_calls_per_sentence),
+            _fmt(r.tokens_per_call), _fmt(r.mean_steps), _fmt(r.rep), _fmt(r.mis), _fmt(r.rep_ratio), _fmt(r.mis_ratio),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = None) -> str:
+    """results.md: header with device/versions/data, the table, the per-row decoding arguments and paired tests."""
+    header = [
+        f"# {meta['title']}",
+        "",
+        f"- device: {meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, "
+        f"nat_plugins {meta['nat_plugins']}; precision {meta['precision']}; {meta['date']}",
+        f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
+        f"BLEU = sacreBLEU ({rows[0].bleu_signature}) vs `{meta['reference']}`",
+        "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
+        "to one of the 2 before it) and of the missing-token ratio (reference tokens the output lacks) over the "
+        "teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
+        f"- latency: batch 1, first {meta['latency_sentences']} sentences, {meta['warmup']} warm-up excluded; "
+        f"throughput: batches of {meta['batch_size']} sentences, decode time only",
+        f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
+    ]
+    kd = meta.get("distilled_targets")
+    if kd:
+        header.append(f"- distilled training targets: `{kd['path']}`, {kd['sentences']} sentences, "
+                      f"{kd['repeated_subwords']:.2f}% of the subwords repeat the one before")
+    header += [
+        "",
+        markdown_table(rows, meta["teacher_beam"]),
+        "",
+        "| system | checkpoint | fairseq-generate arguments |",
+        "|---|---|---|",
+    ]
+    header += [f"| {r.name} | `{r.spec.checkpoint}` | `{shlex.join(r.spec.args)}` |" for r in rows]
+    if paired:
+        header += [
+            "",
+            f"Paired bootstrap resampling (sacreBLEU, {paired[0]['signature']}): p = share of resamples whose "
+            "centred BLEU difference exceeds the observed Δ (small p: SYSTEM's gain is unlikely to be chance; "
+            "sacreBLEU's rule also gives identical outputs a small p, so read it with Δ); ± = 95% confidence "
+            "interval of the resampled mean.",
+            "",
+            "| baseline | system | BLEU baseline | BLEU system | Δ | p-value |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        header += [f"| {t['baseline']} | {t['system']} | {t['baseline_bleu']:.2f} (± {t['baseline_ci']:.2f}) | "
+                   f"{t['system_bleu']:.2f} (± {t['system_ci']:.2f}) | {t['delta']:+.2f} | {t['p_value']:.4f} |"
+                   for t in paired]
+    return "\n".join(header) + "\n"
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot(meta: dict, rows: List[Row], path: str):
+    """BLEU against batch-1 latency speedup vs the teacher's beam row; one marker per row, named in the legend."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    markers = "osD^v<>Pp*hX"
+    for i, r in enumerate(rows):
+        ax.scatter(r.latency_speedup_vs_ar_beam, r.bleu, marker=markers[i % len(markers)], s=45,
+                   color=plt.cm.tab20(i % 20), label=r.name)
+    ax.set_xlabel(f"batch-1 latency speedup vs AR beam {meta['teacher_beam']} (×)")
+    ax.set_ylabel("BLEU (sacreBLEU)")
+    ax.set_title(f"{meta['title']}\n{meta['device']}, {meta['precision']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict]) -> dict:
+    """Write ``results.json``, ``results.md`` and the plot; returns the ``results.json`` content."""
+    results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
+    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, ensure_ascii=False)
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(markdown_report(meta, rows, paired))
+    plot(meta, rows, os.path.join(out_dir, PLOT_FILE))
+    return results
