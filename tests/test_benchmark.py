@@ -7,6 +7,7 @@ teacher rows and one ``--system`` row that is the same teacher decoded greedily 
 import json
 import os
 
+import numpy as np
 import pytest
 import sacrebleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
@@ -61,7 +62,7 @@ def test_json_rows_and_metadata(fixture):
     assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system"]
     expected = {
         "name", "slug", "role", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
-        "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_mean",
+        "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_p90", "latency_ms_mean",
         "latency_sentences_timed", "timed_ids", "timed_latency_ms", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
         "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis", "rep_ratio", "mis_ratio",
@@ -70,7 +71,9 @@ def test_json_rows_and_metadata(fixture):
         assert set(row) == expected
         assert row["num_sentences"] == NUM_TEST and row["latency_sentences_timed"] == NUM_TEST - 2
         assert row["timed_ids"] == list(range(2, NUM_TEST)) and len(row["timed_latency_ms"]) == NUM_TEST - 2
-        assert row["latency_ms_median"] > 0 and row["latency_ms_mean"] > 0
+        assert 0 < row["latency_ms_median"] <= row["latency_ms_p90"] <= max(row["timed_latency_ms"])
+        assert row["latency_ms_p90"] == pytest.approx(np.percentile(row["timed_latency_ms"], 90))
+        assert row["latency_ms_mean"] == pytest.approx(np.mean(row["timed_latency_ms"]))
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
         assert row["mean_steps"] is None  # SequenceGenerator does not report steps
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
@@ -79,6 +82,20 @@ def test_json_rows_and_metadata(fixture):
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key
     assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
+    assert meta["latency_sentences_timed"] == NUM_TEST - 2
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert f"**{NUM_TEST - 2} sentences timed** (sentences 3-{NUM_TEST} of the split" in markdown
+    assert "| latency ms (median) | latency ms (p90) | latency ms (mean) |" in markdown
+
+
+def test_latency_percentiles_on_a_known_list():
+    assert bench_rows.percentile(list(range(1, 11)), 90) == pytest.approx(9.1)
+    assert bench_rows.percentile([5.0], 90) == 5.0
+    row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["h"] * 4, 0.0, "sig", 1.0, [0, 1, 2, 3],
+                         [4.0, 1.0, 3.0, 2.0])
+    assert (row.latency_ms_median, row.latency_ms_p90, row.latency_ms_mean) == pytest.approx((2.5, 3.7, 2.5))
+    with pytest.raises(ValueError, match="percentile of no values"):
+        bench_rows.percentile([], 90)
 
 
 def test_distilled_targets_repetition_is_reported(fixture, tmp_path):

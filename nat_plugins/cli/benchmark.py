@@ -8,7 +8,8 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * BLEU: sacreBLEU (13a) of the detokenized hypotheses of the throughput pass against the raw references;
 * throughput: the whole split in length-sorted batches of ``--batch-size`` sentences, sentences per second
   of summed ``task.inference_step`` time (data loading and detokenization excluded);
-* latency: batch 1, sentences in index order, the first ``--warmup`` not counted, median and mean;
+* latency: batch 1, sentences in index order, the first ``--warmup`` not counted, median, 90th percentile and
+  mean (the number of timed sentences is in the report's header);
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
   sentences, plus the mean of ``hypo["steps"]`` where the generator reports it;
 * speedups of latency and throughput against both teacher rows;

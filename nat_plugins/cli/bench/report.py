@@ -56,6 +56,7 @@ def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int) -> 
         "num_sentences": num_sentences,
         "latency_sentences": num_latency,
         "warmup": args.warmup,
+        "latency_sentences_timed": num_latency - args.warmup,
         "batch_size": args.batch_size,
         "teacher": os.path.abspath(args.teacher),
         "teacher_beam": args.teacher_beam,
@@ -74,14 +75,14 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
     """The results as a markdown table."""
     beam = f"beam {teacher_beam}"
     lines = [
-        f"| system | BLEU | latency ms (median) | latency ms (mean) | latency × vs {beam} | latency × vs greedy "
-        f"| sent/s (batch) | throughput × vs {beam} | throughput × vs greedy | decoder calls / sent "
-        "| tokens / call | steps | Rep | Mis | rep. tokens % | missing tokens % |",
-        "|---|" + "---:|" * 15,
+        f"| system | BLEU | latency ms (median) | latency ms (p90) | latency ms (mean) | latency × vs {beam} "
+        f"| latency × vs greedy | sent/s (batch) | throughput × vs {beam} | throughput × vs greedy "
+        "| decoder calls / sent | tokens / call | steps | Rep | Mis | rep. tokens % | missing tokens % |",
+        "|---|" + "---:|" * 16,
     ]
     for r in rows:
         cells = [
-            r.name, _fmt(r.bleu), _fmt(r.latency_ms_median, 1), _fmt(r.latency_ms_mean, 1),
+            r.name, _fmt(r.bleu), _fmt(r.latency_ms_median, 1), _fmt(r.latency_ms_p90, 1), _fmt(r.latency_ms_mean, 1),
             _fmt(r.latency_speedup_vs_ar_beam, 2, "×"), _fmt(r.latency_speedup_vs_ar_greedy, 2, "×"),
             _fmt(r.throughput_sent_per_s, 1), _fmt(r.throughput_speedup_vs_ar_beam, 2, "×"),
             _fmt(r.throughput_speedup_vs_ar_greedy, 2, "×"), _fmt(r.decoder_calls_per_sentence),
@@ -103,8 +104,9 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
         "to one of the 2 before it) and of the missing-token ratio (reference tokens the output lacks) over the "
         "teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
-        f"- latency: batch 1, first {meta['latency_sentences']} sentences, {meta['warmup']} warm-up excluded; "
-        f"throughput: batches of {meta['batch_size']} sentences, decode time only",
+        f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
+        f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
+        f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
     ]
     kd = meta.get("distilled_targets")
