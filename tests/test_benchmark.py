@@ -64,8 +64,9 @@ def test_json_rows_and_metadata(fixture):
         "name", "slug", "role", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
         "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_p90", "latency_ms_mean",
         "latency_sentences_timed", "timed_ids", "timed_latency_ms", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
-        "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
-        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis", "rep_ratio", "mis_ratio",
+        "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy", "latency_speedup_vs_ct2_greedy",
+        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "throughput_speedup_vs_ct2_greedy",
+        "bleu_pct_of_teacher", "rep", "mis", "rep_ratio", "mis_ratio",
     }
     for row in results["rows"]:
         assert set(row) == expected
@@ -77,6 +78,10 @@ def test_json_rows_and_metadata(fixture):
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
         assert row["mean_steps"] is None  # SequenceGenerator does not report steps
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
+    teacher_bleu = results["rows"][0]["bleu"]
+    for row in results["rows"]:  # no --ctranslate2: nothing to compare with
+        assert row["bleu_pct_of_teacher"] == pytest.approx(100 * row["bleu"] / teacher_bleu)
+        assert row["latency_speedup_vs_ct2_greedy"] is None and row["throughput_speedup_vs_ct2_greedy"] is None
     assert results["rows"][1]["throughput_speedup_vs_ar_greedy"] == pytest.approx(1.0)
     meta = results["meta"]
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
@@ -85,7 +90,34 @@ def test_json_rows_and_metadata(fixture):
     assert meta["latency_sentences_timed"] == NUM_TEST - 2
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert f"**{NUM_TEST - 2} sentences timed** (sentences 3-{NUM_TEST} of the split" in markdown
-    assert "| latency ms (median) | latency ms (p90) | latency ms (mean) |" in markdown
+    assert "| system | BLEU | % of teacher beam 4 | latency ms (median) | latency ms (p90) | latency ms (mean) |" in markdown
+    assert "CTranslate2" not in markdown
+
+
+def fixed_row(name, role, bleu, latency_ms, seconds):
+    """A row of fixed measurements: 4 sentences decoded in ``seconds``, one timed at batch 1 in ``latency_ms``."""
+    return bench_rows.Row(bench_rows.RowSpec(name, "x.pt", role=role), ["h"] * 4, bleu, "sig", seconds, [0],
+                          [latency_ms])
+
+
+def test_percent_of_teacher_and_speedups_on_fixed_rows():
+    rows = [fixed_row("system", bench_rows.SYSTEM, 20.0, 10.0, 1.0),
+            fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 80.0, 4.0),
+            fixed_row("ct2 greedy", bench_rows.CT2_GREEDY, 24.0, 20.0, 0.5),
+            fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 40.0, 2.0)]
+    analysis.compare(rows)
+    system, beam, ct2, greedy = rows  # found by role, not by position
+    assert (system.bleu_pct_of_teacher, beam.bleu_pct_of_teacher, ct2.bleu_pct_of_teacher) == pytest.approx((80, 100, 96))
+    assert (system.latency_speedup_vs_ar_beam, system.latency_speedup_vs_ar_greedy,
+            system.latency_speedup_vs_ct2_greedy) == pytest.approx((8, 4, 2))
+    assert (system.throughput_speedup_vs_ar_beam, system.throughput_speedup_vs_ar_greedy,
+            system.throughput_speedup_vs_ct2_greedy) == pytest.approx((4, 2, 0.5))
+    assert ct2.latency_speedup_vs_ct2_greedy == greedy.latency_speedup_vs_ar_greedy == 1
+    table = report.markdown_table(rows, 4)
+    assert "| latency × vs greedy | latency × vs CTranslate2 greedy | sent/s (batch) |" in table
+    assert "| system | 20.00 | 80.0 | 10.0 |" in table and "| 2.00× | 4.0 | 4.00× | 2.00× | 0.50× |" in table
+    with pytest.raises(BenchmarkError, match="one row with role 'teacher_greedy', found 0"):
+        analysis.compare(rows[:3])
 
 
 def test_latency_percentiles_on_a_known_list():

@@ -1,13 +1,13 @@
 """What the benchmark derives from the rows' measurements: BLEU, speedups against the reference rows, Rep/Mis
 and paired bootstrap tests."""
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import sacrebleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from ..rep_mis import rep_mis
-from .rows import TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row
+from .rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row
 
 
 def corpus_bleu(hyps: List[str], references: List[str]):
@@ -16,18 +16,24 @@ def corpus_bleu(hyps: List[str], references: List[str]):
     return bleu.corpus_score(hyps, [references]).score, str(bleu.get_signature())
 
 
-def reference_row(rows: List[Row], role: str) -> Row:
-    """The row with ``role`` (the teacher's beam row, ...)."""
+def reference_row(rows: List[Row], role: str, required: bool = True) -> Optional[Row]:
+    """The row with ``role`` (the teacher's beam row, ...); None if there is none and it is not ``required``."""
     found = [row for row in rows if row.role == role]
-    if len(found) != 1:
+    if len(found) > 1 or required and not found:
         raise BenchmarkError(f"expected one row with role {role!r}, found {len(found)}")
-    return found[0]
+    return found[0] if found else None
 
 
 def compare(rows: List[Row]):
-    """Latency and throughput speedups of every row against the teacher's beam and greedy rows."""
-    for key, role in (("ar_beam", TEACHER_BEAM), ("ar_greedy", TEACHER_GREEDY)):
-        ref = reference_row(rows, role)
+    """Every row's BLEU as % of the teacher's beam row's, and its latency and throughput speedups against the
+    teacher's beam and greedy rows and, when it was measured, the teacher decoded greedily by CTranslate2."""
+    teacher = reference_row(rows, TEACHER_BEAM)
+    for row in rows:
+        row.bleu_pct_of_teacher = 100 * row.bleu / teacher.bleu if teacher.bleu > 0 else None
+    for key, role in (("ar_beam", TEACHER_BEAM), ("ar_greedy", TEACHER_GREEDY), ("ct2_greedy", CT2_GREEDY)):
+        ref = reference_row(rows, role, required=role != CT2_GREEDY)
+        if ref is None:
+            continue
         for row in rows:
             setattr(row, f"latency_speedup_vs_{key}", ref.latency_ms_median / row.latency_ms_median)
             setattr(row, f"throughput_speedup_vs_{key}", row.throughput_sent_per_s / ref.throughput_sent_per_s)

@@ -130,10 +130,13 @@ class Row:
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None  # mean of hypo["steps"] where the generator reports it
     # derived by analysis.compare (None where the reference row is absent)
+    bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
     latency_speedup_vs_ar_beam: Optional[float] = None
     latency_speedup_vs_ar_greedy: Optional[float] = None
+    latency_speedup_vs_ct2_greedy: Optional[float] = None  # the teacher decoded greedily by CTranslate2
     throughput_speedup_vs_ar_beam: Optional[float] = None
     throughput_speedup_vs_ar_greedy: Optional[float] = None
+    throughput_speedup_vs_ct2_greedy: Optional[float] = None
     rep: Optional[float] = None
     mis: Optional[float] = None
     rep_ratio: Optional[float] = None
