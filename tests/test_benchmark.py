@@ -1,7 +1,8 @@
 """Tests of the benchmark harness (nat_plugins/cli/benchmark.py and nat_plugins/cli/bench/).
 
 End to end on the session's tiny teacher (toy sN -> tN data, 40 test sentences), all in-process: the
-teacher rows and one ``--system`` row that is the same teacher decoded greedily through ``--task translation``.
+teacher rows, a ``--system`` row that is the same teacher decoded greedily through ``--task translation`` and one of
+fairseq's own CMLM (2 updates) decoded by its IterativeRefinementGenerator for exactly 5 passes.
 """
 
 import json
@@ -10,19 +11,35 @@ import os
 import numpy as np
 import pytest
 import sacrebleu
+import torch
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from nat_plugins.cli import benchmark, ctranslate2_rows, rep_mis
 from nat_plugins.cli.bench import analysis, measure, report, rows as bench_rows
 from nat_plugins.cli.bench.rows import BenchmarkError
+from nat_plugins.cli.decoding import Generation
+
+from .utils import TINY_TRANSFORMER, train_model
 
 SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
 PAIRED = "AR teacher, greedy::same teacher greedy"
+CMLM = "fairseq CMLM=CHECKPOINT::--task translation_lev --iter-decode-max-iter 4 --iter-decode-force-max-iter"
 NUM_TEST = 40
+NAMES = ["AR teacher, beam 4", "AR teacher, greedy", "fairseq CMLM", "same teacher greedy"]
+TINY_CMLM_ARGS = ["--arch", "cmlm_transformer"] + TINY_TRANSFORMER[2:] + [
+    "--task", "translation_lev", "--noise", "random_mask", "--criterion", "nat_loss", "--disable-validation"]
 
 
 @pytest.fixture(scope="module")
-def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
+def tiny_cmlm(dummy_data_bin, tmp_path_factory):
+    """fairseq's own CMLM (fairseq.models.nat) after 2 updates."""
+    return train_model(dummy_data_bin, str(tmp_path_factory.mktemp("cmlm")), TINY_CMLM_ARGS, max_update=2)
+
+
+@pytest.fixture(scope="module")
+def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tiny_cmlm, tmp_path_factory):
     """One benchmark run: its arguments, output directory and returned results."""
     out_dir = str(tmp_path_factory.mktemp("bench"))
     reference = os.path.join(dummy_raw, "test.tgt")
@@ -32,7 +49,8 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
     argv = [
         dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
         "--post-process", "none", "--warmup", "2", "--batch-size", "12",
-        "--distilled-targets", distilled, "--paired-test", PAIRED, "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
+        "--distilled-targets", distilled, "--paired-test", PAIRED, "--system", CMLM.replace("CHECKPOINT", tiny_cmlm),
+        "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
     results = benchmark.main(benchmark.get_parser().parse_args(argv))
     return {"teacher": tiny_teacher, "reference": reference, "out": out_dir, "argv": argv, "results": results}
@@ -58,10 +76,10 @@ def test_outputs_written(fixture):
 def test_json_rows_and_metadata(fixture):
     with open(os.path.join(fixture["out"], "results.json"), encoding="utf-8") as f:
         results = json.load(f)
-    assert [r["name"] for r in results["rows"]] == ["AR teacher, beam 4", "AR teacher, greedy", "same teacher greedy"]
-    assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system"]
+    assert [r["name"] for r in results["rows"]] == NAMES
+    assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system", "system"]
     expected = {
-        "name", "slug", "role", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
+        "name", "slug", "role", "generator", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
         "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_p90", "latency_ms_mean",
         "latency_sentences_timed", "timed_ids", "timed_latency_ms", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy", "latency_speedup_vs_ct2_greedy",
@@ -76,7 +94,6 @@ def test_json_rows_and_metadata(fixture):
         assert row["latency_ms_p90"] == pytest.approx(np.percentile(row["timed_latency_ms"], 90))
         assert row["latency_ms_mean"] == pytest.approx(np.mean(row["timed_latency_ms"]))
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
-        assert row["mean_steps"] is None  # SequenceGenerator does not report steps
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
     teacher_bleu = results["rows"][0]["bleu"]
     for row in results["rows"]:  # no --ctranslate2: nothing to compare with
@@ -97,7 +114,7 @@ def test_json_rows_and_metadata(fixture):
 def fixed_row(name, role, bleu, latency_ms, seconds):
     """A row of fixed measurements: 4 sentences decoded in ``seconds``, one timed at batch 1 in ``latency_ms``."""
     return bench_rows.Row(bench_rows.RowSpec(name, "x.pt", role=role), ["h"] * 4, bleu, "sig", seconds, [0],
-                          [latency_ms])
+                          [latency_ms], "SequenceGenerator")
 
 
 def test_percent_of_teacher_and_speedups_on_fixed_rows():
@@ -124,7 +141,7 @@ def test_latency_percentiles_on_a_known_list():
     assert bench_rows.percentile(list(range(1, 11)), 90) == pytest.approx(9.1)
     assert bench_rows.percentile([5.0], 90) == 5.0
     row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["h"] * 4, 0.0, "sig", 1.0, [0, 1, 2, 3],
-                         [4.0, 1.0, 3.0, 2.0])
+                         [4.0, 1.0, 3.0, 2.0], "SequenceGenerator")
     assert (row.latency_ms_median, row.latency_ms_p90, row.latency_ms_mean) == pytest.approx((2.5, 3.7, 2.5))
     with pytest.raises(ValueError, match="percentile of no values"):
         bench_rows.percentile([], 90)
@@ -155,19 +172,81 @@ def test_rep_mis_of_every_row(fixture):
         assert row["mis_ratio"] == pytest.approx(rep_mis.missing_ratio(hyps, references))
         assert row["rep"] == pytest.approx(100 * (row["rep_ratio"] / greedy["rep_ratio"] - 1))
         assert row["mis"] == pytest.approx(100 * (row["mis_ratio"] / greedy["mis_ratio"] - 1))
-    assert greedy["rep"] == greedy["mis"] == rows[2]["rep"] == rows[2]["mis"] == 0.0
+    same = next(row for row in rows if row["name"] == "same teacher greedy")
+    assert greedy["rep"] == greedy["mis"] == same["rep"] == same["mis"] == 0.0
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert "| Rep | Mis | rep. tokens % | missing tokens % |" in markdown and "eq. 7-10" in markdown
 
 
 def test_system_row_matches_greedy_teacher(fixture):
-    beam, greedy, system = fixture["results"]["rows"]
+    beam, greedy, _cmlm, system = fixture["results"]["rows"]
     read = lambda row: open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read()
     assert read(system) == read(greedy)
     assert system["decoder_calls_per_sentence"] == greedy["decoder_calls_per_sentence"]
     # greedy AR emits exactly one token (the last one EOS) per decoder call
     assert greedy["tokens_per_call"] == pytest.approx(1.0)
     assert beam["decoder_calls_per_sentence"] >= 1
+
+
+def test_decoder_passes_of_fairseqs_iterative_refinement(fixture):
+    """fairseq's CMLM row: IterativeRefinementGenerator forced to 5 passes (its hypo["steps"] counts from 0);
+    the AR rows: SequenceGenerator reports no steps."""
+    rows = {row["name"]: row for row in fixture["results"]["rows"]}
+    cmlm = rows["fairseq CMLM"]
+    assert cmlm["decoder_calls_per_sentence"] == 5 and cmlm["mean_steps"] == 4
+    assert cmlm["tokens_per_call"] > 0 and cmlm["generator"] == "IterativeRefinementGenerator"
+    assert all(rows[name]["mean_steps"] is None for name in NAMES if name != "fairseq CMLM")
+
+
+def build_generation(data_bin, task_args, arch_args, gen_args):
+    """An untrained tiny model built through ``task_args``'s task and its generator for ``gen_args``."""
+    train = options.parse_args_and_arch(options.get_training_parser(), [data_bin] + task_args + arch_args + TINY)
+    task = tasks.setup_task(train)
+    task.load_dataset("test")
+    torch.manual_seed(0)
+    model = task.build_model(train, from_checkpoint=True).eval()  # as decoding rebuilds it: no side files needed
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(
+        options.get_generation_parser(), [data_bin, "--cpu"] + task_args + gen_args))
+    return Generation(cfg, task, [model], task.build_generator([model], cfg.generation), use_cuda=False)
+
+
+TINY = TINY_TRANSFORMER[2:]
+NAT_TASK = ["--task", "translation_nat"]
+LEV_TASK = ["--task", "translation_lev"]
+SHORT = ["--beam", "1", "--max-len-b", "6"]
+STEPS = lambda hypo: hypo["steps"]  # the plugin generators report their decoder passes
+
+
+@pytest.mark.parametrize("task_args, arch_args, gen_args, expected", [
+    (NAT_TASK, ["--arch", "transformer"], SHORT, lambda hypo: len(hypo["tokens"])),  # SequenceGenerator: 1 per token
+    (NAT_TASK, ["--arch", "sat_transformer", "--group-size", "2"], SHORT, STEPS),
+    (NAT_TASK, ["--arch", "recover_sat", "--num-segments", "2"], SHORT, STEPS),
+    (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3"], SHORT, STEPS),
+    (NAT_TASK, ["--arch", "fertility_nat"], SHORT, lambda hypo: 1),
+    (NAT_TASK + ["--fertility-decoding", "npd", "--npd-samples", "3", "--npd-teacher", "TEACHER"], ["--arch", "fertility_nat"],
+     SHORT, lambda hypo: 2),  # the NAT's pass + the teacher's rescoring pass
+    (NAT_TASK, ["--arch", "nad_ad_transformer"], SHORT, lambda hypo: 1 + len(hypo["tokens"])),  # NAD once, then AD
+    (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "4", "--iter-decode-force-max-iter"],
+     lambda hypo: 5),
+    (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "9"], lambda hypo: hypo["steps"] + 1),
+    (LEV_TASK, ["--arch", "nonautoregressive_transformer"], ["--iter-decode-max-iter", "0"], lambda hypo: 1),
+], ids=["SequenceGenerator", "SAT", "RecoverSAT", "blockwise", "NAT", "NAT-NPD", "NAD-AD", "CMLM-forced", "CMLM-adaptive",
+        "fairseq-NAT"])
+def test_decoder_passes_of_every_generator(dummy_data_bin, tiny_teacher, task_args, arch_args, gen_args, expected):
+    """Batch-1 decoder passes counted by the benchmark == what each generator does (plugin generators report it as
+    hypo["steps"]; IterativeRefinementGenerator's steps count from 0)."""
+    task_args = [tiny_teacher if a == "TEACHER" else a for a in task_args]
+    generation = build_generation(dummy_data_bin, task_args, arch_args, gen_args)
+    dataset = generation.dataset
+    counter = measure.DecoderPassCounter(generation.models, measure.auxiliary_models(generation.generator))
+    with counter:
+        for index in range(4):
+            counter.reset()
+            hypo = generation.decode(dataset.collater([dataset[index]]))[0][0]
+            assert counter.passes == expected(hypo) >= 1, index
+    counter.reset()
+    generation.decode(dataset.collater([dataset[0]]))
+    assert counter.counts == [0] * len(counter.counts)  # hooks removed on exit
 
 
 def test_bleu_equals_sacrebleu_on_hyp_files(fixture):

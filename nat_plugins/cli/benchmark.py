@@ -11,7 +11,10 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * latency: batch 1, sentences in index order, the first ``--warmup`` not counted, median, 90th percentile and
   mean (the number of timed sentences is in the report's header);
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
-  sentences, plus the mean of ``hypo["steps"]`` where the generator reports it;
+  sentences as runs of any decoder layer stack (:class:`.bench.measure.DecoderPassCounter`: fairseq's
+  ``SequenceGenerator`` and ``IterativeRefinementGenerator`` and every plugin generator, auxiliary passes such
+  as NPD's teacher rescoring and NAD-AD's NAD included), plus the mean of ``hypo["steps"]`` where the generator
+  reports it;
 * speedups of latency and throughput against both teacher rows;
 * Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`.rep_mis`): the relative increment (%) of the repeated-token
   ratio (a token equal to one of the 2 before it) and of the ratio of reference tokens missing, over the

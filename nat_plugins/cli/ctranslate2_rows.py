@@ -134,5 +134,5 @@ def ctranslate2_rows(args, task, dataset, references, num_latency, use_cuda):
     for spec in ctranslate2_specs(args.teacher, args.teacher_beam):
         beam = args.teacher_beam if spec.role == CT2_BEAM else 1
         hyps, seconds, batch1 = decoder.measure(beam, num_latency, args.warmup, args.batch_size, spec.name)
-        rows.append(make_row(spec, hyps, references, seconds, batch1))
+        rows.append(make_row(spec, hyps, references, seconds, batch1, generator="ctranslate2.Translator"))
     return rows

@@ -3,23 +3,27 @@
 * throughput: the whole split in length-sorted batches of ``--batch-size`` sentences, summed
   ``task.inference_step`` time (data loading and detokenization excluded); its hypotheses are the row's output;
 * batch 1: sentences in index order, the first ``--warmup`` decoded but not counted; per sentence the latency,
-  the decoder calls and the emitted tokens (EOS included), and ``hypo["steps"]`` where the generator reports it.
+  the decoder passes (:class:`DecoderPassCounter`) and the emitted tokens (EOS included), and ``hypo["steps"]``
+  where the generator reports it.
 """
 
-import contextlib
+import functools
 import logging
 import shlex
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
+from torch import nn
 from fairseq import options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 
+from ...modules.teacher import FrozenTeacher
 from ..decoding import Generation, load_generation, progress
 from .analysis import corpus_bleu
 from .rows import BenchmarkError, Row, RowSpec, split_generate_args
@@ -95,30 +99,61 @@ def load_row(cfg, spec: RowSpec) -> RowDecoder:
     return RowDecoder(generation, to_text, emitted_length)
 
 
-@contextlib.contextmanager
-def count_decoder_calls(models):
-    """Count calls of each model's ``decoder.forward``; yields one counter per model.
+def decoder_stacks(model: nn.Module) -> List[nn.Module]:
+    """The first layer of every stack of decoder layers (fairseq's ``TransformerDecoderLayerBase`` and its
+    subclasses, the plugin's NAD layers included) in ``model``: each call of one is one decoder pass, whichever
+    method entered the decoder (``forward``, ``extract_features``, Levenshtein's ``forward_word_ins``...)."""
+    firsts = {}
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) and isinstance(module[0], TransformerDecoderLayerBase):
+            firsts[id(module[0])] = module[0]  # stacks shared between heads (Levenshtein) count once
+    return list(firsts.values())
 
-    fairseq's SequenceGenerator calls ``model.decoder.forward(...)`` directly, which bypasses ``nn.Module``
-    hooks, so the bound method is wrapped on the decoder instance instead (this catches ``decoder(...)``
-    and ``decoder.forward(...)`` alike) and restored afterwards.
-    """
-    counts = [0] * len(models)
 
-    def counting(i, forward):
-        def forward_and_count(*args, **kwargs):
-            counts[i] += 1
-            return forward(*args, **kwargs)
+def auxiliary_models(generator) -> List[nn.Module]:
+    """Models a generator decodes with besides the row's checkpoints: NPD's AR teacher (one rescoring pass)."""
+    return [value.model for value in vars(generator).values() if isinstance(value, FrozenTeacher)]
 
-        return forward_and_count
 
-    for i, model in enumerate(models):
-        model.decoder.forward = counting(i, model.decoder.forward)
-    try:
-        yield counts
-    finally:
-        for model in models:
-            del model.decoder.forward
+@dataclass
+class DecoderPassCounter:
+    """Counts decoder passes while decoding, with forward pre-hooks on the first layer of every decoder stack
+    (:func:`decoder_stacks`) of the ensemble ``models`` and the generator's ``auxiliary`` models.
+
+    ``passes`` = the most passes of any ensemble member (members are called together, one pass each per step)
+    + the auxiliary models' passes. Not observable (None) when a model has no such decoder layers."""
+
+    models: List[nn.Module]
+    auxiliary: List[nn.Module] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.stacks = [decoder_stacks(model) for model in self.models + self.auxiliary]
+        self.counts = [0] * len(self.stacks)
+        self.handles = []
+
+    def __enter__(self):
+        for group, layers in enumerate(self.stacks):
+            for layer in layers:
+                self.handles.append(layer.register_forward_pre_hook(functools.partial(self._count, group)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _count(self, group, _module, _inputs):
+        self.counts[group] += 1
+
+    def reset(self):
+        self.counts = [0] * len(self.stacks)
+
+    @property
+    def passes(self) -> Optional[int]:
+        if not all(self.stacks):
+            return None
+        members = len(self.models)
+        return max(self.counts[:members]) + sum(self.counts[members:])
 
 
 def seed_everything(seed: int):
@@ -173,28 +208,32 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
     dataset = generation.dataset
     seed_everything(seed)
     ids, latencies, calls, tokens, steps = [], [], [], [], []
-    with count_decoder_calls(generation.models) as counts:
+    with DecoderPassCounter(generation.models, auxiliary_models(generation.generator)) as counter:
         for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
             sample = generation.to_device(dataset.collater([dataset[index]]))
-            counts[:] = [0] * len(counts)
+            counter.reset()
             hypos, elapsed = timed_decode(generation, sample)
             if index < warmup:
                 continue
             best = hypos[0][0]
             ids.append(index)
             latencies.append(1000 * elapsed)
-            calls.append(max(counts))  # ensemble members are called together: one call per step
+            calls.append(counter.passes)
             tokens.append(decoder.emitted_length(best["tokens"]))
             if best.get("steps") is not None:
                 steps.append(float(best["steps"]))
-    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1),
-                  statistics.fmean(steps) if steps else None)
+    mean_steps = statistics.fmean(steps) if steps else None
+    if None in calls:
+        logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", desc)
+        return Batch1(ids, latencies, mean_steps=mean_steps)
+    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps)
 
 
-def make_row(spec: RowSpec, hyps: List[str], references: List[str], throughput_seconds: float, batch1: Batch1) -> Row:
+def make_row(spec: RowSpec, hyps: List[str], references: List[str], throughput_seconds: float, batch1: Batch1,
+             generator: str) -> Row:
     """A :class:`Row` of measurements (BLEU: sacreBLEU of ``hyps`` against ``references``)."""
     bleu, signature = corpus_bleu(hyps, references)
-    return Row(spec, hyps, bleu, signature, throughput_seconds, batch1.ids, batch1.latency_ms,
+    return Row(spec, hyps, bleu, signature, throughput_seconds, batch1.ids, batch1.latency_ms, generator,
                batch1.decoder_calls_per_sentence, batch1.tokens_per_call, batch1.mean_steps)
 
 
@@ -207,7 +246,8 @@ def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, war
                              f"references {len(references)}")
     batch1 = measure_batch1(decoder, num_latency, warmup, seed, spec.name)
     seconds, hyps = measure_throughput(decoder, seed, spec.name)
+    generator = type(decoder.generation.generator).__name__
     if decoder.generation.use_cuda:
         del decoder
         torch.cuda.empty_cache()
-    return make_row(spec, hyps, references, seconds, batch1)
+    return make_row(spec, hyps, references, seconds, batch1, generator)

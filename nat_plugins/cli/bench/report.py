@@ -117,6 +117,10 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
         f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
+        "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
+        "however entered: NAD-AD's NAD pass and NPD's teacher rescoring pass included; ensemble members count once); "
+        "tokens / call: emitted tokens (EOS included) per pass; steps: the generator's own `hypo['steps']` "
+        "(fairseq's IterativeRefinementGenerator counts them from 0)",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
     ]
     kd = meta.get("distilled_targets")
