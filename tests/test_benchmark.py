@@ -79,7 +79,7 @@ def test_json_rows_and_metadata(fixture):
     assert [r["name"] for r in results["rows"]] == NAMES
     assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system", "system"]
     expected = {
-        "name", "slug", "role", "generator", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
+        "name", "slug", "role", "generator", "length_limit", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
         "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_p90", "latency_ms_mean",
         "latency_sentences_timed", "timed_ids", "timed_latency_ms", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy", "latency_speedup_vs_ct2_greedy",
@@ -114,7 +114,7 @@ def test_json_rows_and_metadata(fixture):
 def fixed_row(name, role, bleu, latency_ms, seconds):
     """A row of fixed measurements: 4 sentences decoded in ``seconds``, one timed at batch 1 in ``latency_ms``."""
     return bench_rows.Row(bench_rows.RowSpec(name, "x.pt", role=role), ["h"] * 4, bleu, "sig", seconds, [0],
-                          [latency_ms], "SequenceGenerator")
+                          [latency_ms], "SequenceGenerator", "0·|x| + 200")
 
 
 def test_percent_of_teacher_and_speedups_on_fixed_rows():
@@ -141,7 +141,7 @@ def test_latency_percentiles_on_a_known_list():
     assert bench_rows.percentile(list(range(1, 11)), 90) == pytest.approx(9.1)
     assert bench_rows.percentile([5.0], 90) == 5.0
     row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["h"] * 4, 0.0, "sig", 1.0, [0, 1, 2, 3],
-                         [4.0, 1.0, 3.0, 2.0], "SequenceGenerator")
+                         [4.0, 1.0, 3.0, 2.0], "SequenceGenerator", "0·|x| + 200")
     assert (row.latency_ms_median, row.latency_ms_p90, row.latency_ms_mean) == pytest.approx((2.5, 3.7, 2.5))
     with pytest.raises(ValueError, match="percentile of no values"):
         bench_rows.percentile([], 90)
@@ -196,6 +196,15 @@ def test_decoder_passes_of_fairseqs_iterative_refinement(fixture):
     assert cmlm["decoder_calls_per_sentence"] == 5 and cmlm["mean_steps"] == 4
     assert cmlm["tokens_per_call"] > 0 and cmlm["generator"] == "IterativeRefinementGenerator"
     assert all(rows[name]["mean_steps"] is None for name in NAMES if name != "fairseq CMLM")
+
+
+def test_length_limit_policy_is_stated(fixture):
+    """fairseq's default limit for every row but the CMLM, whose generator ignores it."""
+    assert fixture["results"]["meta"]["length_limit"] == {"limit": "0·|x| + 200", "except": {
+        "fairseq CMLM": "the model's predicted length (IterativeRefinementGenerator ignores --max-len-a/b)"}}
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert "- output length limit: max_len = 0·|x| + 200 (|x|: source subwords incl. EOS;" in markdown
+    assert "for every row; except fairseq CMLM: the model's predicted length" in markdown
 
 
 def build_generation(data_bin, task_args, arch_args, gen_args):
@@ -332,6 +341,8 @@ def test_generate_args_reach_every_row_and_are_checked(fixture, tmp_path):
         with open(tmp_path / "out" / row["hyp_file"], encoding="utf-8") as f:
             assert all(len(line.split()) <= 2 for line in f)
     assert results["meta"]["generate_args"] == "--max-len-a 0 --max-len-b 2"
+    assert results["meta"]["length_limit"] == {"limit": "0·|x| + 2", "except": {}}
+    assert "max_len = 0·|x| + 2 (|x|" in open(tmp_path / "out" / "results.md", encoding="utf-8").read()
     with pytest.raises(BenchmarkError, match="--generate-args: --path is set by the benchmark"):
         benchmark.main(_args(fixture, generate_args="--path x.pt", out_dir=str(tmp_path / "out2")))
 
@@ -352,6 +363,7 @@ def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
     beam, greedy = ctranslate2_rows.ctranslate2_rows(args, task, dataset, references, NUM_TEST, use_cuda=False)
     assert beam.name == "AR teacher, beam 4 (CTranslate2)" and greedy.name == "AR teacher, greedy (CTranslate2)"
     assert (beam.role, greedy.role) == (bench_rows.CT2_BEAM, bench_rows.CT2_GREEDY)
+    assert beam.length_limit == greedy.length_limit == "0·|x| + 200"  # fairseq's default, as the other rows
     fairseq_greedy = open(os.path.join(fixture["out"], fixture["results"]["rows"][1]["hyp_file"]),
                           encoding="utf-8").read().splitlines()
     same = sum(a == b for a, b in zip(greedy.hyps, fairseq_greedy))

@@ -167,7 +167,7 @@ def main(args) -> dict:
         row.write_hyps(args.out_dir)
     compare(rows)
     add_rep_mis(rows, references)
-    meta = run_metadata(args, use_cuda, len(dataset), num_latency)
+    meta = run_metadata(args, use_cuda, len(dataset), num_latency, rows)
     paired = paired_bootstrap(pairs, {row.name: row.hyps for row in rows}, references)
     results = write_report(args.out_dir, meta, rows, paired)
     print(markdown_table(rows, args.teacher_beam))

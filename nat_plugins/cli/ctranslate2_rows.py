@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from .bench.measure import Batch1, make_row
+from .bench.measure import Batch1, length_limit, make_row
 from .bench.rows import CT2_BEAM, BenchmarkError, ctranslate2_specs
 from .decoding import progress
 
@@ -134,5 +134,6 @@ def ctranslate2_rows(args, task, dataset, references, num_latency, use_cuda):
     for spec in ctranslate2_specs(args.teacher, args.teacher_beam):
         beam = args.teacher_beam if spec.role == CT2_BEAM else 1
         hyps, seconds, batch1 = decoder.measure(beam, num_latency, args.warmup, args.batch_size, spec.name)
-        rows.append(make_row(spec, hyps, references, seconds, batch1, generator="ctranslate2.Translator"))
+        rows.append(make_row(spec, hyps, references, seconds, batch1, "ctranslate2.Translator",
+                             length_limit(decoder.max_len_a, decoder.max_len_b)))
     return rows

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from fairseq import options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 
@@ -229,11 +230,19 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
     return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps)
 
 
+def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
+    """The output length limit a row's decoder applies: fairseq's ``--max-len-a/--max-len-b`` (every plugin
+    generator, SequenceGenerator, CTranslate2 here), except for fairseq's IterativeRefinementGenerator."""
+    if isinstance(generator, IterativeRefinementGenerator):
+        return "the model's predicted length (IterativeRefinementGenerator ignores --max-len-a/b)"
+    return f"{max_len_a:g}·|x| + {max_len_b}"
+
+
 def make_row(spec: RowSpec, hyps: List[str], references: List[str], throughput_seconds: float, batch1: Batch1,
-             generator: str) -> Row:
+             generator: str, limit: str) -> Row:
     """A :class:`Row` of measurements (BLEU: sacreBLEU of ``hyps`` against ``references``)."""
     bleu, signature = corpus_bleu(hyps, references)
-    return Row(spec, hyps, bleu, signature, throughput_seconds, batch1.ids, batch1.latency_ms, generator,
+    return Row(spec, hyps, bleu, signature, throughput_seconds, batch1.ids, batch1.latency_ms, generator, limit,
                batch1.decoder_calls_per_sentence, batch1.tokens_per_call, batch1.mean_steps)
 
 
@@ -246,8 +255,10 @@ def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, war
                              f"references {len(references)}")
     batch1 = measure_batch1(decoder, num_latency, warmup, seed, spec.name)
     seconds, hyps = measure_throughput(decoder, seed, spec.name)
-    generator = type(decoder.generation.generator).__name__
+    generator = decoder.generation.generator
+    limit = length_limit(cfg.generation.max_len_a, cfg.generation.max_len_b, generator)
+    row = make_row(spec, hyps, references, seconds, batch1, type(generator).__name__, limit)
     if decoder.generation.use_cuda:
-        del decoder
+        del decoder, generator
         torch.cuda.empty_cache()
-    return make_row(spec, hyps, references, seconds, batch1, generator)
+    return row

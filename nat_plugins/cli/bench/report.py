@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import shlex
+from collections import Counter
 from typing import List, Optional
 
 import fairseq
@@ -40,7 +41,13 @@ def distilled_targets_stats(path: Optional[str]) -> Optional[dict]:
             "repeated_subwords": repeated_ratio(lines, window=1)}
 
 
-def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int) -> dict:
+def length_policy(rows: List[Row]) -> dict:
+    """The output length limit of most rows and the rows that differ from it."""
+    common = Counter(row.length_limit for row in rows).most_common(1)[0][0]
+    return {"limit": common, "except": {row.name: row.length_limit for row in rows if row.length_limit != common}}
+
+
+def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int, rows: List[Row]) -> dict:
     """The header: what was measured, where and how."""
     return {
         "title": args.title,
@@ -62,6 +69,7 @@ def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int) -> 
         "teacher_beam": args.teacher_beam,
         "post_process": args.post_process,
         "generate_args": args.generate_args,
+        "length_limit": length_policy(rows),
         "seed": args.seed,
         "distilled_targets": distilled_targets_stats(args.distilled_targets),
     }
@@ -122,6 +130,9 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         "tokens / call: emitted tokens (EOS included) per pass; steps: the generator's own `hypo['steps']` "
         "(fairseq's IterativeRefinementGenerator counts them from 0)",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
+        f"- output length limit: max_len = {meta['length_limit']['limit']} (|x|: source subwords incl. EOS; "
+        "fairseq's --max-len-a/--max-len-b from the arguments of every row, default 0·|x| + 200) for every row"
+        + "".join(f"; except {name}: {limit}" for name, limit in meta["length_limit"]["except"].items()),
     ]
     kd = meta.get("distilled_targets")
     if kd:

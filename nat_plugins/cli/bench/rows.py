@@ -127,6 +127,7 @@ class Row:
     timed_ids: List[int]  # the batch-1 sentences timed (warm-up excluded), in decoding order
     timed_latency_ms: List[float]  # their batch-1 latencies
     generator: str  # what decoded the row: the generator's class name
+    length_limit: str  # the longest output it allowed (measure.length_limit)
     decoder_calls_per_sentence: Optional[float] = None  # None: not observable (CTranslate2)
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None  # mean of hypo["steps"] where the generator reports it
