@@ -48,7 +48,7 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tiny_cmlm, tmp_path_factory
         f.write("t1 t1 t2\nt3 t1\n")
     argv = [
         dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
-        "--post-process", "none", "--warmup", "2", "--batch-size", "12",
+        "--post-process", "none", "--warmup", "2", "--batch-size", "12", "--length-buckets", "4,7",
         "--distilled-targets", distilled, "--paired-test", PAIRED, "--system", CMLM.replace("CHECKPOINT", tiny_cmlm),
         "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
@@ -65,7 +65,7 @@ def _args(fixture, **changes):
 
 
 def test_outputs_written(fixture):
-    names = {"results.md", "results.json", report.PLOT_FILE}
+    names = {"results.md", "results.json", report.PLOT_FILE, report.LENGTH_PLOT_FILE}
     names |= {f"hyp.{slug}.txt" for slug in ("ar-teacher-beam-4", "ar-teacher-greedy", "same-teacher-greedy")}
     for name in names:
         assert os.path.getsize(os.path.join(fixture["out"], name)) > 0, name
@@ -84,7 +84,7 @@ def test_json_rows_and_metadata(fixture):
         "latency_sentences_timed", "timed_ids", "timed_latency_ms", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
         "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy", "latency_speedup_vs_ct2_greedy",
         "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "throughput_speedup_vs_ct2_greedy",
-        "bleu_pct_of_teacher", "rep", "mis", "rep_ratio", "mis_ratio",
+        "bleu_pct_of_teacher", "rep", "mis", "rep_ratio", "mis_ratio", "timed_src_lengths", "by_length",
     }
     for row in results["rows"]:
         assert set(row) == expected
@@ -135,6 +135,62 @@ def test_percent_of_teacher_and_speedups_on_fixed_rows():
     assert "| system | 20.00 | 80.0 | 10.0 |" in table and "| 2.00× | 4.0 | 4.00× | 2.00× | 0.50× |" in table
     with pytest.raises(BenchmarkError, match="one row with role 'teacher_greedy', found 0"):
         analysis.compare(rows[:3])
+
+
+def test_bleu_and_latency_by_source_length(fixture):
+    """--length-buckets 4,7 on sources of 2-10 words: every row's BLEU over each bucket's sentences and median
+    latency over its timed ones; the bucket sizes in the header."""
+    with open(os.path.join(os.path.dirname(fixture["reference"]), "test.src"), encoding="utf-8") as f:
+        lengths = [len(line.split()) for line in f]
+    with open(fixture["reference"], encoding="utf-8") as f:
+        references = f.read().splitlines()
+    meta = fixture["results"]["meta"]
+    buckets = [range(1, 5), range(5, 8), range(8, 100)]
+    assert [b["bucket"] for b in meta["length_buckets"]] == ["1-4", "5-7", "8+"]
+    assert [b["sentences"] for b in meta["length_buckets"]] == [sum(n in b for n in lengths) for b in buckets]
+    assert [b["timed_sentences"] for b in meta["length_buckets"]] == [sum(n in b for n in lengths[2:]) for b in buckets]
+    assert meta["length_plot_rows"] == NAMES  # default: every row but CTranslate2's
+    for row in fixture["results"]["rows"]:
+        hyps = open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read().splitlines()
+        assert row["timed_src_lengths"] == [lengths[i] for i in row["timed_ids"]]
+        for bucket, cell in zip(buckets, row["by_length"]):
+            ids = [i for i, n in enumerate(lengths) if n in bucket]
+            timed = [ms for n, ms in zip(row["timed_src_lengths"], row["timed_latency_ms"]) if n in bucket]
+            assert cell["sentences"] == len(ids) and cell["timed_sentences"] == len(timed)
+            assert cell["bleu"] == pytest.approx(sacrebleu.corpus_bleu([hyps[i] for i in ids],
+                                                                       [[references[i] for i in ids]]).score)
+            assert cell["latency_ms_median"] == pytest.approx(np.median(timed))
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    n = meta["length_buckets"][0]
+    assert f"| system | 1-4 ({n['sentences']} sent., {n['timed_sentences']} timed) | 5-7 (" in markdown
+    with pytest.raises(BenchmarkError, match="--length-plot-rows: no row named 'nosuch'"):
+        benchmark.main(_args(fixture, length_plot_rows=["AR teacher, greedy", "nosuch"]))
+
+
+def test_length_bucket_assignment():
+    buckets = analysis.parse_length_buckets("10,20,30")
+    assert [b.label for b in buckets] == ["1-10", "11-20", "21-30", "31+"]
+    assert [analysis.bucket_of(n, buckets) for n in (0, 1, 10, 11, 20, 21, 30, 31, 500)] == [0, 0, 0, 1, 1, 2, 2, 3, 3]
+    assert [b.label for b in analysis.parse_length_buckets("5")] == ["1-5", "6+"]
+    for bad in ("20,10", "10,10", "0,5", "ten", ""):
+        with pytest.raises(BenchmarkError, match="--length-buckets"):
+            analysis.parse_length_buckets(bad)
+    counts = analysis.bucket_counts([3, 12, 40, 7, 15], [1, 2, 3], buckets)
+    assert [(c["sentences"], c["timed_sentences"]) for c in counts] == [(2, 1), (2, 1), (0, 0), (1, 1)]
+
+
+def test_by_length_of_fixed_rows():
+    """Buckets without timed sentences have no latency; BLEU is sacreBLEU's over the bucket's sentences."""
+    refs = ["a b c d", "e f g h", "i j k l m n o p q r s t"]
+    row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["a b c d", "e f x h", "i j k l m n o p q r s t"], 0.0, "sig",
+                         1.0, [1], [7.0], "SequenceGenerator", "0·|x| + 200")
+    analysis.add_length_buckets([row], [2, 3, 12], refs, analysis.parse_length_buckets("10"))
+    short, long = row.by_length
+    assert (short["sentences"], short["timed_sentences"], short["latency_ms_median"]) == (2, 1, 7.0)
+    assert short["bleu"] == pytest.approx(sacrebleu.corpus_bleu(row.hyps[:2], [refs[:2]]).score)
+    assert (long["sentences"], long["timed_sentences"], long["latency_ms_median"]) == (1, 0, None)
+    assert long["bleu"] == pytest.approx(100)
+    assert row.timed_src_lengths == [3]
 
 
 def test_latency_percentiles_on_a_known_list():

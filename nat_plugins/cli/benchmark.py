@@ -27,8 +27,12 @@ rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` a
 ``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy; :mod:`.ctranslate2_rows`), the
 production baseline a fast decoder has to beat.
 
-Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``bleu_vs_speedup.png`` and ``hyp.<slug>.txt``
-(one detokenized hypothesis per line, in test-set order) for every row.
+By source length (``--length-buckets``, subwords of the source, EOS excluded): every row's BLEU over each bucket's
+sentences and median batch-1 latency over its timed sentences, as a table in ``results.md``/``results.json`` and
+the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 2020 Fig. 2, Gu et al. 2018 Fig. 7).
+
+Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``bleu_vs_speedup.png``, ``by_length.png`` and
+``hyp.<slug>.txt`` (one detokenized hypothesis per line, in test-set order) for every row.
 """
 
 import argparse
@@ -41,10 +45,11 @@ import torch
 from fairseq import utils
 
 import nat_plugins
-from nat_plugins.cli.bench.analysis import add_rep_mis, compare, paired_bootstrap
-from nat_plugins.cli.bench.measure import generation_cfg, load_split, measure_row
+from nat_plugins.cli.bench.analysis import (add_length_buckets, add_rep_mis, bucket_counts, compare, paired_bootstrap,
+                                           parse_length_buckets)
+from nat_plugins.cli.bench.measure import generation_cfg, load_split, measure_row, source_lengths
 from nat_plugins.cli.bench.report import markdown_table, run_metadata, write_report
-from nat_plugins.cli.bench.rows import (ROLES, SYSTEM, BenchmarkError, RowSpec, ctranslate2_specs, parse_paired_tests,
+from nat_plugins.cli.bench.rows import (CTRANSLATE2_ROLES, ROLES, SYSTEM, BenchmarkError, RowSpec, ctranslate2_specs, parse_paired_tests,
                                         parse_system_spec, teacher_specs)
 from nat_plugins.cli.ctranslate2_rows import ctranslate2_rows
 
@@ -114,6 +119,15 @@ def get_parser() -> argparse.ArgumentParser:
         help="the students' distilled training targets (subword text, e.g. DATA_BIN/train.kd.de.txt): their rate "
         "of immediately repeated subwords goes into the report (a teacher that stutters teaches stuttering)",
     )
+    parser.add_argument(
+        "--length-buckets", default="10,20,30", metavar="N,N,...",
+        help="upper bounds of the source-length buckets (subwords, EOS excluded) of the by-length table and plot "
+        "(default: 10,20,30 = 1-10, 11-20, 21-30, 31+)",
+    )
+    parser.add_argument(
+        "--length-plot-rows", action="extend", nargs="+", default=None, metavar="NAME",
+        help="row names drawn in by_length.png (default: every row but the CTranslate2 ones); the table has all",
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
     parser.add_argument("--title", default="Decoding benchmark", help="heading of results.md and the plot")
     return parser
@@ -143,6 +157,17 @@ def check_inputs(args, specs: List[RowSpec]) -> List[str]:
         return [line.rstrip("\n") for line in f]
 
 
+def length_plot_rows(args, specs: List[RowSpec]) -> List[str]:
+    """The rows of by_length.png: ``--length-plot-rows`` (checked) or every row but the CTranslate2 ones."""
+    names = [spec.name for spec in specs]
+    if args.length_plot_rows is None:
+        return [spec.name for spec in specs if spec.role not in CTRANSLATE2_ROLES]
+    unknown = [name for name in args.length_plot_rows if name not in names]
+    if unknown:
+        raise BenchmarkError(f"--length-plot-rows: no row named {unknown[0]!r} (rows: {names})")
+    return list(args.length_plot_rows)
+
+
 def main(args) -> dict:
     """Run the benchmark for parsed ``args``; writes the outputs and returns the content of ``results.json``."""
     use_cuda = torch.cuda.is_available() and not args.cpu
@@ -151,6 +176,8 @@ def main(args) -> dict:
     references = check_inputs(args, specs + ct2_specs)
     cfgs = [generation_cfg(args, spec, use_cuda) for spec in specs]  # every row's arguments checked up front
     pairs = parse_paired_tests(args.paired_test, [spec.name for spec in specs + ct2_specs])
+    buckets = parse_length_buckets(args.length_buckets)
+    plot_rows = length_plot_rows(args, specs + ct2_specs)
     task, dataset = load_split(cfgs[0], specs[0].name)  # the teacher's view of the split
     if len(dataset) != len(references):
         raise BenchmarkError(f"--reference {args.reference!r} has {len(references)} lines but split "
@@ -167,7 +194,10 @@ def main(args) -> dict:
         row.write_hyps(args.out_dir)
     compare(rows)
     add_rep_mis(rows, references)
-    meta = run_metadata(args, use_cuda, len(dataset), num_latency, rows)
+    lengths = source_lengths(dataset, task.source_dictionary)
+    add_length_buckets(rows, lengths, references, buckets)
+    counts = bucket_counts(lengths, rows[0].timed_ids, buckets)  # every row times the same sentences
+    meta = run_metadata(args, use_cuda, len(dataset), num_latency, rows, counts, plot_rows)
     paired = paired_bootstrap(pairs, {row.name: row.hyps for row in rows}, references)
     results = write_report(args.out_dir, meta, rows, paired)
     print(markdown_table(rows, args.teacher_beam))

@@ -1,6 +1,8 @@
-"""What the benchmark derives from the rows' measurements: BLEU, speedups against the reference rows, Rep/Mis
-and paired bootstrap tests."""
+"""What the benchmark derives from the rows' measurements: BLEU, speedups against the reference rows, Rep/Mis,
+BLEU and latency by source length, and paired bootstrap tests."""
 
+import statistics
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import sacrebleu
@@ -48,6 +50,68 @@ def add_rep_mis(rows: List[Row], references: List[str]):
     for row in rows:
         measures = rep_mis([tokenize(line) for line in row.hyps], tokenized_references, ar_output)
         row.rep, row.mis, row.rep_ratio, row.mis_ratio = (measures[k] for k in ("rep", "mis", "rep_ratio", "mis_ratio"))
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """Sources of ``low``..``high`` subwords (``high`` None: no upper bound)."""
+
+    low: int
+    high: Optional[int]
+
+    @property
+    def label(self) -> str:
+        return f"{self.low}+" if self.high is None else f"{self.low}-{self.high}"
+
+    def __contains__(self, length: int) -> bool:
+        return length >= self.low and (self.high is None or length <= self.high)
+
+
+def parse_length_buckets(text: str) -> List[LengthBucket]:
+    """``--length-buckets 10,20,30`` (increasing upper bounds) -> 1-10, 11-20, 21-30, 31+."""
+    try:
+        bounds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise BenchmarkError(f"--length-buckets {text!r}: expected increasing integers, e.g. 10,20,30") from None
+    if not bounds or bounds[0] < 1 or any(a >= b for a, b in zip(bounds, bounds[1:])):
+        raise BenchmarkError(f"--length-buckets {text!r}: expected increasing integers >= 1, e.g. 10,20,30")
+    lows = [1] + [bound + 1 for bound in bounds]
+    return [LengthBucket(low, high) for low, high in zip(lows, bounds + [None])]
+
+
+def bucket_of(length: int, buckets: List[LengthBucket]) -> int:
+    """Index of the bucket of a source of ``length`` subwords (an empty source counts in the first)."""
+    return next((i for i, bucket in enumerate(buckets) if length in bucket), 0)
+
+
+def bucket_counts(source_lengths: List[int], timed_ids: List[int], buckets: List[LengthBucket]) -> List[dict]:
+    """Sentences of the split and timed batch-1 sentences in every bucket."""
+    counts = [{"bucket": b.label, "low": b.low, "high": b.high, "sentences": 0, "timed_sentences": 0} for b in buckets]
+    for length in source_lengths:
+        counts[bucket_of(length, buckets)]["sentences"] += 1
+    for i in timed_ids:
+        counts[bucket_of(source_lengths[i], buckets)]["timed_sentences"] += 1
+    return counts
+
+
+def add_length_buckets(rows: List[Row], source_lengths: List[int], references: List[str], buckets: List[LengthBucket]):
+    """Per row and source-length bucket: sacreBLEU over the bucket's sentences and the median batch-1 latency of its
+    timed sentences (None where it has none); ``source_lengths``: subwords of every source, EOS excluded."""
+    members = [[] for _ in buckets]
+    for i, length in enumerate(source_lengths):
+        members[bucket_of(length, buckets)].append(i)
+    for row in rows:
+        row.timed_src_lengths = [source_lengths[i] for i in row.timed_ids]
+        latencies = [[] for _ in buckets]
+        for length, ms in zip(row.timed_src_lengths, row.timed_latency_ms):
+            latencies[bucket_of(length, buckets)].append(ms)
+        row.by_length = [{
+            "bucket": bucket.label,
+            "sentences": len(ids),
+            "bleu": corpus_bleu([row.hyps[i] for i in ids], [references[i] for i in ids])[0] if ids else None,
+            "timed_sentences": len(ms),
+            "latency_ms_median": statistics.median(ms) if ms else None,
+        } for bucket, ids, ms in zip(buckets, members, latencies)]
 
 
 def paired_bootstrap(pairs: List[tuple], hyps: Dict[str, List[str]], references: List[str]) -> List[dict]:

@@ -62,6 +62,12 @@ def load_split(cfg, name: str):
     return task, task.dataset(cfg.dataset.gen_subset)
 
 
+def source_lengths(dataset, dictionary) -> List[int]:
+    """Subwords of every source of ``dataset``, special symbols (BOS, EOS, padding) excluded."""
+    special = torch.tensor([dictionary.bos(), dictionary.eos(), dictionary.pad()])
+    return [int((~torch.isin(dataset[i]["source"], special)).sum()) for i in range(len(dataset))]
+
+
 def split_error(cfg, name: str, err: Exception) -> str:
     return (f"--gen-subset {cfg.dataset.gen_subset!r}: cannot load it from data-bin {cfg.task.data!r} "
             f"for row {name!r}: {err}")

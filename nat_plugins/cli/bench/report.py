@@ -1,4 +1,4 @@
-"""The benchmark's outputs: ``results.json``, ``results.md`` and the plot, from the rows and the run's header."""
+"""The benchmark's outputs: ``results.json``, ``results.md`` and the plots, from the rows and the run's header."""
 
 import datetime
 import json
@@ -17,6 +17,7 @@ from ..rep_mis import repeated_ratio
 from .rows import Row
 
 PLOT_FILE = "bleu_vs_speedup.png"
+LENGTH_PLOT_FILE = "by_length.png"
 
 
 def device_name(use_cuda: bool) -> str:
@@ -47,7 +48,8 @@ def length_policy(rows: List[Row]) -> dict:
     return {"limit": common, "except": {row.name: row.length_limit for row in rows if row.length_limit != common}}
 
 
-def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int, rows: List[Row]) -> dict:
+def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int, rows: List[Row],
+                 length_buckets: List[dict], length_plot_rows: List[str]) -> dict:
     """The header: what was measured, where and how."""
     return {
         "title": args.title,
@@ -70,6 +72,8 @@ def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int, row
         "post_process": args.post_process,
         "generate_args": args.generate_args,
         "length_limit": length_policy(rows),
+        "length_buckets": length_buckets,  # analysis.bucket_counts
+        "length_plot_rows": length_plot_rows,
         "seed": args.seed,
         "distilled_targets": distilled_targets_stats(args.distilled_targets),
     }
@@ -110,6 +114,20 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
     return "\n".join(lines)
 
 
+def length_table(meta: dict, rows: List[Row]) -> str:
+    """BLEU and median batch-1 latency of every row by source length, the buckets' sizes in the header."""
+    buckets = meta["length_buckets"]
+    lines = [
+        "| system | " + " | ".join(f"{b['bucket']} ({b['sentences']} sent., {b['timed_sentences']} timed)"
+                                   for b in buckets) + " |",
+        "|---|" + "---:|" * len(buckets),
+    ]
+    for r in rows:
+        cells = [f"{_fmt(b['bleu'], 1)} / {_fmt(b['latency_ms_median'], 1)}" for b in r.by_length]
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = None) -> str:
     """results.md: header with device/versions/data, the table, the per-row decoding arguments and paired tests."""
     header = [
@@ -141,6 +159,11 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
     header += [
         "",
         markdown_table(rows, meta["teacher_beam"]),
+        "",
+        "By source length (subwords, EOS excluded): BLEU (sacreBLEU over the bucket's sentences) / median batch-1 "
+        f"latency in ms (over its timed sentences); plot: `{LENGTH_PLOT_FILE}`",
+        "",
+        length_table(meta, rows),
         "",
         "| system | checkpoint | fairseq-generate arguments |",
         "|---|---|---|",
@@ -191,12 +214,42 @@ def plot(meta: dict, rows: List[Row], path: str):
     plt.close(fig)
 
 
+def plot_by_length(meta: dict, rows: List[Row], path: str):
+    """BLEU and median batch-1 latency by source-length bucket of the rows ``meta["length_plot_rows"]``, one line
+    per row (Ran et al. 2020, Figure 2; Gu et al. 2018, Figure 7)."""
+    plt = pyplot()
+    shown = [r for r in rows if r.name in meta["length_plot_rows"]]
+    labels = [f"{b['bucket']}\n({b['sentences']} / {b['timed_sentences']})" for b in meta["length_buckets"]]
+    fig, (bleu_ax, latency_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+    markers = "osD^v<>Pp*hX"
+    for i, r in enumerate(shown):
+        style = dict(marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20), label=r.name, linewidth=1.2,
+                     markersize=5)
+        xs = range(len(labels))
+        bleu_ax.plot(xs, [float("nan") if b["bleu"] is None else b["bleu"] for b in r.by_length], **style)
+        latency_ax.plot(xs, [float("nan") if b["latency_ms_median"] is None else b["latency_ms_median"]
+                             for b in r.by_length], **style)
+    for ax, ylabel in ((bleu_ax, "BLEU (sacreBLEU over the bucket)"), (latency_ax, "median batch-1 latency (ms)")):
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_xlabel("source length in subwords (sentences / timed sentences)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    latency_ax.set_ylim(bottom=0)
+    fig.suptitle(f"{meta['title']}: by source length\n{meta['device']}, {meta['precision']}", fontsize=9)
+    fig.legend(*bleu_ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=7,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
 def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict]) -> dict:
-    """Write ``results.json``, ``results.md`` and the plot; returns the ``results.json`` content."""
+    """Write ``results.json``, ``results.md`` and the plots; returns the ``results.json`` content."""
     results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown_report(meta, rows, paired))
     plot(meta, rows, os.path.join(out_dir, PLOT_FILE))
+    plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))
     return results

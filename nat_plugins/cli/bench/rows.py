@@ -143,6 +143,8 @@ class Row:
     mis: Optional[float] = None
     rep_ratio: Optional[float] = None
     mis_ratio: Optional[float] = None
+    timed_src_lengths: List[int] = field(default_factory=list)  # source subwords of the timed sentences
+    by_length: List[dict] = field(default_factory=list)  # BLEU and latency per source-length bucket (analysis)
 
     @property
     def name(self) -> str:
