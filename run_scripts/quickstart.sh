@@ -137,6 +137,6 @@ step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --
   --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --title "Multi30k en-de test2016 (PRESET=$PRESET)" \
   "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
 
-log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (table: $WORK/bench/results.md, plot: $WORK/bench/bleu_vs_speedup.png)"
+log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (table: $WORK/bench/results.md, plots: $WORK/bench/pareto.png, $WORK/bench/by_length.png)"
 echo
 cat "$WORK/bench/results.md"

@@ -17,7 +17,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from nat_plugins.cli import benchmark, ctranslate2_rows, rep_mis
-from nat_plugins.cli.bench import analysis, measure, report, rows as bench_rows
+from nat_plugins.cli.bench import analysis, measure, paper_points, report, rows as bench_rows
 from nat_plugins.cli.bench.rows import BenchmarkError
 from nat_plugins.cli.decoding import Generation
 
@@ -65,7 +65,7 @@ def _args(fixture, **changes):
 
 
 def test_outputs_written(fixture):
-    names = {"results.md", "results.json", report.PLOT_FILE, report.LENGTH_PLOT_FILE}
+    names = {"results.md", "results.json", report.PARETO_PLOT_FILE, report.LENGTH_PLOT_FILE}
     names |= {f"hyp.{slug}.txt" for slug in ("ar-teacher-beam-4", "ar-teacher-greedy", "same-teacher-greedy")}
     for name in names:
         assert os.path.getsize(os.path.join(fixture["out"], name)) > 0, name
@@ -165,6 +165,19 @@ def test_bleu_and_latency_by_source_length(fixture):
     assert f"| system | 1-4 ({n['sentences']} sent., {n['timed_sentences']} timed) | 5-7 (" in markdown
     with pytest.raises(BenchmarkError, match="--length-plot-rows: no row named 'nosuch'"):
         benchmark.main(_args(fixture, length_plot_rows=["AR teacher, greedy", "nosuch"]))
+
+
+def test_pareto_front_on_fixed_points():
+    points = [(1.0, 100.0), (2.0, 95.0), (1.5, 90.0), (8.0, 60.0), (4.0, 95.0), (8.0, 50.0)]
+    assert analysis.pareto_front(points) == [3, 4, 0]  # (1.5, 90) and (2, 95) are beaten by (4, 95)
+
+
+def test_paper_points_are_relative_to_each_papers_baseline():
+    by_label = {p.label: p for p in paper_points.PAPER_POINTS}
+    assert by_label["NAT+FT"].bleu_pct == pytest.approx(100 * 17.69 / 23.45)
+    assert by_label["SAT K=2"].bleu_pct == pytest.approx(100 * 26.09 / 27.11) and by_label["SAT K=2"].speedup == 2.07
+    assert by_label["RecoverSAT K=10"].bleu_pct == pytest.approx(100 * 26.32 / 27.17)
+    assert all(50 < p.bleu_pct <= 100 and p.speedup > 1 for p in paper_points.PAPER_POINTS)
 
 
 def test_length_bucket_assignment():

@@ -31,7 +31,11 @@ By source length (``--length-buckets``, subwords of the source, EOS excluded): e
 sentences and median batch-1 latency over its timed sentences, as a table in ``results.md``/``results.json`` and
 the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 2020 Fig. 2, Gu et al. 2018 Fig. 7).
 
-Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``bleu_vs_speedup.png``, ``by_length.png`` and
+``pareto.png``: every row's BLEU as % of the teacher beam row's against its batch-1 latency speedup over it (log
+scale), with this run's Pareto front and the papers' own claims (relative to their AR baselines;
+:mod:`.bench.paper_points`) as a grey reference.
+
+Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by_length.png`` and
 ``hyp.<slug>.txt`` (one detokenized hypothesis per line, in test-set order) for every row.
 """
 
@@ -49,8 +53,8 @@ from nat_plugins.cli.bench.analysis import (add_length_buckets, add_rep_mis, buc
                                            parse_length_buckets)
 from nat_plugins.cli.bench.measure import generation_cfg, load_split, measure_row, source_lengths
 from nat_plugins.cli.bench.report import markdown_table, run_metadata, write_report
-from nat_plugins.cli.bench.rows import (CTRANSLATE2_ROLES, ROLES, SYSTEM, BenchmarkError, RowSpec, ctranslate2_specs, parse_paired_tests,
-                                        parse_system_spec, teacher_specs)
+from nat_plugins.cli.bench.rows import (CTRANSLATE2_ROLES, ROLES, SYSTEM, BenchmarkError, RowSpec, ctranslate2_specs,
+                                        parse_paired_tests, parse_system_spec, teacher_specs)
 from nat_plugins.cli.ctranslate2_rows import ctranslate2_rows
 
 
@@ -59,8 +63,8 @@ def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nat-benchmark",
         description="Decode a test set with the AR teacher (beam and greedy) and plugin systems; write "
-        "BLEU, batch-1 latency, throughput, decoder calls and speedups to results.md/results.json and a "
-        "BLEU-vs-speedup plot.",
+        "BLEU, batch-1 latency, throughput, decoder calls and speedups to results.md/results.json, a "
+        "BLEU-vs-speedup plot (pareto.png) and a by-source-length plot (by_length.png).",
     )
     parser.add_argument("data_bin", help="fairseq data-bin directory (output of fairseq-preprocess)")
     parser.add_argument("--teacher", required=True, help="AR teacher checkpoint (a fairseq transformer)")

@@ -114,6 +114,16 @@ def add_length_buckets(rows: List[Row], source_lengths: List[int], references: L
         } for bucket, ids, ms in zip(buckets, members, latencies)]
 
 
+def pareto_front(points: List[tuple]) -> List[int]:
+    """Indices of the (speedup, quality) ``points`` no other point beats on both, fastest first."""
+    front, best = [], float("-inf")
+    for i in sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1])):
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
 def paired_bootstrap(pairs: List[tuple], hyps: Dict[str, List[str]], references: List[str]) -> List[dict]:
     """sacreBLEU's paired bootstrap resampling (Koehn 2004, 1,000 resamples) for every (baseline, system) pair of
     row names; ``hyps`` maps row names to their hypotheses."""

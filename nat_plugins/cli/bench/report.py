@@ -14,9 +14,11 @@ import torch
 import nat_plugins
 
 from ..rep_mis import repeated_ratio
+from .analysis import pareto_front
+from .paper_points import PAPER_POINTS
 from .rows import Row
 
-PLOT_FILE = "bleu_vs_speedup.png"
+PARETO_PLOT_FILE = "pareto.png"
 LENGTH_PLOT_FILE = "by_length.png"
 
 
@@ -196,20 +198,59 @@ def pyplot():
     return plt
 
 
-def plot(meta: dict, rows: List[Row], path: str):
-    """BLEU against batch-1 latency speedup vs the teacher's beam row; one marker per row, named in the legend."""
+# label offsets (points) tried in turn: right/left of the marker, then further above/below
+LABEL_OFFSETS = [(dx, dy) for dy in (3, -10, 12, -19, 21, -28) for dx in (5, -5)]
+
+
+def place_labels(ax, labels: List[tuple]):
+    """Write ``(x, y, text, style)`` labels next to their points, each at the first offset where it overlaps no
+    label placed before it and stays inside the axes (else the first offset)."""
+    renderer = ax.figure.canvas.get_renderer()
+    legend = ax.get_legend()
+    inside, placed = ax.get_window_extent(renderer), [legend.get_window_extent(renderer)] if legend else []
+    for x, y, text, style in labels:
+        for attempt, (dx, dy) in enumerate(LABEL_OFFSETS + [LABEL_OFFSETS[0]]):
+            artist = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                                 ha="left" if dx > 0 else "right", **style)
+            box = artist.get_window_extent(renderer)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            if attempt == len(LABEL_OFFSETS) or fits and not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            artist.remove()
+
+
+def plot_pareto(meta: dict, rows: List[Row], path: str):
+    """BLEU as % of the teacher beam row's against batch-1 latency speedup over it (log x): every row a labelled
+    point, this run's Pareto front dashed, the papers' claims (:mod:`.paper_points`, relative to their own AR
+    baselines) as hollow grey markers."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    markers = "osD^v<>Pp*hX"
-    for i, r in enumerate(rows):
-        ax.scatter(r.latency_speedup_vs_ar_beam, r.bleu, marker=markers[i % len(markers)], s=45,
-                   color=plt.cm.tab20(i % 20), label=r.name)
-    ax.set_xlabel(f"batch-1 latency speedup vs AR beam {meta['teacher_beam']} (×)")
-    ax.set_ylabel("BLEU (sacreBLEU)")
+    fig, ax = plt.subplots(figsize=(10, 6))
+    beam = f"AR beam {meta['teacher_beam']}"
+    shown = [r for r in rows if r.bleu_pct_of_teacher is not None]  # none if the teacher scored 0 BLEU
+    ax.scatter([p.speedup for p in PAPER_POINTS], [p.bleu_pct for p in PAPER_POINTS], s=40, facecolors="none",
+               edgecolors="0.55", label="paper (% of its own AR baseline, its speedup; WMT14 en-de)")
+    points = [(r.latency_speedup_vs_ar_beam, r.bleu_pct_of_teacher) for r in shown]
+    front = [points[i] for i in sorted(pareto_front(points), key=lambda i: points[i][0])]
+    if len(front) > 1:
+        ax.plot(*zip(*front), linestyle="--", color="tab:blue", alpha=0.5, linewidth=1, label="this run's Pareto front")
+    ax.scatter([x for x, _ in points], [y for _, y in points], s=36, color="tab:blue", zorder=3, label="this run")
+    ax.set_xscale("log")
+    ax.margins(x=0.12, y=0.08)
+    low, high = ax.get_xlim()
+    ax.set_xticks([t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64) if low <= t <= high])
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}×"))
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.axhline(100, color="0.8", linewidth=0.8)
+    ax.axvline(1, color="0.8", linewidth=0.8)
+    ax.set_xlabel(f"batch-1 latency speedup over {beam} (log scale)")
+    ax.set_ylabel(f"BLEU as % of {beam}")
     ax.set_title(f"{meta['title']}\n{meta['device']}, {meta['precision']}", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False)
+    ax.legend(loc="lower left", fontsize=7, frameon=False)
     fig.tight_layout()
+    place_labels(ax, [(x, y, r.name, {"fontsize": 7}) for r, (x, y) in zip(shown, points)]
+                 + [(p.speedup, p.bleu_pct, f"paper: {p.label}", {"fontsize": 6, "color": "0.5"}) for p in PAPER_POINTS])
     fig.savefig(path, dpi=150)
     plt.close(fig)
 
@@ -250,6 +291,6 @@ def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict]) 
         json.dump(results, f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown_report(meta, rows, paired))
-    plot(meta, rows, os.path.join(out_dir, PLOT_FILE))
+    plot_pareto(meta, rows, os.path.join(out_dir, PARETO_PLOT_FILE))
     plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))
     return results
