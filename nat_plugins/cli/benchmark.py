@@ -15,7 +15,8 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
   ``SequenceGenerator`` and ``IterativeRefinementGenerator`` and every plugin generator, auxiliary passes such
   as NPD's teacher rescoring and NAD-AD's NAD included), plus the mean of ``hypo["steps"]`` where the generator
   reports it;
-* speedups of latency and throughput against both teacher rows;
+* BLEU as % of the teacher beam row's; speedups of latency and throughput against both teacher rows and, with
+  ``--ctranslate2``, against the teacher decoded greedily by CTranslate2;
 * Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`.rep_mis`): the relative increment (%) of the repeated-token
   ratio (a token equal to one of the 2 before it) and of the ratio of reference tokens missing, over the
   teacher's greedy row; and the two ratios themselves (``rep_ratio``, ``mis_ratio``, %), on the words of

@@ -89,8 +89,9 @@ def progress(iterable: Iterable, prefix: str, common_cfg=None) -> Iterator:
     otherwise; ``common_cfg``: fairseq's ``common`` config for ``--log-format/--no-progress-bar``)."""
     log_format = getattr(common_cfg, "log_format", None)
     quiet = getattr(common_cfg, "no_progress_bar", False)
-    bar = progress_bar.progress_bar(iterable, log_format=log_format, log_interval=getattr(common_cfg, "log_interval", 100),
-                                    prefix=prefix, default_log_format="simple" if quiet else "tqdm")
+    interval = getattr(common_cfg, "log_interval", 100)
+    bar = progress_bar.progress_bar(iterable, log_format=log_format, log_interval=interval, prefix=prefix,
+                                    default_log_format="simple" if quiet else "tqdm")
     for done, item in enumerate(bar, 1):
         yield item
         bar.log({"done": done})

@@ -17,12 +17,12 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
-from torch import nn
 from fairseq import options, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq_cli.generate import get_symbols_to_strip_from_output
+from torch import nn
 
 from ...modules.teacher import FrozenTeacher
 from ..decoding import Generation, load_generation, progress

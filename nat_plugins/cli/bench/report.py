@@ -88,31 +88,33 @@ def _fmt(value, digits=2, suffix=""):
 def markdown_table(rows: List[Row], teacher_beam: int) -> str:
     """The results as a markdown table (speedups against CTranslate2 only when its rows were measured)."""
     beam = f"beam {teacher_beam}"
-    ct2 = any(r.latency_speedup_vs_ct2_greedy is not None for r in rows)
-    columns = [
-        ("BLEU", lambda r: _fmt(r.bleu)),
-        (f"% of teacher {beam}", lambda r: _fmt(r.bleu_pct_of_teacher, 1)),
-        ("latency ms (median)", lambda r: _fmt(r.latency_ms_median, 1)),
-        ("latency ms (p90)", lambda r: _fmt(r.latency_ms_p90, 1)),
-        ("latency ms (mean)", lambda r: _fmt(r.latency_ms_mean, 1)),
-        (f"latency × vs {beam}", lambda r: _fmt(r.latency_speedup_vs_ar_beam, 2, "×")),
-        ("latency × vs greedy", lambda r: _fmt(r.latency_speedup_vs_ar_greedy, 2, "×")),
-    ] + ([("latency × vs CTranslate2 greedy", lambda r: _fmt(r.latency_speedup_vs_ct2_greedy, 2, "×"))] if ct2 else []) + [
-        ("sent/s (batch)", lambda r: _fmt(r.throughput_sent_per_s, 1)),
-        (f"throughput × vs {beam}", lambda r: _fmt(r.throughput_speedup_vs_ar_beam, 2, "×")),
-        ("throughput × vs greedy", lambda r: _fmt(r.throughput_speedup_vs_ar_greedy, 2, "×")),
-    ] + ([("throughput × vs CTranslate2 greedy", lambda r: _fmt(r.throughput_speedup_vs_ct2_greedy, 2, "×"))]
-         if ct2 else []) + [
-        ("decoder calls / sent", lambda r: _fmt(r.decoder_calls_per_sentence)),
-        ("tokens / call", lambda r: _fmt(r.tokens_per_call)),
-        ("steps", lambda r: _fmt(r.mean_steps)),
-        ("Rep", lambda r: _fmt(r.rep)),
-        ("Mis", lambda r: _fmt(r.mis)),
-        ("rep. tokens %", lambda r: _fmt(r.rep_ratio)),
-        ("missing tokens %", lambda r: _fmt(r.mis_ratio)),
+    columns = [  # (title, Row attribute, decimals, suffix)
+        ("BLEU", "bleu", 2, ""),
+        (f"% of teacher {beam}", "bleu_pct_of_teacher", 1, ""),
+        ("latency ms (median)", "latency_ms_median", 1, ""),
+        ("latency ms (p90)", "latency_ms_p90", 1, ""),
+        ("latency ms (mean)", "latency_ms_mean", 1, ""),
+        (f"latency × vs {beam}", "latency_speedup_vs_ar_beam", 2, "×"),
+        ("latency × vs greedy", "latency_speedup_vs_ar_greedy", 2, "×"),
+        ("latency × vs CTranslate2 greedy", "latency_speedup_vs_ct2_greedy", 2, "×"),
+        ("sent/s (batch)", "throughput_sent_per_s", 1, ""),
+        (f"throughput × vs {beam}", "throughput_speedup_vs_ar_beam", 2, "×"),
+        ("throughput × vs greedy", "throughput_speedup_vs_ar_greedy", 2, "×"),
+        ("throughput × vs CTranslate2 greedy", "throughput_speedup_vs_ct2_greedy", 2, "×"),
+        ("decoder calls / sent", "decoder_calls_per_sentence", 2, ""),
+        ("tokens / call", "tokens_per_call", 2, ""),
+        ("steps", "mean_steps", 2, ""),
+        ("Rep", "rep", 2, ""),
+        ("Mis", "mis", 2, ""),
+        ("rep. tokens %", "rep_ratio", 2, ""),
+        ("missing tokens %", "mis_ratio", 2, ""),
     ]
-    lines = ["| system | " + " | ".join(title for title, _ in columns) + " |", "|---|" + "---:|" * len(columns)]
-    lines += ["| " + " | ".join([r.name] + [cell(r) for _, cell in columns]) + " |" for r in rows]
+    if all(r.latency_speedup_vs_ct2_greedy is None for r in rows):
+        columns = [column for column in columns if "_ct2_" not in column[1]]
+    lines = ["| system | " + " | ".join(title for title, *_ in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for r in rows:
+        cells = [_fmt(getattr(r, attr), digits, suffix) for _, attr, digits, suffix in columns]
+        lines.append("| " + " | ".join([r.name] + cells) + " |")
     return "\n".join(lines)
 
 
@@ -249,8 +251,9 @@ def plot_pareto(meta: dict, rows: List[Row], path: str):
     ax.grid(alpha=0.3)
     ax.legend(loc="lower left", fontsize=7, frameon=False)
     fig.tight_layout()
+    paper_style = {"fontsize": 6, "color": "0.5"}
     place_labels(ax, [(x, y, r.name, {"fontsize": 7}) for r, (x, y) in zip(shown, points)]
-                 + [(p.speedup, p.bleu_pct, f"paper: {p.label}", {"fontsize": 6, "color": "0.5"}) for p in PAPER_POINTS])
+                 + [(p.speedup, p.bleu_pct, f"paper: {p.label}", paper_style) for p in PAPER_POINTS])
     fig.savefig(path, dpi=150)
     plt.close(fig)
 

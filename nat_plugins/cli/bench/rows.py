@@ -131,7 +131,7 @@ class Row:
     decoder_calls_per_sentence: Optional[float] = None  # None: not observable (CTranslate2)
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None  # mean of hypo["steps"] where the generator reports it
-    # derived by analysis.compare (None where the reference row is absent)
+    # derived against the other rows by .analysis (None where the reference row is absent)
     bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
     latency_speedup_vs_ar_beam: Optional[float] = None
     latency_speedup_vs_ar_greedy: Optional[float] = None
@@ -186,11 +186,11 @@ class Row:
     def to_json(self) -> Dict:
         """The ``results.json`` row: the spec, every measurement and the summary statistics (hypotheses are in
         ``hyp_file``)."""
-        derived = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("spec", "hyps")}
+        measured = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("spec", "hyps")}
         return {
             "name": self.name, "slug": self.spec.slug, "role": self.role, "checkpoint": self.spec.checkpoint,
             "args": self.spec.args, "hyp_file": self.hyp_file, "num_sentences": self.num_sentences,
             "throughput_sent_per_s": self.throughput_sent_per_s, "latency_ms_median": self.latency_ms_median,
             "latency_ms_p90": self.latency_ms_p90, "latency_ms_mean": self.latency_ms_mean,
-            "latency_sentences_timed": len(self.timed_latency_ms), **derived,
+            "latency_sentences_timed": len(self.timed_latency_ms), **measured,
         }
