@@ -237,14 +237,14 @@ def plot_pareto(meta: dict, rows: List[Row], path: str):
     if len(front) > 1:
         ax.plot(*zip(*front), linestyle="--", color="tab:blue", alpha=0.5, linewidth=1, label="this run's Pareto front")
     ax.scatter([x for x, _ in points], [y for _, y in points], s=36, color="tab:blue", zorder=3, label="this run")
+    ax.axhline(100, color="0.8", linewidth=0.8)
+    ax.axvline(1, color="0.8", linewidth=0.8)  # the teacher beam row
     ax.set_xscale("log")
     ax.margins(x=0.12, y=0.08)
     low, high = ax.get_xlim()
     ax.set_xticks([t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64) if low <= t <= high])
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}×"))
     ax.xaxis.set_minor_formatter(plt.NullFormatter())
-    ax.axhline(100, color="0.8", linewidth=0.8)
-    ax.axvline(1, color="0.8", linewidth=0.8)
     ax.set_xlabel(f"batch-1 latency speedup over {beam} (log scale)")
     ax.set_ylabel(f"BLEU as % of {beam}")
     ax.set_title(f"{meta['title']}\n{meta['device']}, {meta['precision']}", fontsize=9)
