@@ -1,24 +1,45 @@
-"""Tests of the benchmark harness (nat_plugins/cli/benchmark.py).
+"""Tests of the benchmark harness (nat_plugins/cli/benchmark.py and nat_plugins/cli/bench/).
 
 End to end on the session's tiny teacher (toy sN -> tN data, 40 test sentences), all in-process: the
-teacher rows and one ``--system`` row that is the same teacher decoded greedily through ``--task translation``.
+teacher rows, a ``--system`` row that is the same teacher decoded greedily through ``--task translation`` and one of
+fairseq's own CMLM (2 updates) decoded by its IterativeRefinementGenerator for exactly 5 passes.
 """
 
 import json
 import os
 
+import numpy as np
 import pytest
 import sacrebleu
+import torch
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.cli import benchmark, rep_mis
+from nat_plugins.cli import benchmark, ctranslate2_rows, rep_mis
+from nat_plugins.cli.bench import analysis, measure, paper_points, report, rows as bench_rows
+from nat_plugins.cli.bench.rows import BenchmarkError
+from nat_plugins.cli.decoding import Generation
+
+from .utils import TINY_TRANSFORMER, train_model
 
 SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
+PAIRED = "AR teacher, greedy::same teacher greedy"
+CMLM = "fairseq CMLM=CHECKPOINT::--task translation_lev --iter-decode-max-iter 4 --iter-decode-force-max-iter"
 NUM_TEST = 40
+NAMES = ["AR teacher, beam 4", "AR teacher, greedy", "fairseq CMLM", "same teacher greedy"]
+TINY_CMLM_ARGS = ["--arch", "cmlm_transformer"] + TINY_TRANSFORMER[2:] + [
+    "--task", "translation_lev", "--noise", "random_mask", "--criterion", "nat_loss", "--disable-validation"]
 
 
 @pytest.fixture(scope="module")
-def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
+def tiny_cmlm(dummy_data_bin, tmp_path_factory):
+    """fairseq's own CMLM (fairseq.models.nat) after 2 updates."""
+    return train_model(dummy_data_bin, str(tmp_path_factory.mktemp("cmlm")), TINY_CMLM_ARGS, max_update=2)
+
+
+@pytest.fixture(scope="module")
+def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tiny_cmlm, tmp_path_factory):
     """One benchmark run: its arguments, output directory and returned results."""
     out_dir = str(tmp_path_factory.mktemp("bench"))
     reference = os.path.join(dummy_raw, "test.tgt")
@@ -27,8 +48,9 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path_factory):
         f.write("t1 t1 t2\nt3 t1\n")
     argv = [
         dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
-        "--post-process", "none", "--warmup", "2", "--batch-size", "12",
-        "--distilled-targets", distilled, "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
+        "--post-process", "none", "--warmup", "2", "--batch-size", "12", "--length-buckets", "4,7",
+        "--distilled-targets", distilled, "--paired-test", PAIRED, "--system", CMLM.replace("CHECKPOINT", tiny_cmlm),
+        "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
     results = benchmark.main(benchmark.get_parser().parse_args(argv))
     return {"teacher": tiny_teacher, "reference": reference, "out": out_dir, "argv": argv, "results": results}
@@ -43,7 +65,7 @@ def _args(fixture, **changes):
 
 
 def test_outputs_written(fixture):
-    names = {"results.md", "results.json", benchmark.PLOT_FILE}
+    names = {"results.md", "results.json", report.PARETO_PLOT_FILE, report.LENGTH_PLOT_FILE}
     names |= {f"hyp.{slug}.txt" for slug in ("ar-teacher-beam-4", "ar-teacher-greedy", "same-teacher-greedy")}
     for name in names:
         assert os.path.getsize(os.path.join(fixture["out"], name)) > 0, name
@@ -54,26 +76,146 @@ def test_outputs_written(fixture):
 def test_json_rows_and_metadata(fixture):
     with open(os.path.join(fixture["out"], "results.json"), encoding="utf-8") as f:
         results = json.load(f)
-    assert [r["name"] for r in results["rows"]] == ["AR teacher, beam 4", "AR teacher, greedy", "same teacher greedy"]
+    assert [r["name"] for r in results["rows"]] == NAMES
+    assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system", "system"]
     expected = {
-        "name", "slug", "checkpoint", "args", "bleu", "bleu_signature", "hyp_file", "num_sentences",
-        "throughput_sent_per_s", "throughput_seconds", "latency_ms_median", "latency_ms_mean",
-        "latency_sentences_timed", "decoder_calls_per_sentence", "tokens_per_call", "mean_steps",
-        "latency_speedup_vs_ar_beam", "latency_speedup_vs_ar_greedy",
-        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "rep", "mis", "rep_ratio", "mis_ratio",
+        "name", "slug", "role", "generator", "length_limit", "checkpoint", "args", "bleu", "bleu_signature",
+        "hyp_file", "num_sentences", "throughput_sent_per_s", "throughput_seconds", "latency_ms_median",
+        "latency_ms_p90", "latency_ms_mean", "latency_sentences_timed", "timed_ids", "timed_latency_ms",
+        "decoder_calls_per_sentence", "tokens_per_call", "mean_steps", "latency_speedup_vs_ar_beam",
+        "latency_speedup_vs_ar_greedy", "latency_speedup_vs_ct2_greedy",
+        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "throughput_speedup_vs_ct2_greedy",
+        "bleu_pct_of_teacher", "rep", "mis", "rep_ratio", "mis_ratio", "timed_src_lengths", "by_length",
     }
     for row in results["rows"]:
         assert set(row) == expected
         assert row["num_sentences"] == NUM_TEST and row["latency_sentences_timed"] == NUM_TEST - 2
-        assert row["latency_ms_median"] > 0 and row["latency_ms_mean"] > 0
+        assert row["timed_ids"] == list(range(2, NUM_TEST)) and len(row["timed_latency_ms"]) == NUM_TEST - 2
+        assert 0 < row["latency_ms_median"] <= row["latency_ms_p90"] <= max(row["timed_latency_ms"])
+        assert row["latency_ms_p90"] == pytest.approx(np.percentile(row["timed_latency_ms"], 90))
+        assert row["latency_ms_mean"] == pytest.approx(np.mean(row["timed_latency_ms"]))
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
-        assert row["mean_steps"] is None  # SequenceGenerator does not report steps
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
+    teacher_bleu = results["rows"][0]["bleu"]
+    for row in results["rows"]:  # no --ctranslate2: nothing to compare with
+        assert row["bleu_pct_of_teacher"] == pytest.approx(100 * row["bleu"] / teacher_bleu)
+        assert row["latency_speedup_vs_ct2_greedy"] is None and row["throughput_speedup_vs_ct2_greedy"] is None
     assert results["rows"][1]["throughput_speedup_vs_ar_greedy"] == pytest.approx(1.0)
     meta = results["meta"]
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key
     assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
+    assert meta["latency_sentences_timed"] == NUM_TEST - 2
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert f"**{NUM_TEST - 2} sentences timed** (sentences 3-{NUM_TEST} of the split" in markdown
+    assert ("| system | BLEU | % of teacher beam 4 | latency ms (median) | latency ms (p90) | latency ms (mean) |"
+            in markdown)
+    assert "CTranslate2" not in markdown
+
+
+def fixed_row(name, role, bleu, latency_ms, seconds):
+    """A row of fixed measurements: 4 sentences decoded in ``seconds``, one timed at batch 1 in ``latency_ms``."""
+    return bench_rows.Row(bench_rows.RowSpec(name, "x.pt", role=role), ["h"] * 4, bleu, "sig", seconds, [0],
+                          [latency_ms], "SequenceGenerator", "0·|x| + 200")
+
+
+def test_percent_of_teacher_and_speedups_on_fixed_rows():
+    rows = [fixed_row("system", bench_rows.SYSTEM, 20.0, 10.0, 1.0),
+            fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 80.0, 4.0),
+            fixed_row("ct2 greedy", bench_rows.CT2_GREEDY, 24.0, 20.0, 0.5),
+            fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 40.0, 2.0)]
+    analysis.compare(rows)
+    system, beam, ct2, greedy = rows  # found by role, not by position
+    assert [row.bleu_pct_of_teacher for row in (system, beam, ct2)] == pytest.approx([80, 100, 96])
+    assert (system.latency_speedup_vs_ar_beam, system.latency_speedup_vs_ar_greedy,
+            system.latency_speedup_vs_ct2_greedy) == pytest.approx((8, 4, 2))
+    assert (system.throughput_speedup_vs_ar_beam, system.throughput_speedup_vs_ar_greedy,
+            system.throughput_speedup_vs_ct2_greedy) == pytest.approx((4, 2, 0.5))
+    assert ct2.latency_speedup_vs_ct2_greedy == greedy.latency_speedup_vs_ar_greedy == 1
+    table = report.markdown_table(rows, 4)
+    assert "| latency × vs greedy | latency × vs CTranslate2 greedy | sent/s (batch) |" in table
+    assert "| system | 20.00 | 80.0 | 10.0 |" in table and "| 2.00× | 4.0 | 4.00× | 2.00× | 0.50× |" in table
+    with pytest.raises(BenchmarkError, match="one row with role 'teacher_greedy', found 0"):
+        analysis.compare(rows[:3])
+
+
+def test_bleu_and_latency_by_source_length(fixture):
+    """--length-buckets 4,7 on sources of 2-10 words: every row's BLEU over each bucket's sentences and median
+    latency over its timed ones; the bucket sizes in the header."""
+    with open(os.path.join(os.path.dirname(fixture["reference"]), "test.src"), encoding="utf-8") as f:
+        lengths = [len(line.split()) for line in f]
+    with open(fixture["reference"], encoding="utf-8") as f:
+        references = f.read().splitlines()
+    meta = fixture["results"]["meta"]
+    buckets = [range(1, 5), range(5, 8), range(8, 100)]
+    assert [b["bucket"] for b in meta["length_buckets"]] == ["1-4", "5-7", "8+"]
+    assert [b["sentences"] for b in meta["length_buckets"]] == [sum(n in b for n in lengths) for b in buckets]
+    assert [b["timed_sentences"] for b in meta["length_buckets"]] == [sum(n in b for n in lengths[2:]) for b in buckets]
+    assert meta["length_plot_rows"] == NAMES  # default: every row but CTranslate2's
+    for row in fixture["results"]["rows"]:
+        hyps = open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read().splitlines()
+        assert row["timed_src_lengths"] == [lengths[i] for i in row["timed_ids"]]
+        for bucket, cell in zip(buckets, row["by_length"]):
+            ids = [i for i, n in enumerate(lengths) if n in bucket]
+            timed = [ms for n, ms in zip(row["timed_src_lengths"], row["timed_latency_ms"]) if n in bucket]
+            assert cell["sentences"] == len(ids) and cell["timed_sentences"] == len(timed)
+            assert cell["bleu"] == pytest.approx(sacrebleu.corpus_bleu([hyps[i] for i in ids],
+                                                                       [[references[i] for i in ids]]).score)
+            assert cell["latency_ms_median"] == pytest.approx(np.median(timed))
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    n = meta["length_buckets"][0]
+    assert f"| system | 1-4 ({n['sentences']} sent., {n['timed_sentences']} timed) | 5-7 (" in markdown
+    with pytest.raises(BenchmarkError, match="--length-plot-rows: no row named 'nosuch'"):
+        benchmark.main(_args(fixture, length_plot_rows=["AR teacher, greedy", "nosuch"]))
+
+
+def test_pareto_front_on_fixed_points():
+    points = [(1.0, 100.0), (2.0, 95.0), (1.5, 90.0), (8.0, 60.0), (4.0, 95.0), (8.0, 50.0)]
+    assert analysis.pareto_front(points) == [3, 4, 0]  # (1.5, 90) and (2, 95) are beaten by (4, 95)
+
+
+def test_paper_points_are_relative_to_each_papers_baseline():
+    by_label = {p.label: p for p in paper_points.PAPER_POINTS}
+    assert by_label["NAT+FT"].bleu_pct == pytest.approx(100 * 17.69 / 23.45)
+    assert by_label["SAT K=2"].bleu_pct == pytest.approx(100 * 26.09 / 27.11) and by_label["SAT K=2"].speedup == 2.07
+    assert by_label["RecoverSAT K=10"].bleu_pct == pytest.approx(100 * 26.32 / 27.17)
+    assert all(50 < p.bleu_pct <= 100 and p.speedup > 1 for p in paper_points.PAPER_POINTS)
+
+
+def test_length_bucket_assignment():
+    buckets = analysis.parse_length_buckets("10,20,30")
+    assert [b.label for b in buckets] == ["1-10", "11-20", "21-30", "31+"]
+    assert [analysis.bucket_of(n, buckets) for n in (0, 1, 10, 11, 20, 21, 30, 31, 500)] == [0, 0, 0, 1, 1, 2, 2, 3, 3]
+    assert [b.label for b in analysis.parse_length_buckets("5")] == ["1-5", "6+"]
+    for bad in ("20,10", "10,10", "0,5", "ten", ""):
+        with pytest.raises(BenchmarkError, match="--length-buckets"):
+            analysis.parse_length_buckets(bad)
+    counts = analysis.bucket_counts([3, 12, 40, 7, 15], [1, 2, 3], buckets)
+    assert [(c["sentences"], c["timed_sentences"]) for c in counts] == [(2, 1), (2, 1), (0, 0), (1, 1)]
+
+
+def test_by_length_of_fixed_rows():
+    """Buckets without timed sentences have no latency; BLEU is sacreBLEU's over the bucket's sentences."""
+    refs = ["a b c d", "e f g h", "i j k l m n o p q r s t"]
+    row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["a b c d", "e f x h", "i j k l m n o p q r s t"], 0.0, "sig",
+                         1.0, [1], [7.0], "SequenceGenerator", "0·|x| + 200")
+    analysis.add_length_buckets([row], [2, 3, 12], refs, analysis.parse_length_buckets("10"))
+    short, long = row.by_length
+    assert (short["sentences"], short["timed_sentences"], short["latency_ms_median"]) == (2, 1, 7.0)
+    assert short["bleu"] == pytest.approx(sacrebleu.corpus_bleu(row.hyps[:2], [refs[:2]]).score)
+    assert (long["sentences"], long["timed_sentences"], long["latency_ms_median"]) == (1, 0, None)
+    assert long["bleu"] == pytest.approx(100)
+    assert row.timed_src_lengths == [3]
+
+
+def test_latency_percentiles_on_a_known_list():
+    assert bench_rows.percentile(list(range(1, 11)), 90) == pytest.approx(9.1)
+    assert bench_rows.percentile([5.0], 90) == 5.0
+    row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["h"] * 4, 0.0, "sig", 1.0, [0, 1, 2, 3],
+                         [4.0, 1.0, 3.0, 2.0], "SequenceGenerator", "0·|x| + 200")
+    assert (row.latency_ms_median, row.latency_ms_p90, row.latency_ms_mean) == pytest.approx((2.5, 3.7, 2.5))
+    with pytest.raises(ValueError, match="percentile of no values"):
+        bench_rows.percentile([], 90)
 
 
 def test_distilled_targets_repetition_is_reported(fixture, tmp_path):
@@ -81,7 +223,7 @@ def test_distilled_targets_repetition_is_reported(fixture, tmp_path):
     assert kd["sentences"] == 2 and kd["repeated_subwords"] == pytest.approx(20.0)
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert "2 sentences, 20.00% of the subwords repeat the one before" in markdown
-    with pytest.raises(benchmark.BenchmarkError, match="--distilled-targets .* does not exist"):
+    with pytest.raises(BenchmarkError, match="--distilled-targets .* does not exist"):
         benchmark.main(_args(fixture, distilled_targets=str(tmp_path / "none.txt")))
 
 
@@ -101,19 +243,90 @@ def test_rep_mis_of_every_row(fixture):
         assert row["mis_ratio"] == pytest.approx(rep_mis.missing_ratio(hyps, references))
         assert row["rep"] == pytest.approx(100 * (row["rep_ratio"] / greedy["rep_ratio"] - 1))
         assert row["mis"] == pytest.approx(100 * (row["mis_ratio"] / greedy["mis_ratio"] - 1))
-    assert greedy["rep"] == greedy["mis"] == rows[2]["rep"] == rows[2]["mis"] == 0.0
+    same = next(row for row in rows if row["name"] == "same teacher greedy")
+    assert greedy["rep"] == greedy["mis"] == same["rep"] == same["mis"] == 0.0
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert "| Rep | Mis | rep. tokens % | missing tokens % |" in markdown and "eq. 7-10" in markdown
 
 
 def test_system_row_matches_greedy_teacher(fixture):
-    beam, greedy, system = fixture["results"]["rows"]
+    beam, greedy, _cmlm, system = fixture["results"]["rows"]
     read = lambda row: open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read()
     assert read(system) == read(greedy)
     assert system["decoder_calls_per_sentence"] == greedy["decoder_calls_per_sentence"]
     # greedy AR emits exactly one token (the last one EOS) per decoder call
     assert greedy["tokens_per_call"] == pytest.approx(1.0)
     assert beam["decoder_calls_per_sentence"] >= 1
+
+
+def test_decoder_passes_of_fairseqs_iterative_refinement(fixture):
+    """fairseq's CMLM row: IterativeRefinementGenerator forced to 5 passes (its hypo["steps"] counts from 0);
+    the AR rows: SequenceGenerator reports no steps."""
+    rows = {row["name"]: row for row in fixture["results"]["rows"]}
+    cmlm = rows["fairseq CMLM"]
+    assert cmlm["decoder_calls_per_sentence"] == 5 and cmlm["mean_steps"] == 4
+    assert cmlm["tokens_per_call"] > 0 and cmlm["generator"] == "IterativeRefinementGenerator"
+    assert all(rows[name]["mean_steps"] is None for name in NAMES if name != "fairseq CMLM")
+
+
+def test_length_limit_policy_is_stated(fixture):
+    """fairseq's default limit for every row but the CMLM, whose generator ignores it."""
+    assert fixture["results"]["meta"]["length_limit"] == {"limit": "0·|x| + 200", "except": {
+        "fairseq CMLM": "the model's predicted length (IterativeRefinementGenerator ignores --max-len-a/b)"}}
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert "- output length limit: max_len = 0·|x| + 200 (|x|: source subwords incl. EOS;" in markdown
+    assert "for every row; except fairseq CMLM: the model's predicted length" in markdown
+
+
+def build_generation(data_bin, task_args, arch_args, gen_args):
+    """An untrained tiny model built through ``task_args``'s task and its generator for ``gen_args``."""
+    train = options.parse_args_and_arch(options.get_training_parser(), [data_bin] + task_args + arch_args + TINY)
+    task = tasks.setup_task(train)
+    task.load_dataset("test")
+    torch.manual_seed(0)
+    model = task.build_model(train, from_checkpoint=True).eval()  # as decoding rebuilds it: no side files needed
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(
+        options.get_generation_parser(), [data_bin, "--cpu"] + task_args + gen_args))
+    return Generation(cfg, task, [model], task.build_generator([model], cfg.generation), use_cuda=False)
+
+
+TINY = TINY_TRANSFORMER[2:]
+NAT_TASK = ["--task", "translation_nat"]
+LEV_TASK = ["--task", "translation_lev"]
+SHORT = ["--beam", "1", "--max-len-b", "6"]
+STEPS = lambda hypo: hypo["steps"]  # the plugin generators report their decoder passes
+
+
+@pytest.mark.parametrize("task_args, arch_args, gen_args, expected", [
+    (NAT_TASK, ["--arch", "transformer"], SHORT, lambda hypo: len(hypo["tokens"])),  # SequenceGenerator: 1 per token
+    (NAT_TASK, ["--arch", "sat_transformer", "--group-size", "2"], SHORT, STEPS),
+    (NAT_TASK, ["--arch", "recover_sat", "--num-segments", "2"], SHORT, STEPS),
+    (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3"], SHORT, STEPS),
+    (NAT_TASK, ["--arch", "fertility_nat"], SHORT, lambda hypo: 1),
+    (NAT_TASK + ["--fertility-decoding", "npd", "--npd-samples", "3", "--npd-teacher", "TEACHER"],
+     ["--arch", "fertility_nat"], SHORT, lambda hypo: 2),  # the NAT's pass + the teacher's rescoring pass
+    (NAT_TASK, ["--arch", "nad_ad_transformer"], SHORT, lambda hypo: 1 + len(hypo["tokens"])),  # NAD once, then AD
+    (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "4", "--iter-decode-force-max-iter"],
+     lambda hypo: 5),
+    (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "9"], lambda hypo: hypo["steps"] + 1),
+    (LEV_TASK, ["--arch", "nonautoregressive_transformer"], ["--iter-decode-max-iter", "0"], lambda hypo: 1),
+], ids=["SequenceGenerator", "SAT", "RecoverSAT", "blockwise", "NAT", "NAT-NPD", "NAD-AD", "CMLM-forced",
+        "CMLM-adaptive", "fairseq-NAT"])
+def test_decoder_passes_of_every_generator(dummy_data_bin, tiny_teacher, task_args, arch_args, gen_args, expected):
+    """Batch-1 decoder passes counted by the benchmark == what each generator does (plugin generators report it as
+    hypo["steps"]; IterativeRefinementGenerator's steps count from 0)."""
+    task_args = [tiny_teacher if a == "TEACHER" else a for a in task_args]
+    generation = build_generation(dummy_data_bin, task_args, arch_args, gen_args)
+    dataset = generation.dataset
+    counter = measure.DecoderPassCounter(generation.models, measure.auxiliary_models(generation.generator))
+    with counter:
+        for index in range(4):
+            counter.reset()
+            hypo = generation.decode(dataset.collater([dataset[index]]))[0][0]
+            assert counter.passes == expected(hypo) >= 1, index
+    counter.reset()
+    generation.decode(dataset.collater([dataset[0]]))
+    assert counter.counts == [0] * len(counter.counts)  # hooks removed on exit
 
 
 def test_bleu_equals_sacrebleu_on_hyp_files(fixture):
@@ -129,19 +342,19 @@ def test_bleu_equals_sacrebleu_on_hyp_files(fixture):
 def test_reference_line_count_mismatch(fixture, tmp_path):
     short = tmp_path / "short.de"
     short.write_text("".join(open(fixture["reference"], encoding="utf-8").readlines()[:39]), encoding="utf-8")
-    with pytest.raises(benchmark.BenchmarkError, match=r"--reference .* 39 lines .* 40 sentences"):
+    with pytest.raises(BenchmarkError, match=r"--reference .* 39 lines .* 40 sentences"):
         benchmark.main(_args(fixture, reference=str(short), out_dir=str(tmp_path / "out")))
 
 
 def test_missing_split(fixture, tmp_path):
-    with pytest.raises(benchmark.BenchmarkError, match="--gen-subset 'nosuch'"):
+    with pytest.raises(BenchmarkError, match="--gen-subset 'nosuch'"):
         benchmark.main(_args(fixture, gen_subset="nosuch", out_dir=str(tmp_path / "out")))
 
 
 def test_missing_checkpoints(fixture, tmp_path):
-    with pytest.raises(benchmark.BenchmarkError, match="--teacher: checkpoint"):
+    with pytest.raises(BenchmarkError, match="--teacher: checkpoint"):
         benchmark.main(_args(fixture, teacher=str(tmp_path / "none.pt")))
-    with pytest.raises(benchmark.BenchmarkError, match="--system 'x': checkpoint"):
+    with pytest.raises(BenchmarkError, match="--system 'x': checkpoint"):
         benchmark.main(_args(fixture, system=[f"x={tmp_path / 'none.pt'}"]))
 
 
@@ -166,12 +379,12 @@ def test_cli_error_exit(fixture, tmp_path, capsys):
     ],
 )
 def test_parse_system_spec(spec, name, checkpoint, args):
-    parsed = benchmark.parse_system_spec(spec)
+    parsed = bench_rows.parse_system_spec(spec)
     assert (parsed.name, parsed.checkpoint, parsed.args) == (name, checkpoint, args)
 
 
 def test_system_slug():
-    assert benchmark.parse_system_spec("SAT, K=2 (greedy)=a.pt").slug == "sat-k-2-greedy"
+    assert bench_rows.parse_system_spec("SAT, K=2 (greedy)=a.pt").slug == "sat-k-2-greedy"
 
 
 @pytest.mark.parametrize(
@@ -187,25 +400,27 @@ def test_system_slug():
     ],
 )
 def test_parse_system_spec_malformed(spec, message):
-    with pytest.raises(benchmark.BenchmarkError, match=message.replace("(", r"\(")) as err:
-        benchmark.parse_system_spec(spec)
+    with pytest.raises(BenchmarkError, match=message.replace("(", r"\(")) as err:
+        bench_rows.parse_system_spec(spec)
     assert repr(spec) in str(err.value)
 
 
 def test_generate_args_reach_every_row_and_are_checked(fixture, tmp_path):
-    results = benchmark.main(_args(fixture, generate_args="--max-len-a 0 --max-len-b 2", system=[],
+    results = benchmark.main(_args(fixture, generate_args="--max-len-a 0 --max-len-b 2", system=[], paired_test=[],
                                    out_dir=str(tmp_path / "out")))
     for row in results["rows"]:  # at most 2 tokens per sentence, teacher rows included
         with open(tmp_path / "out" / row["hyp_file"], encoding="utf-8") as f:
             assert all(len(line.split()) <= 2 for line in f)
     assert results["meta"]["generate_args"] == "--max-len-a 0 --max-len-b 2"
-    with pytest.raises(benchmark.BenchmarkError, match="--generate-args: --path is set by the benchmark"):
+    assert results["meta"]["length_limit"] == {"limit": "0·|x| + 2", "except": {}}
+    assert "max_len = 0·|x| + 2 (|x|" in open(tmp_path / "out" / "results.md", encoding="utf-8").read()
+    with pytest.raises(BenchmarkError, match="--generate-args: --path is set by the benchmark"):
         benchmark.main(_args(fixture, generate_args="--path x.pt", out_dir=str(tmp_path / "out2")))
 
 
 def test_bad_generate_args_name_the_row(fixture, tmp_path):
     spec = "bad=" + fixture["teacher"] + "::--task translation --no-such-option"
-    with pytest.raises(benchmark.BenchmarkError, match="row 'bad': fairseq-generate rejected"):
+    with pytest.raises(BenchmarkError, match="row 'bad': fairseq-generate rejected"):
         benchmark.main(_args(fixture, system=[spec], out_dir=str(tmp_path / "out")))
 
 
@@ -214,36 +429,43 @@ def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is installed by run_scripts/setup_env.sh")
     args = _args(fixture, out_dir=str(tmp_path), ctranslate2=True)
     references = benchmark.check_inputs(args, [])
-    teacher_cfg = benchmark.generation_cfg(args, benchmark.teacher_specs(args)[1], use_cuda=False)
-    beam, greedy = benchmark.ctranslate2_rows(args, teacher_cfg, references, use_cuda=False)
-    assert beam["name"] == "AR teacher, beam 4 (CTranslate2)" and greedy["name"] == "AR teacher, greedy (CTranslate2)"
-    read = lambda directory, row: open(os.path.join(directory, row["hyp_file"]), encoding="utf-8").read().splitlines()
-    ct2_greedy, fairseq_greedy = read(str(tmp_path), greedy), read(fixture["out"], fixture["results"]["rows"][1])
-    same = sum(a == b for a, b in zip(ct2_greedy, fairseq_greedy))
-    assert len(ct2_greedy) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
-    assert greedy["latency_sentences_timed"] == NUM_TEST - 2 and greedy["decoder_calls_per_sentence"] is None
-    assert abs(beam["bleu"] - fixture["results"]["rows"][0]["bleu"]) < 2.0
+    teacher_spec = bench_rows.teacher_specs(args.teacher, args.teacher_beam)[1]
+    task, dataset = measure.load_split(measure.generation_cfg(args, teacher_spec, use_cuda=False), teacher_spec.name)
+    beam, greedy = ctranslate2_rows.ctranslate2_rows(args, task, dataset, references, NUM_TEST, use_cuda=False)
+    assert beam.name == "AR teacher, beam 4 (CTranslate2)" and greedy.name == "AR teacher, greedy (CTranslate2)"
+    assert (beam.role, greedy.role) == (bench_rows.CT2_BEAM, bench_rows.CT2_GREEDY)
+    assert beam.length_limit == greedy.length_limit == "0·|x| + 200"  # fairseq's default, as the other rows
+    fairseq_greedy = open(os.path.join(fixture["out"], fixture["results"]["rows"][1]["hyp_file"]),
+                          encoding="utf-8").read().splitlines()
+    same = sum(a == b for a, b in zip(greedy.hyps, fairseq_greedy))
+    assert len(greedy.hyps) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
+    assert len(greedy.timed_latency_ms) == NUM_TEST - 2 and greedy.decoder_calls_per_sentence is None
+    assert abs(beam.bleu - fixture["results"]["rows"][0]["bleu"]) < 2.0
 
 
 def test_paired_bootstrap_of_two_rows(fixture):
     """Identical outputs: Δ = 0 and equal intervals; beam vs greedy: the rows' BLEU and a p-value in (0, 1]."""
     rows, out = fixture["results"]["rows"], fixture["out"]
     references = benchmark.check_inputs(_args(fixture), [])
-    same, differ = benchmark.paired_bootstrap(
-        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")],
-        rows, references, out)
+    hyps = {row["name"]: open(os.path.join(out, row["hyp_file"]), encoding="utf-8").read().splitlines() for row in rows}
+    same, differ = analysis.paired_bootstrap(
+        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")], hyps, references)
     assert same["delta"] == 0 and same["system_ci"] == pytest.approx(same["baseline_ci"])
-    assert differ["baseline_bleu"] == pytest.approx(rows[1]["bleu"]) and differ["system_bleu"] == pytest.approx(rows[0]["bleu"])
+    assert differ["baseline_bleu"] == pytest.approx(rows[1]["bleu"])
+    assert differ["system_bleu"] == pytest.approx(rows[0]["bleu"])
     assert 0 < differ["p_value"] <= 1 and differ["system_ci"] >= 0 and "bs:1000" in differ["signature"]
-    report = benchmark.markdown_report(fixture["results"]["meta"], rows, [same, differ])
-    assert "| AR teacher, greedy | same teacher greedy |" in report and "| +0.00 |" in report
+    (reported,) = fixture["results"]["paired_tests"]  # --paired-test of the fixture's run
+    assert (reported["baseline"], reported["system"]) == ("AR teacher, greedy", "same teacher greedy")
+    assert reported["delta"] == 0
+    markdown = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+    assert "| AR teacher, greedy | same teacher greedy |" in markdown and "| +0.00 |" in markdown
 
 
-def test_paired_test_names_must_be_rows(fixture):
-    specs = benchmark.teacher_specs(_args(fixture))
-    ok = benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy::AR teacher, beam 4"]), specs)
+def test_paired_test_names_must_be_rows():
+    names = [spec.name for spec in bench_rows.teacher_specs("t.pt", 4)]
+    ok = bench_rows.parse_paired_tests(["AR teacher, greedy::AR teacher, beam 4"], names)
     assert ok == [("AR teacher, greedy", "AR teacher, beam 4")]
-    with pytest.raises(benchmark.BenchmarkError, match="no row named 'nosuch'"):
-        benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy::nosuch"]), specs)
-    with pytest.raises(benchmark.BenchmarkError, match="expected 'BASELINE ROW NAME::SYSTEM ROW NAME'"):
-        benchmark.parse_paired_tests(_args(fixture, paired_test=["AR teacher, greedy"]), specs)
+    with pytest.raises(BenchmarkError, match="no row named 'nosuch'"):
+        bench_rows.parse_paired_tests(["AR teacher, greedy::nosuch"], names)
+    with pytest.raises(BenchmarkError, match="expected 'BASELINE ROW NAME::SYSTEM ROW NAME'"):
+        bench_rows.parse_paired_tests(["AR teacher, greedy"], names)

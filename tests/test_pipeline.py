@@ -66,7 +66,8 @@ def test_quickstart_outputs_cover_every_sentence(quickstart):
     for name in ("hyp.ar-teacher-beam-4.txt", "hyp.ar-teacher-greedy.txt"):
         with open(os.path.join(work, "bench", name), encoding="utf-8") as f:
             assert len(f.readlines()) == LINES
-    assert os.path.getsize(os.path.join(work, "bench", "bleu_vs_speedup.png")) > 0
+    for plot in ("pareto.png", "by_length.png"):
+        assert os.path.getsize(os.path.join(work, "bench", plot)) > 0
     assert os.path.isfile(os.path.join(work, "ckpt", "teacher", "checkpoint_best.pt"))
 
 

@@ -4,8 +4,9 @@ Production users decode fairseq Transformers with CTranslate2 (a C++ inference e
 ``fairseq-generate`` on a CPU, so a plugin decoder that only beats fairseq's Python ``SequenceGenerator`` may
 still lose to it. With ``nat-benchmark --ctranslate2`` the teacher is converted once
 (``ctranslate2.converters.FairseqConverter``, into ``OUT_DIR/ctranslate2-teacher``) and decoded on the same
-device, threads, precision, sentences and length limit as the other rows; the rows carry the same BLEU, latency
-and throughput columns (decoder calls are not observable inside CTranslate2, so those cells stay empty).
+device, threads, precision, sentences and length limit as the other rows; the rows are the benchmark's
+:class:`~.bench.rows.Row` s with the same BLEU, latency and throughput measurements (decoder calls are not
+observable inside CTranslate2, so those stay empty).
 
 Source subwords are the binarized test set's (EOS left to CTranslate2, which the converter configures to add it);
 the length limit is fairseq's ``--max-len-a/--max-len-b`` from ``--generate-args`` (per batch: from its longest
@@ -15,12 +16,13 @@ source). Scores are length-normalised as fairseq's (``length_penalty`` 1).
 import argparse
 import os
 import shlex
-import statistics
 import time
 
-import sacrebleu
 import torch
-from tqdm import tqdm
+
+from .bench.measure import Batch1, length_limit, make_row
+from .bench.rows import CT2_BEAM, BenchmarkError, ctranslate2_specs
+from .decoding import progress
 
 CONVERTED_DIR = "ctranslate2-teacher"
 
@@ -99,32 +101,39 @@ class CTranslate2Teacher:
             texts.append(self.tgt_dict.string(ids, self.post_process))
         return texts, seconds
 
-    def measure(self, beam, references, num_latency, warmup, batch_size, desc):
-        """BLEU, batch-1 latency (median/mean over sentences warmup..num_latency-1) and throughput."""
-        latencies = []
-        for index in tqdm(range(num_latency), desc=f"{desc}: batch 1", unit="sent"):
+    def measure(self, beam, num_latency, warmup, batch_size, desc):
+        """Batch-1 latency over sentences ``warmup..num_latency-1``, then the throughput pass in length-sorted
+        batches; returns (hypotheses in sentence order, seconds of the throughput pass, :class:`Batch1`)."""
+        batch1 = Batch1([], [])
+        for index in progress(range(num_latency), f"{desc}: batch 1"):
             _, seconds = self.translate([index], beam)
             if index >= warmup:
-                latencies.append(seconds)
+                batch1.ids.append(index)
+                batch1.latency_ms.append(1000 * seconds)
         order = sorted(range(len(self.sources)), key=lambda i: self.source_lengths[i])
         hyps, total = [None] * len(order), 0.0
-        for start in tqdm(range(0, len(order), batch_size), desc=f"{desc}: throughput", unit="batch"):
+        for start in progress(range(0, len(order), batch_size), f"{desc}: throughput"):
             indices = order[start:start + batch_size]
             texts, seconds = self.translate(indices, beam)
             total += seconds
             for i, text in zip(indices, texts):
                 hyps[i] = text
-        bleu = sacrebleu.metrics.BLEU()
-        return hyps, {
-            "bleu": bleu.corpus_score(hyps, [references]).score,
-            "bleu_signature": str(bleu.get_signature()),
-            "num_sentences": len(hyps),
-            "throughput_sent_per_s": len(hyps) / total,
-            "throughput_seconds": total,
-            "latency_ms_median": 1000 * statistics.median(latencies),
-            "latency_ms_mean": 1000 * statistics.fmean(latencies),
-            "latency_sentences_timed": len(latencies),
-            "decoder_calls_per_sentence": None,
-            "tokens_per_call": None,
-            "mean_steps": None,
-        }
+        return hyps, total, batch1
+
+
+def ctranslate2_rows(args, task, dataset, references, num_latency, use_cuda):
+    """The teacher's beam and greedy rows decoded by CTranslate2 on the split ``dataset`` of the teacher's ``task``."""
+    try:
+        model_dir = convert_teacher(args.teacher, args.data_bin, args.out_dir, args.user_dir,
+                                    task.cfg.source_lang, task.cfg.target_lang)
+    except CTranslate2Unavailable as err:
+        raise BenchmarkError(str(err)) from err
+    decoder = CTranslate2Teacher(model_dir, dataset, task.source_dictionary, task.target_dictionary,
+                                 args.post_process, use_cuda, args.fp16, args.generate_args)
+    rows = []
+    for spec in ctranslate2_specs(args.teacher, args.teacher_beam):
+        beam = args.teacher_beam if spec.role == CT2_BEAM else 1
+        hyps, seconds, batch1 = decoder.measure(beam, num_latency, args.warmup, args.batch_size, spec.name)
+        rows.append(make_row(spec, hyps, references, seconds, batch1, "ctranslate2.Translator",
+                             length_limit(decoder.max_len_a, decoder.max_len_b)))
+    return rows

@@ -13,17 +13,15 @@ the binarized data, ``{split}.kd.{tgt}.txt`` (subword text, one line per sentenc
 ``translation_nat`` task loads (``--use-distilled target|side``).
 """
 
-import ast
 import glob
 import logging
 import os
 
-import torch
-from fairseq import checkpoint_utils, options, tasks, utils
+from fairseq import options, tasks, utils
 from fairseq.data import indexed_dataset
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-from fairseq.logging import progress_bar
 
+from .decoding import load_generation
 from .rep_mis import repeated_ratio
 
 logger = logging.getLogger("nat_plugins.cli.distill")
@@ -46,47 +44,15 @@ def shard_path(shard_dir, split, tgt, shard_id, num_shards):
 
 def decode_shard(cfg, task, shard_file):
     """Beam-search one shard of ``cfg.dataset.gen_subset`` with the teacher; write ``id<TAB>subwords`` lines."""
-    use_cuda = torch.cuda.is_available() and not cfg.common.cpu
-    models, saved_cfg = checkpoint_utils.load_model_ensemble(
-        utils.split_paths(cfg.common_eval.path),
-        arg_overrides=ast.literal_eval(cfg.common_eval.model_overrides),
-        task=task,
-    )
-    for model in models:
-        if cfg.common.fp16:
-            model.half()
-        if use_cuda:
-            model.cuda()
-        model.prepare_for_inference_(cfg)
+    generation = load_generation(cfg, task)
     split = cfg.dataset.gen_subset
-    task.load_dataset(split, task_cfg=saved_cfg.task)
-    generator = task.build_generator(models, cfg.generation)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset(split),
-        max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models]),
-        ignore_invalid_inputs=False,  # every sentence must get a distilled target
-        required_batch_size_multiple=1,  # >1 makes fairseq drop a last partial batch, i.e. sentences
-        seed=cfg.common.seed,
-        num_shards=cfg.dataset.num_shards,
-        shard_id=cfg.dataset.shard_id,
-        num_workers=cfg.dataset.num_workers,
-    ).next_epoch_itr(shuffle=False)
-    progress = progress_bar.progress_bar(
-        itr, log_format=cfg.common.log_format, log_interval=cfg.common.log_interval,
-        prefix=f"distill {split} shard {cfg.dataset.shard_id + 1}/{cfg.dataset.num_shards}",
-        default_log_format="tqdm" if not cfg.common.no_progress_bar else "simple",
-    )
+    prefix = f"distill {split} shard {cfg.dataset.shard_id + 1}/{cfg.dataset.num_shards}"
     tgt_dict = task.target_dictionary
     n_sentences = n_empty = 0
     tmp = shard_file + ".tmp"
     with open(tmp, "w", encoding="utf-8") as out:
-        for sample in progress:
-            sample = utils.move_to_cuda(sample) if use_cuda else sample
-            if "net_input" not in sample:
-                continue
-            hypos = task.inference_step(generator, models, sample)
+        for sample in generation.batches(prefix, num_workers=cfg.dataset.num_workers):
+            hypos = generation.decode(sample)
             for i, sample_id in enumerate(sample["id"].tolist()):
                 text = tgt_dict.string(hypos[i][0]["tokens"].int().cpu())
                 n_empty += text == ""

@@ -1,0 +1,299 @@
+"""The benchmark's outputs: ``results.json``, ``results.md`` and the plots, from the rows and the run's header."""
+
+import datetime
+import json
+import os
+import platform
+import shlex
+from collections import Counter
+from typing import List, Optional
+
+import fairseq
+import torch
+
+import nat_plugins
+
+from ..rep_mis import repeated_ratio
+from .analysis import pareto_front
+from .paper_points import PAPER_POINTS
+from .rows import Row
+
+PARETO_PLOT_FILE = "pareto.png"
+LENGTH_PLOT_FILE = "by_length.png"
+
+
+def device_name(use_cuda: bool) -> str:
+    """GPU name, or the CPU model and torch's thread count."""
+    if use_cuda:
+        return torch.cuda.get_device_name()
+    model = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        model = names[0] if names else model
+    return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def distilled_targets_stats(path: Optional[str]) -> Optional[dict]:
+    """Sentences and immediately repeated subwords (%) of the distilled training targets at ``path``."""
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return {"path": os.path.abspath(path), "sentences": len(lines),
+            "repeated_subwords": repeated_ratio(lines, window=1)}
+
+
+def length_policy(rows: List[Row]) -> dict:
+    """The output length limit of most rows and the rows that differ from it."""
+    common = Counter(row.length_limit for row in rows).most_common(1)[0][0]
+    return {"limit": common, "except": {row.name: row.length_limit for row in rows if row.length_limit != common}}
+
+
+def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int, rows: List[Row],
+                 length_buckets: List[dict], length_plot_rows: List[str]) -> dict:
+    """The header: what was measured, where and how."""
+    return {
+        "title": args.title,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "device": device_name(use_cuda),
+        "torch": torch.__version__,
+        "fairseq": fairseq.__version__,
+        "nat_plugins": nat_plugins.__version__,
+        "precision": "fp16" if args.fp16 else "fp32",
+        "data_bin": os.path.abspath(args.data_bin),
+        "gen_subset": args.gen_subset,
+        "reference": os.path.abspath(args.reference),
+        "num_sentences": num_sentences,
+        "latency_sentences": num_latency,
+        "warmup": args.warmup,
+        "latency_sentences_timed": num_latency - args.warmup,
+        "batch_size": args.batch_size,
+        "teacher": os.path.abspath(args.teacher),
+        "teacher_beam": args.teacher_beam,
+        "post_process": args.post_process,
+        "generate_args": args.generate_args,
+        "length_limit": length_policy(rows),
+        "length_buckets": length_buckets,  # analysis.bucket_counts
+        "length_plot_rows": length_plot_rows,
+        "seed": args.seed,
+        "distilled_targets": distilled_targets_stats(args.distilled_targets),
+    }
+
+
+def _fmt(value, digits=2, suffix=""):
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown_table(rows: List[Row], teacher_beam: int) -> str:
+    """The results as a markdown table (speedups against CTranslate2 only when its rows were measured)."""
+    beam = f"beam {teacher_beam}"
+    columns = [  # (title, Row attribute, decimals, suffix)
+        ("BLEU", "bleu", 2, ""),
+        (f"% of teacher {beam}", "bleu_pct_of_teacher", 1, ""),
+        ("latency ms (median)", "latency_ms_median", 1, ""),
+        ("latency ms (p90)", "latency_ms_p90", 1, ""),
+        ("latency ms (mean)", "latency_ms_mean", 1, ""),
+        (f"latency × vs {beam}", "latency_speedup_vs_ar_beam", 2, "×"),
+        ("latency × vs greedy", "latency_speedup_vs_ar_greedy", 2, "×"),
+        ("latency × vs CTranslate2 greedy", "latency_speedup_vs_ct2_greedy", 2, "×"),
+        ("sent/s (batch)", "throughput_sent_per_s", 1, ""),
+        (f"throughput × vs {beam}", "throughput_speedup_vs_ar_beam", 2, "×"),
+        ("throughput × vs greedy", "throughput_speedup_vs_ar_greedy", 2, "×"),
+        ("throughput × vs CTranslate2 greedy", "throughput_speedup_vs_ct2_greedy", 2, "×"),
+        ("decoder calls / sent", "decoder_calls_per_sentence", 2, ""),
+        ("tokens / call", "tokens_per_call", 2, ""),
+        ("steps", "mean_steps", 2, ""),
+        ("Rep", "rep", 2, ""),
+        ("Mis", "mis", 2, ""),
+        ("rep. tokens %", "rep_ratio", 2, ""),
+        ("missing tokens %", "mis_ratio", 2, ""),
+    ]
+    if all(r.latency_speedup_vs_ct2_greedy is None for r in rows):
+        columns = [column for column in columns if "_ct2_" not in column[1]]
+    lines = ["| system | " + " | ".join(title for title, *_ in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for r in rows:
+        cells = [_fmt(getattr(r, attr), digits, suffix) for _, attr, digits, suffix in columns]
+        lines.append("| " + " | ".join([r.name] + cells) + " |")
+    return "\n".join(lines)
+
+
+def length_table(meta: dict, rows: List[Row]) -> str:
+    """BLEU and median batch-1 latency of every row by source length, the buckets' sizes in the header."""
+    buckets = meta["length_buckets"]
+    lines = [
+        "| system | " + " | ".join(f"{b['bucket']} ({b['sentences']} sent., {b['timed_sentences']} timed)"
+                                   for b in buckets) + " |",
+        "|---|" + "---:|" * len(buckets),
+    ]
+    for r in rows:
+        cells = [f"{_fmt(b['bleu'], 1)} / {_fmt(b['latency_ms_median'], 1)}" for b in r.by_length]
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = None) -> str:
+    """results.md: header with device/versions/data, the table, the per-row decoding arguments and paired tests."""
+    header = [
+        f"# {meta['title']}",
+        "",
+        f"- device: {meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, "
+        f"nat_plugins {meta['nat_plugins']}; precision {meta['precision']}; {meta['date']}",
+        f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
+        f"BLEU = sacreBLEU ({rows[0].bleu_signature}) vs `{meta['reference']}`",
+        "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
+        "to one of the 2 before it) and of the missing-token ratio (reference tokens the output lacks) over the "
+        "teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
+        f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
+        f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
+        f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
+        "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
+        "however entered: NAD-AD's NAD pass and NPD's teacher rescoring pass included; ensemble members count once); "
+        "tokens / call: emitted tokens (EOS included) per pass; steps: the generator's own `hypo['steps']` "
+        "(fairseq's IterativeRefinementGenerator counts them from 0)",
+        f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
+        f"- output length limit: max_len = {meta['length_limit']['limit']} (|x|: source subwords incl. EOS; "
+        "fairseq's --max-len-a/--max-len-b from the arguments of every row, default 0·|x| + 200) for every row"
+        + "".join(f"; except {name}: {limit}" for name, limit in meta["length_limit"]["except"].items()),
+    ]
+    kd = meta.get("distilled_targets")
+    if kd:
+        header.append(f"- distilled training targets: `{kd['path']}`, {kd['sentences']} sentences, "
+                      f"{kd['repeated_subwords']:.2f}% of the subwords repeat the one before")
+    header += [
+        "",
+        markdown_table(rows, meta["teacher_beam"]),
+        "",
+        "By source length (subwords, EOS excluded): BLEU (sacreBLEU over the bucket's sentences) / median batch-1 "
+        f"latency in ms (over its timed sentences); plot: `{LENGTH_PLOT_FILE}`",
+        "",
+        length_table(meta, rows),
+        "",
+        "| system | checkpoint | fairseq-generate arguments |",
+        "|---|---|---|",
+    ]
+    header += [f"| {r.name} | `{r.spec.checkpoint}` | `{shlex.join(r.spec.args)}` |" for r in rows]
+    if paired:
+        header += [
+            "",
+            f"Paired bootstrap resampling (sacreBLEU, {paired[0]['signature']}): p = share of resamples whose "
+            "centred BLEU difference exceeds the observed Δ (small p: SYSTEM's gain is unlikely to be chance; "
+            "sacreBLEU's rule also gives identical outputs a small p, so read it with Δ); ± = 95% confidence "
+            "interval of the resampled mean.",
+            "",
+            "| baseline | system | BLEU baseline | BLEU system | Δ | p-value |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        header += [f"| {t['baseline']} | {t['system']} | {t['baseline_bleu']:.2f} (± {t['baseline_ci']:.2f}) | "
+                   f"{t['system_bleu']:.2f} (± {t['system_ci']:.2f}) | {t['delta']:+.2f} | {t['p_value']:.4f} |"
+                   for t in paired]
+    return "\n".join(header) + "\n"
+
+
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# label offsets (points) tried in turn: right/left of the marker, then further above/below
+LABEL_OFFSETS = [(dx, dy) for dy in (3, -10, 12, -19, 21, -28) for dx in (5, -5)]
+
+
+def place_labels(ax, labels: List[tuple]):
+    """Write ``(x, y, text, style)`` labels next to their points, each at the first offset where it overlaps no
+    label placed before it and stays inside the axes (else the first offset)."""
+    renderer = ax.figure.canvas.get_renderer()
+    legend = ax.get_legend()
+    inside, placed = ax.get_window_extent(renderer), [legend.get_window_extent(renderer)] if legend else []
+    for x, y, text, style in labels:
+        for attempt, (dx, dy) in enumerate(LABEL_OFFSETS + [LABEL_OFFSETS[0]]):
+            artist = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
+                                 ha="left" if dx > 0 else "right", **style)
+            box = artist.get_window_extent(renderer)
+            fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+            if attempt == len(LABEL_OFFSETS) or fits and not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            artist.remove()
+
+
+def plot_pareto(meta: dict, rows: List[Row], path: str):
+    """BLEU as % of the teacher beam row's against batch-1 latency speedup over it (log x): every row a labelled
+    point, this run's Pareto front dashed, the papers' claims (:mod:`.paper_points`, relative to their own AR
+    baselines) as hollow grey markers."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, 6))
+    beam = f"AR beam {meta['teacher_beam']}"
+    shown = [r for r in rows if r.bleu_pct_of_teacher is not None]  # none if the teacher scored 0 BLEU
+    ax.scatter([p.speedup for p in PAPER_POINTS], [p.bleu_pct for p in PAPER_POINTS], s=40, facecolors="none",
+               edgecolors="0.55", label="paper (% of its own AR baseline, its speedup; WMT14 en-de)")
+    points = [(r.latency_speedup_vs_ar_beam, r.bleu_pct_of_teacher) for r in shown]
+    front = [points[i] for i in sorted(pareto_front(points), key=lambda i: points[i][0])]
+    if len(front) > 1:
+        ax.plot(*zip(*front), linestyle="--", color="tab:blue", alpha=0.5, linewidth=1, label="this run's Pareto front")
+    ax.scatter([x for x, _ in points], [y for _, y in points], s=36, color="tab:blue", zorder=3, label="this run")
+    ax.axhline(100, color="0.8", linewidth=0.8)
+    ax.axvline(1, color="0.8", linewidth=0.8)  # the teacher beam row
+    ax.set_xscale("log")
+    ax.margins(x=0.12, y=0.08)
+    low, high = ax.get_xlim()
+    ax.set_xticks([t for t in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64) if low <= t <= high])
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}×"))
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_xlabel(f"batch-1 latency speedup over {beam} (log scale)")
+    ax.set_ylabel(f"BLEU as % of {beam}")
+    ax.set_title(f"{meta['title']}\n{meta['device']}, {meta['precision']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower left", fontsize=7, frameon=False)
+    fig.tight_layout()
+    paper_style = {"fontsize": 6, "color": "0.5"}
+    place_labels(ax, [(x, y, r.name, {"fontsize": 7}) for r, (x, y) in zip(shown, points)]
+                 + [(p.speedup, p.bleu_pct, f"paper: {p.label}", paper_style) for p in PAPER_POINTS])
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def plot_by_length(meta: dict, rows: List[Row], path: str):
+    """BLEU and median batch-1 latency by source-length bucket of the rows ``meta["length_plot_rows"]``, one line
+    per row (Ran et al. 2020, Figure 2; Gu et al. 2018, Figure 7)."""
+    plt = pyplot()
+    shown = [r for r in rows if r.name in meta["length_plot_rows"]]
+    labels = [f"{b['bucket']}\n({b['sentences']} / {b['timed_sentences']})" for b in meta["length_buckets"]]
+    fig, (bleu_ax, latency_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
+    markers = "osD^v<>Pp*hX"
+    for i, r in enumerate(shown):
+        style = dict(marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20), label=r.name, linewidth=1.2,
+                     markersize=5)
+        xs = range(len(labels))
+        bleu_ax.plot(xs, [float("nan") if b["bleu"] is None else b["bleu"] for b in r.by_length], **style)
+        latency_ax.plot(xs, [float("nan") if b["latency_ms_median"] is None else b["latency_ms_median"]
+                             for b in r.by_length], **style)
+    for ax, ylabel in ((bleu_ax, "BLEU (sacreBLEU over the bucket)"), (latency_ax, "median batch-1 latency (ms)")):
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_xlabel("source length in subwords (sentences / timed sentences)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    latency_ax.set_ylim(bottom=0)
+    fig.suptitle(f"{meta['title']}: by source length\n{meta['device']}, {meta['precision']}", fontsize=9)
+    fig.legend(*bleu_ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=7,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 0.82, 1))
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict]) -> dict:
+    """Write ``results.json``, ``results.md`` and the plots; returns the ``results.json`` content."""
+    results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
+    with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2, ensure_ascii=False)
+    with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(markdown_report(meta, rows, paired))
+    plot_pareto(meta, rows, os.path.join(out_dir, PARETO_PLOT_FILE))
+    plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))
+    return results

@@ -1,0 +1,196 @@
+"""What a benchmark row is: its specification (name, checkpoint, fairseq-generate arguments, role) and its
+results (:class:`Row`), plus the parsing of the command-line forms of both."""
+
+import dataclasses
+import os
+import re
+import shlex
+import statistics
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+# options the harness sets identically for every row; a --system spec may not override them
+HARNESS_OPTIONS = (
+    "--path", "--batch-size", "--max-sentences", "--max-tokens", "--gen-subset",
+    "--cpu", "--fp16", "--seed", "--post-process", "--remove-bpe",
+)
+
+# roles, in the order the rows are reported
+TEACHER_BEAM = "teacher_beam"  # the AR teacher, fairseq's SequenceGenerator, beam --teacher-beam
+TEACHER_GREEDY = "teacher_greedy"  # the same, beam 1
+CT2_BEAM = "ctranslate2_beam"  # the teacher decoded by CTranslate2, beam --teacher-beam
+CT2_GREEDY = "ctranslate2_greedy"  # the same, beam 1
+SYSTEM = "system"  # a --system row
+ROLES = (TEACHER_BEAM, TEACHER_GREEDY, CT2_BEAM, CT2_GREEDY, SYSTEM)
+CTRANSLATE2_ROLES = (CT2_BEAM, CT2_GREEDY)
+
+
+class BenchmarkError(Exception):
+    """A user error (bad option, missing file); ``cli_main`` prints it without a traceback."""
+
+
+def slugify(name: str) -> str:
+    """File-name-safe form of a row name, used for ``hyp.<slug>.txt``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "system"
+
+
+@dataclass
+class RowSpec:
+    """One row of the table: a display name, checkpoint path(s), extra fairseq-generate arguments and its role."""
+
+    name: str
+    checkpoint: str
+    args: List[str] = field(default_factory=list)
+    role: str = SYSTEM
+
+    @property
+    def slug(self) -> str:
+        return slugify(self.name)
+
+
+def parse_system_spec(spec: str) -> RowSpec:
+    """Parse ``'NAME=CHECKPOINT::EXTRA ARGS'`` (``::EXTRA ARGS`` optional; split at the last ``=`` before ``::``,
+    so NAME may contain ``=`` and CHECKPOINT may not). Raises :class:`BenchmarkError` if malformed."""
+    head, sep, arg_text = spec.partition("::")
+    name, eq, checkpoint = head.rpartition("=")
+    name, checkpoint = name.strip(), checkpoint.strip()
+    if not eq or not name or not checkpoint:
+        raise BenchmarkError(
+            f"--system {spec!r}: expected 'NAME=CHECKPOINT::EXTRA FAIRSEQ-GENERATE ARGS', "
+            "e.g. 'SAT K=2=ckpt/sat2.pt::--beam 1'"
+        )
+    return RowSpec(name, checkpoint, split_generate_args(arg_text if sep else "", f"--system {spec!r}"))
+
+
+def split_generate_args(text: str, where: str) -> List[str]:
+    """Split fairseq-generate arguments, refusing the options the harness sets for every row."""
+    try:
+        extra = shlex.split(text)
+    except ValueError as err:
+        raise BenchmarkError(f"{where}: cannot split its arguments: {err}") from err
+    owned = [a for a in extra if a.split("=", 1)[0] in HARNESS_OPTIONS]
+    if owned:
+        raise BenchmarkError(
+            f"{where}: {' '.join(owned)} is set by the benchmark for all rows "
+            "(give the checkpoint before '::' and the rest as benchmark options)"
+        )
+    return extra
+
+
+def teacher_specs(teacher: str, beam: int) -> List[RowSpec]:
+    """The two reference rows: the teacher with fairseq's SequenceGenerator, beam and greedy."""
+    plain = ["--task", "translation"]
+    return [RowSpec(f"AR teacher, beam {beam}", teacher, plain + ["--beam", str(beam)], TEACHER_BEAM),
+            RowSpec("AR teacher, greedy", teacher, plain + ["--beam", "1"], TEACHER_GREEDY)]
+
+
+def ctranslate2_specs(teacher: str, beam: int) -> List[RowSpec]:
+    """The teacher decoded by CTranslate2, beam and greedy (:mod:`nat_plugins.cli.ctranslate2_rows`)."""
+    return [RowSpec(f"AR teacher, beam {beam} (CTranslate2)", teacher, ["ctranslate2", "--beam", str(beam)], CT2_BEAM),
+            RowSpec("AR teacher, greedy (CTranslate2)", teacher, ["ctranslate2", "--beam", "1"], CT2_GREEDY)]
+
+
+def parse_paired_tests(texts: List[str], names: List[str]) -> List[tuple]:
+    """``--paired-test 'BASELINE::SYSTEM'`` pairs of row names, checked against the rows this run will have."""
+    pairs = []
+    for text in texts:
+        baseline, sep, system = (part.strip() for part in text.partition("::"))
+        if not sep or not baseline or not system:
+            raise BenchmarkError(f"--paired-test {text!r}: expected 'BASELINE ROW NAME::SYSTEM ROW NAME'")
+        unknown = [name for name in (baseline, system) if name not in names]
+        if unknown:
+            raise BenchmarkError(f"--paired-test {text!r}: no row named {unknown[0]!r} (rows: {names})")
+        pairs.append((baseline, system))
+    return pairs
+
+
+def percentile(values: List[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, linearly interpolated between the order statistics (numpy's
+    default: the p90 of 1..10 is 9.1)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    return float(np.percentile(values, q))
+
+
+@dataclass
+class Row:
+    """One row's measurements (:mod:`.measure`, :mod:`nat_plugins.cli.ctranslate2_rows`) and what is derived from
+    them against the other rows (:mod:`.analysis`). ``to_json`` gives the ``results.json`` row."""
+
+    spec: RowSpec
+    hyps: List[str]  # detokenized hypotheses of the throughput pass, in sentence order
+    bleu: float
+    bleu_signature: str
+    throughput_seconds: float  # summed decode time of the batched pass
+    timed_ids: List[int]  # the batch-1 sentences timed (warm-up excluded), in decoding order
+    timed_latency_ms: List[float]  # their batch-1 latencies
+    generator: str  # what decoded the row: the generator's class name
+    length_limit: str  # the longest output it allowed (measure.length_limit)
+    decoder_calls_per_sentence: Optional[float] = None  # None: not observable (CTranslate2)
+    tokens_per_call: Optional[float] = None
+    mean_steps: Optional[float] = None  # mean of hypo["steps"] where the generator reports it
+    # derived against the other rows by .analysis (None where the reference row is absent)
+    bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
+    latency_speedup_vs_ar_beam: Optional[float] = None
+    latency_speedup_vs_ar_greedy: Optional[float] = None
+    latency_speedup_vs_ct2_greedy: Optional[float] = None  # the teacher decoded greedily by CTranslate2
+    throughput_speedup_vs_ar_beam: Optional[float] = None
+    throughput_speedup_vs_ar_greedy: Optional[float] = None
+    throughput_speedup_vs_ct2_greedy: Optional[float] = None
+    rep: Optional[float] = None
+    mis: Optional[float] = None
+    rep_ratio: Optional[float] = None
+    mis_ratio: Optional[float] = None
+    timed_src_lengths: List[int] = field(default_factory=list)  # source subwords of the timed sentences
+    by_length: List[dict] = field(default_factory=list)  # BLEU and latency per source-length bucket (analysis)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def hyp_file(self) -> str:
+        return f"hyp.{self.spec.slug}.txt"
+
+    @property
+    def num_sentences(self) -> int:
+        return len(self.hyps)
+
+    @property
+    def throughput_sent_per_s(self) -> float:
+        return len(self.hyps) / self.throughput_seconds
+
+    @property
+    def latency_ms_median(self) -> float:
+        return statistics.median(self.timed_latency_ms)
+
+    @property
+    def latency_ms_p90(self) -> float:
+        return percentile(self.timed_latency_ms, 90)
+
+    @property
+    def latency_ms_mean(self) -> float:
+        return statistics.fmean(self.timed_latency_ms)
+
+    def write_hyps(self, out_dir: str):
+        """``hyp.<slug>.txt``: one hypothesis per line, in sentence order."""
+        with open(os.path.join(out_dir, self.hyp_file), "w", encoding="utf-8") as f:
+            f.writelines(h + "\n" for h in self.hyps)
+
+    def to_json(self) -> Dict:
+        """The ``results.json`` row: the spec, every measurement and the summary statistics (hypotheses are in
+        ``hyp_file``)."""
+        measured = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("spec", "hyps")}
+        return {
+            "name": self.name, "slug": self.spec.slug, "role": self.role, "checkpoint": self.spec.checkpoint,
+            "args": self.spec.args, "hyp_file": self.hyp_file, "num_sentences": self.num_sentences,
+            "throughput_sent_per_s": self.throughput_sent_per_s, "latency_ms_median": self.latency_ms_median,
+            "latency_ms_p90": self.latency_ms_p90, "latency_ms_mean": self.latency_ms_mean,
+            "latency_sentences_timed": len(self.timed_latency_ms), **measured,
+        }
