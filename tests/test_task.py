@@ -183,7 +183,8 @@ def test_distilled_target_errors_name_the_file(data_bin):
 
 # ----- models and generators ---------------------------------------------------------------------------
 class _GeneratorDeclaringModel(NATPluginModel, TransformerModel):
-    def make_generator(self, task, models, gen_args):
+    @staticmethod
+    def generator_class(models, task, gen_args):
         return ("declared generator", task, gen_args.beam)
 
 

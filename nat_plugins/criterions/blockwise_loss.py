@@ -28,8 +28,9 @@ Heads an update does not score keep no gradient (``.grad`` stays ``None``): thei
 the graph so that the optimizer does not move them (fairseq's Adam applies momentum and weight decay to every
 parameter with a gradient, a zero one included).
 
-Validation scores every head and also decodes the batch with exact verify-accept
-(:class:`~nat_plugins.generators.verify_accept.VerifyAcceptGenerator`, fairseq-generate's default length limits)
+Validation scores every head and also decodes the batch with verify-accept
+(:class:`~nat_plugins.generators.verify_accept.VerifyAcceptGenerator`: the task's ``--block-accept`` and
+``--min-block-size``, by default exact acceptance of single proposals, and fairseq-generate's default length limits)
 to log ``accepted_block``: emitted tokens (EOS included) per decoder call over the whole validation set, the
 number ``fairseq-generate --print-step`` reports (§5, "mean accepted block size"). Logged besides:
 ``loss``/``nll_loss`` over the scored predictions and per head ``nll_h{i}`` and ``acc_h{i}``.
@@ -44,6 +45,7 @@ from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.configs import GenerationConfig
 from fairseq.logging import metrics
 from omegaconf import II
 
@@ -179,9 +181,9 @@ class BlockwiseLoss(FairseqCriterion):
         return loss, sample_size, logging_output
 
     def accepted_block_counts(self, model, sample):
-        """Exact verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
+        """Verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
         ``block_steps`` (decoder calls), summed over its sentences, as fairseq-generate counts them."""
-        generator = VerifyAcceptGenerator([model], self.task.target_dictionary)
+        generator = VerifyAcceptGenerator([model], self.task, GenerationConfig(beam=1))
         hypos = generator.generate([model], sample)
         return {
             "block_tokens": sum(len(h[0]["tokens"]) for h in hypos),

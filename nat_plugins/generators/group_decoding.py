@@ -21,50 +21,33 @@ import math
 
 import torch
 
-from . import check_generation_options
+from fairseq.dataclass.configs import GenerationConfig
+
+from .base import PluginGenerator
 
 
-class GroupDecoder:
+class GroupDecoder(PluginGenerator):
     """Greedy (``--beam 1``) or beam search group decoding of one SAT model (see the module docstring)."""
 
-    def __init__(self, models, tgt_dict, gen_args):
-        check_generation_options(models, gen_args, "SAT group decoding")
-        self.model = models[0]
+    name = "SAT group decoding"
+    default_beam = GenerationConfig.beam
+
+    def __init__(self, models, task, gen_args):
+        super().__init__(models, task, gen_args)
+        if self.beam_size < 1:
+            raise ValueError(f"--beam must be >= 1, got {self.beam_size}")
+        self.vocab_size = len(self.tgt_dict)
+        self.beam_size = min(self.beam_size, self.vocab_size - 1)
         self.group_size = self.model.decoder.group_size
-        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
-        self.vocab_size = len(tgt_dict)
-        beam = getattr(gen_args, "beam", 5)
-        if beam < 1:
-            raise ValueError(f"--beam must be >= 1, got {beam}")
-        self.beam_size = min(beam, self.vocab_size - 1)
-        self.max_len_a = getattr(gen_args, "max_len_a", 0)
-        self.max_len_b = getattr(gen_args, "max_len_b", 200)
-        self.min_len = getattr(gen_args, "min_len", 1)
-        self.normalize_scores = not getattr(gen_args, "unnormalized", False)
-        self.len_penalty = getattr(gen_args, "lenpen", 1)
-        self.unk_penalty = getattr(gen_args, "unkpen", 0)
-        self.temperature = getattr(gen_args, "temperature", 1.0)
-        if self.temperature <= 0:
-            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
         # the inputs of the group holding the last position (EOS) must fit the decoder's positions
         self.max_len_cap = self.model.max_decoder_positions() // self.group_size * self.group_size - 1
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs):
+    def generate(self, models, sample, **kwargs):
         """fairseq's generator interface: for each sentence of ``sample`` a list of hypotheses, best first."""
-        if prefix_tokens is not None:
-            raise ValueError("--prefix-size is not supported by SAT group decoding")
-        if constraints is not None:
-            raise ValueError("--constraints is not supported by SAT group decoding")
         net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
-        src_lengths = net_input.get("src_lengths")
-        if src_lengths is None:
-            src_lengths = src_tokens.ne(self.pad).long().sum(dim=1)
-        max_len = (src_lengths.double() * self.max_len_a + self.max_len_b).long().clamp_(max=self.max_len_cap)
-        if self.min_len > int(max_len.min()):
-            raise ValueError(f"--min-len {self.min_len} is larger than the maximum length "
-                             f"{int(max_len.min())} that --max-len-a/--max-len-b allow")
+        max_len = self.max_lengths(self.source_lengths(net_input), self.max_len_cap)
+        self.check_min_len(max_len)
         encoder_out = self.model.encoder.forward_torchscript(net_input)
         if self.beam_size == 1:
             return self._greedy(encoder_out, max_len)
@@ -79,16 +62,8 @@ class GroupDecoder:
             logits = logits.div_(self.temperature)
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        lprobs[:, :, self.pad] = -math.inf
-        lprobs[:, :, self.unk] -= self.unk_penalty
         positions = torch.arange(start, start + self.group_size, device=tokens.device)
-        force_eos = positions.unsqueeze(0) >= max_len.unsqueeze(1)
-        eos_lprobs = lprobs[:, :, self.eos].clone()
-        lprobs.masked_fill_(force_eos.unsqueeze(2), -math.inf)
-        lprobs[:, :, self.eos] = torch.where(force_eos, eos_lprobs, lprobs[:, :, self.eos])
-        if start < self.min_len:
-            lprobs[:, : self.min_len - start, self.eos] = -math.inf
-        return lprobs
+        return self.constrain(lprobs, positions, max_len.unsqueeze(1))
 
     def _start_tokens(self, rows, max_len):
         """Token buffer for ``rows`` hypotheses: column c < K holds a start symbol, column K + p will hold output
@@ -134,16 +109,9 @@ class GroupDecoder:
             sentence, tokens, pos_scores, max_len = sentence[keep], tokens[keep], pos_scores[keep], max_len[keep]
             encoder_out = self._reorder(incremental_state, encoder_out, keep)
         return [
-            [self._hypothesis(out_tokens[i, :length], out_scores[i, :length], step)]
+            [self.hypothesis(out_tokens[i, :length], out_scores[i, :length], step)]
             for i, (length, step) in enumerate(zip(lengths.tolist(), steps.tolist()))
         ]
-
-    def _hypothesis(self, tokens, pos_scores, steps):
-        score = pos_scores.sum()
-        if self.normalize_scores:
-            score = score / tokens.numel() ** self.len_penalty
-        return {"tokens": tokens, "score": score, "positional_scores": pos_scores, "attention": None,
-                "alignment": None, "steps": steps}
 
     def _beam_search(self, encoder_out, max_len):
         """fairseq's beam search over positions (``SequenceGenerator._generate`` with ``BeamSearch.step``),
@@ -205,7 +173,7 @@ class GroupDecoder:
                 fin_tokens[ids, slots, : step + 1] = hyp_tokens
                 fin_pos_scores[ids, slots, : step + 1] = pos_scores
                 if self.normalize_scores:
-                    eos_scores = eos_scores / (step + 1) ** self.len_penalty
+                    eos_scores = self.normalized(eos_scores, step + 1)
                 fin_scores[ids, slots] = eos_scores
                 fin_lengths[ids, slots] = step + 1
                 fin_count.index_add_(0, ids, torch.ones_like(ids))
@@ -241,9 +209,8 @@ class GroupDecoder:
         counts, lengths, steps = fin_count.tolist(), fin_lengths.tolist(), steps.tolist()
         return [
             [
-                {"tokens": fin_tokens[i, s, : lengths[i][s]], "score": fin_scores[i, s],
-                 "positional_scores": fin_pos_scores[i, s, : lengths[i][s]], "attention": None, "alignment": None,
-                 "steps": steps[i]}
+                self.hypothesis(fin_tokens[i, s, : lengths[i][s]], fin_pos_scores[i, s, : lengths[i][s]], steps[i],
+                                score=fin_scores[i, s])
                 for s in order[i][: counts[i]]
             ]
             for i in range(bsz)

@@ -90,6 +90,7 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     attention and the fertility predictor start random)."""
 
     required_side_inputs = ("fertility",)
+    generator_class = FertilityDecoder
 
     @classmethod
     def add_args(cls, parser):
@@ -181,11 +182,6 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
         """NAD layer ``decoder.nad.layers.i.X`` <- AR ``decoder.layers.i.X`` for the sublayers both have;
         ``decoder.nad.layer_norm`` <- ``decoder.layer_norm``; everything else by its own name."""
         return ar_decoder_parameter_name(name, "decoder.nad.")
-
-    def make_generator(self, task, models, gen_args):
-        cfg = task.cfg
-        return FertilityDecoder(models, task, gen_args, mode=cfg.fertility_decoding, npd_samples=cfg.npd_samples,
-                                npd_teacher=cfg.npd_teacher, npd_length_normalize=cfg.npd_length_normalize)
 
 
 @register_model_architecture("fertility_nat", "fertility_nat")

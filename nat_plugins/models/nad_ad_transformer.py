@@ -47,7 +47,7 @@ from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
 
-from ..generators.nad_ad_decoding import build_nad_ad_generator
+from ..generators.nad_ad_decoding import NADADSequenceGenerator
 from ..modules.nad import (
     FertilityPredictor,
     LengthPredictor,
@@ -247,6 +247,8 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     # the side inputs of training (distilled targets; gold fertilities with --nad-input-copy fertility) are
     # checked by the criterion (nad_ad_loss), so a model can be built on any split for inference
     required_side_inputs = ()
+    generator_class = NADADSequenceGenerator
+    scored_by_fairseq = True  # --score-reference: fairseq's scorer (the AD's scores)
 
     @classmethod
     def add_args(cls, parser):
@@ -332,9 +334,6 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
             nn.init.zeros_(layer.nad_attn.out_proj.bias)
         logger.info("NAD-AD attention output projections set to zero (the AD starts as the AR teacher)")
         return loaded
-
-    def make_generator(self, task, models, gen_args):
-        return build_nad_ad_generator(task, models, gen_args)
 
 
 @register_model_architecture("nad_ad_transformer", "nad_ad_transformer")

@@ -26,8 +26,10 @@ class NATPluginModel:
     * ``build_model`` refuses any task but ``translation_nat``: fairseq picks the generator from the
       command-line task, so ``fairseq-generate --task translation`` would otherwise decode a plugin model
       with the autoregressive ``SequenceGenerator`` and print wrong translations without a word.
-    * ``make_generator(task, models, gen_args)`` returns the model's decoder (called by
-      ``TranslationNATTask.build_generator``, hence by fairseq-generate/-interactive and ``--eval-bleu``).
+    * ``generator_class`` is the model's decoder, built as ``generator_class(models, task, gen_args)`` by
+      ``TranslationNATTask.build_generator``, hence by fairseq-generate/-interactive and ``--eval-bleu``;
+      ``scored_by_fairseq``: the model's ``forward`` takes fairseq's batches (``prev_output_tokens``), so
+      ``--score-reference`` uses fairseq's ``SequenceScorer`` instead.
     * ``required_side_inputs`` names the side files training needs ("fertility", "kd_target").
     * ``init_from_ar(path)`` copies the matching parameters of an AR Transformer checkpoint; the task calls it
       for a freshly built model when the model's args have ``init_from_ar`` set (never when a checkpoint is
@@ -36,6 +38,7 @@ class NATPluginModel:
     """
 
     required_side_inputs = ()
+    scored_by_fairseq = False
 
     @staticmethod
     def add_init_from_ar_args(parser):
@@ -53,9 +56,6 @@ class NATPluginModel:
                 f"translation_nat` (got task '{task_name}'); other tasks would decode it with the wrong generator"
             )
         return super().build_model(args, task)
-
-    def make_generator(self, task, models, gen_args):
-        raise NotImplementedError(f"{type(self).__name__} must return its generator from make_generator()")
 
     def ar_parameter_name(self, name):
         return name

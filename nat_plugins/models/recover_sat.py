@@ -150,6 +150,7 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
     and the teacher's rows of the embeddings and output projection (the DEL row and the segment embeddings are
     new)."""
 
+    generator_class = SegmentDecoder
     num_updates = 0
 
     @classmethod
@@ -218,10 +219,6 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         if rows:
             logger.info(f"initialised the AR dictionary rows of {', '.join(sorted(rows))} from {path}")
         return sorted(loaded + list(rows))
-
-    def make_generator(self, task, models, gen_args):
-        return SegmentDecoder(models, task.target_dictionary, gen_args,
-                              length_margin=task.cfg.segment_length_margin, print_segments=task.cfg.print_segments)
 
 
 @register_model_architecture("recover_sat", "recover_sat")

@@ -25,7 +25,6 @@ from fairseq.models.transformer import (
     transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
-from fairseq.sequence_scorer import SequenceScorer
 
 from ..generators.group_decoding import GroupDecoder
 from ..modules.sat_masks import relaxed_causal_mask
@@ -141,6 +140,9 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     more than unlearning the one-position shift.
     """
 
+    generator_class = GroupDecoder
+    scored_by_fairseq = True  # --score-reference: fairseq's scorer, through :meth:`forward`
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -185,12 +187,6 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         if not self.init_decoder_layers_from_ar and name.startswith(("decoder.layers.", "decoder.layer_norm.")):
             return None
         return name
-
-    def make_generator(self, task, models, gen_args):
-        """Group decoding; ``--score-reference`` scores the references with fairseq's scorer (via :meth:`forward`)."""
-        if getattr(gen_args, "score_reference", False):
-            return SequenceScorer(task.target_dictionary)
-        return GroupDecoder(models, task.target_dictionary, gen_args)
 
 
 @register_model_architecture("sat_transformer", "sat_transformer")
