@@ -25,7 +25,6 @@ from nat_plugins.modules.segments import (
     equal_split_points,
     inject_pseudo_repetition,
     random_split_points,
-    segment_attention_mask,
     segment_batch,
     split_at,
     step_major,
@@ -159,8 +158,10 @@ def test_injection_builds_the_papers_example():
 
 
 # ----- (b) model, mask, criterion -------------------------------------------------------------------------------
-def test_segment_mask_for_k3():
-    visible = segment_attention_mask(3, 3).eq(0).int()
+def test_segment_mask_for_k3(dummy_data_bin, teacher):
+    """The decoder's self-attention mask: a query at step t sees the keys at steps <= t of every segment."""
+    decoder = build_recover_sat(dummy_data_bin, teacher[1], 3).decoder
+    visible = decoder.buffered_future_mask(torch.zeros(9, 1, 1)).eq(0).int()
     assert visible.tolist() == [[1, 1, 1, 0, 0, 0, 0, 0, 0]] * 3 + [[1] * 6 + [0] * 3] * 3 + [[1] * 9] * 3
 
 
