@@ -52,6 +52,7 @@ from omegaconf import II
 from ._metrics import log_bits, log_loss_and_nll, summed
 from ..generators.verify_accept import VerifyAcceptGenerator
 from ..modules.block_heads import block_targets
+from ..modules.options import check_label_smoothing
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +96,8 @@ class BlockwiseLoss(FairseqCriterion):
     def __init__(self, task, label_smoothing, head_sampling, sentence_avg, seed, other_heads_weight=0.1,
                  distributed_world_size=1, ddp_backend="pytorch_ddp", find_unused_parameters=False):
         super().__init__(task)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         if not other_heads_weight > 0:
             raise ValueError(f"--other-heads-weight must be positive, got {other_heads_weight}")
-        if task.cfg.left_pad_target:
-            raise ValueError("blockwise_loss shifts right-padded targets: do not set --left-pad-target")
         if head_sampling != "mean" and distributed_world_size > 1 and not (
             ddp_backend in UNUSED_SAFE_DDP_BACKENDS and find_unused_parameters
         ):
@@ -111,7 +108,7 @@ class BlockwiseLoss(FairseqCriterion):
                 "without it fails or gives it a zero gradient that momentum and weight decay still apply), or use "
                 "--head-sampling mean"
             )
-        self.eps = label_smoothing
+        self.eps = check_label_smoothing(label_smoothing)
         self.head_sampling = head_sampling
         self.other_heads_weight = other_heads_weight
         self.sentence_avg = sentence_avg

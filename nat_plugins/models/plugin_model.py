@@ -25,7 +25,8 @@ class NATPluginModel:
 
     * ``build_model`` refuses any task but ``translation_nat``: fairseq picks the generator from the
       command-line task, so ``fairseq-generate --task translation`` would otherwise decode a plugin model
-      with the autoregressive ``SequenceGenerator`` and print wrong translations without a word.
+      with the autoregressive ``SequenceGenerator`` and print wrong translations without a word; and it
+      refuses ``--left-pad-target``: the plugin criteria and decoders index targets from the left.
     * ``generator_class`` is the model's decoder, built as ``generator_class(models, task, gen_args)`` by
       ``TranslationNATTask.build_generator``, hence by fairseq-generate/-interactive and ``--eval-bleu``;
       ``scored_by_fairseq``: the model's ``forward`` takes fairseq's batches (``prev_output_tokens``), so
@@ -55,6 +56,8 @@ class NATPluginModel:
                 f"{cls.__name__} is a nat_plugins model: run fairseq with `--user-dir nat_plugins --task "
                 f"translation_nat` (got task '{task_name}'); other tasks would decode it with the wrong generator"
             )
+        if task.cfg.left_pad_target:
+            raise ValueError(f"{cls.__name__} needs right-padded targets: drop --left-pad-target")
         return super().build_model(args, task)
 
     def ar_parameter_name(self, name):

@@ -105,8 +105,6 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         recover_sat_base_architecture(args)
         if args.num_segments < 1:
             raise ValueError(f"--num-segments must be >= 1, got {args.num_segments}")
-        if getattr(task.cfg, "left_pad_target", False):
-            raise ValueError("recover_sat needs right-padded targets: drop --left-pad-target")
         add_segment_symbols(task.target_dictionary)
         if args.share_all_embeddings and task.source_dictionary is not task.target_dictionary:
             add_segment_symbols(task.source_dictionary)  # joined dictionaries must stay equal

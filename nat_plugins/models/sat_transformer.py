@@ -93,8 +93,6 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         sat_base_architecture(args)
         if args.group_size < 1:
             raise ValueError(f"--group-size must be >= 1, got {args.group_size}")
-        if getattr(task.cfg, "left_pad_target", False):
-            raise ValueError("sat_transformer needs right-padded targets: drop --left-pad-target")
         model = super().build_model(args, task)
         if args.group_size > model.max_decoder_positions():
             raise ValueError(f"--group-size {args.group_size} is larger than the decoder's "
