@@ -24,7 +24,7 @@ from nat_plugins.modules.block_heads import BlockHeads, block_targets
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, USER_DIR, console_script, generate_lines, hypotheses,
-                    interactive_lines, train_model)
+                    interactive_lines, train_model, with_task_options)
 
 TINY_BLOCKWISE = ["--arch", "blockwise_transformer"] + TINY_TRANSFORMER[2:]
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
@@ -76,8 +76,10 @@ def sub_batch(sample, index):
                           "src_lengths": net_input["src_lengths"][index:index + 1]}}
 
 
-def verify_accept(model, task, sample, **kwargs):
-    return VerifyAcceptGenerator([model], task.target_dictionary, max_len_b=MAX_LEN_B, **kwargs).generate([model], sample)
+def verify_accept(model, task, sample, use_cache=True, **options):
+    generator = VerifyAcceptGenerator([model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B),
+                                      use_cache=use_cache)
+    return generator.generate([model], sample)
 
 
 def greedy(model, task, sample):
@@ -302,7 +304,7 @@ def test_validation_logs_the_mean_accepted_block_of_exact_verify_accept(toy_task
         sample, _ = training_sample(dictionary, seed=seed)
         with torch.no_grad():
             log = criterion_for(toy_task)(model, sample)[2]
-        hypos = VerifyAcceptGenerator([model], dictionary).generate([model], sample)
+        hypos = VerifyAcceptGenerator([model], toy_task, Namespace(beam=1)).generate([model], sample)
         assert log["block_tokens"] == sum(len(h[0]["tokens"]) for h in hypos)
         assert log["block_steps"] == sum(h[0]["steps"] for h in hypos)
         logs.append(log)
@@ -420,17 +422,16 @@ def test_approximate_acceptance_invariants(toy_task, block_accept, min_block_siz
 
 def test_decoding_options_are_checked(toy_task):
     model = random_model(toy_task, 2, seed=0)
-    dictionary = toy_task.target_dictionary
     assert parse_block_accept("exact") == 1 and parse_block_accept("topk:5") == 5
     for bad in ("topk:0", "topk", "top:3", "greedy"):
         with pytest.raises(ValueError, match="--block-accept"):
             parse_block_accept(bad)
     with pytest.raises(ValueError, match=r"--min-block-size must be between 1 and the model's --block-size \(2\)"):
-        VerifyAcceptGenerator([model], dictionary, min_block_size=3)
+        VerifyAcceptGenerator([model], with_task_options(toy_task, min_block_size=3), Namespace(beam=1))
     with pytest.raises(ValueError, match="ensemble"):
-        VerifyAcceptGenerator([model, model], dictionary)
+        VerifyAcceptGenerator([model, model], toy_task, Namespace(beam=1))
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
-        VerifyAcceptGenerator.build(toy_task, [model], Namespace(nbest=2))
+        VerifyAcceptGenerator([model], toy_task, Namespace(nbest=2))
 
 
 # ----- end to end ------------------------------------------------------------------------------------------------

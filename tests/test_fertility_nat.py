@@ -29,7 +29,7 @@ from nat_plugins.modules.nad import NADLayer, fertility_copy_index
 from nat_plugins.tasks.translation_nat import SideFileError
 
 from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines,
-                    train_model)
+                    train_model, with_task_options)
 
 TINY_FNAT = ["--arch", "fertility_nat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 12
@@ -85,7 +85,7 @@ def batch(task, indices):
 def decoder(model, task, mode="argmax", **kwargs):
     gen = dict(beam=1, max_len_a=0, max_len_b=200)
     gen.update(kwargs.pop("gen", {}))
-    return FertilityDecoder([model], task, Namespace(**gen), mode=mode, **kwargs)
+    return FertilityDecoder([model], with_task_options(task, fertility_decoding=mode, **kwargs), Namespace(**gen))
 
 
 # ----- (a) links -> fertilities ----------------------------------------------------------------------------------
@@ -417,7 +417,7 @@ def test_decoding_option_errors(fert_data_bin, task, tmp_path):
     with pytest.raises(ValueError, match="--npd-samples"):
         decoder(model, task, "npd", npd_samples=0)
     with pytest.raises(ValueError, match="--prefix-size"):
-        decoder(model, task).generate([model], batch(task, [0]), prefix_tokens=torch.tensor([[4]]))
+        decoder(model, task, gen={"prefix_size": 1})
 
 
 def test_criterion_checks_the_fertility_sum(fert_data_bin, task):

@@ -51,8 +51,8 @@ def batch(task, indices):
     return dataset.collater([dataset[i] for i in indices])
 
 
-def generator(model, tgt_dict, beam, cls=NADADSequenceGenerator, **kwargs):
-    return cls([model], tgt_dict, beam_size=beam, max_len_b=12, **kwargs)
+def generator(model, task, beam):
+    return NADADSequenceGenerator([model], task, Namespace(beam=beam, max_len_b=12))
 
 
 def tokens_of(hypos):
@@ -135,7 +135,7 @@ def test_nad_runs_once_per_sentence_and_its_keys_are_projected_once(task):
     model.encoder.nad.register_forward_hook(lambda _m, inputs, _o: nad_batches.append(inputs[0].size(0)))
     for layer in model.decoder.layers:
         layer.nad_attn.k_proj.register_forward_hook(lambda _m, inputs, _o: nad_key_projections.append(inputs[0].shape))
-    hypos = generator(model, task.target_dictionary, beam=4).generate([model], sample)
+    hypos = generator(model, task, beam=4).generate([model], sample)
     assert nad_batches == [6]  # one NAD pass for the 6 sentences, before the beam expansion
     assert len(nad_key_projections) == len(model.decoder.layers)  # static k/v: projected at the first step only
     assert all(shape[1] == 6 * 4 for shape in nad_key_projections)
@@ -159,8 +159,8 @@ def test_zeroed_nad_ad_attention_is_the_ar_transformer(task):
         ar_logits = ar(**net_input)[0]
     assert torch.equal(logits, ar_logits)
     for beam in (4, 1):
-        ours = generator(model, task.target_dictionary, beam).generate([model], sample)
-        theirs = generator(ar, task.target_dictionary, beam, cls=SequenceGenerator).generate([ar], sample)
+        ours = generator(model, task, beam).generate([model], sample)
+        theirs = SequenceGenerator([ar], task.target_dictionary, beam_size=beam, max_len_b=12).generate([ar], sample)
         assert tokens_of(ours) == tokens_of(theirs)
         assert all(torch.equal(a[0]["positional_scores"], b[0]["positional_scores"]) for a, b in zip(ours, theirs))
 
@@ -195,12 +195,11 @@ def test_incremental_decoding_equals_full_recomputation_with_beam_reordering(tas
 
 def test_batch_of_one_equals_batched(task):
     model = build(task, seed=2)
-    dictionary = task.target_dictionary
     indices = list(range(12))
-    batched = generator(model, dictionary, beam=4).generate([model], batch(task, indices))
+    batched = generator(model, task, beam=4).generate([model], batch(task, indices))
     by_id = dict(zip(batch(task, indices)["id"].tolist(), tokens_of(batched)))
     for i in indices:
-        single = generator(model, dictionary, beam=4).generate([model], batch(task, [i]))
+        single = generator(model, task, beam=4).generate([model], batch(task, [i]))
         assert tokens_of(single)[0] == by_id[i]
 
 
@@ -293,7 +292,7 @@ def test_fertility_copy_uses_gold_fertilities_in_training_and_predicted_ones_at_
     lengths = (~extra["nad_padding_mask"]).sum(dim=1)
     assert lengths.tolist() == fertility.sum(dim=1).tolist()
     assert extra["nad_fertility_logits"].shape[:2] == src.shape
-    hypos = generator(model, task.target_dictionary, beam=2).generate([model], sample)  # predicted fertilities
+    hypos = generator(model, task, beam=2).generate([model], sample)  # predicted fertilities
     assert len(hypos) == 4
 
 

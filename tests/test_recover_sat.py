@@ -25,14 +25,14 @@ from nat_plugins.modules.segments import (
     equal_split_points,
     inject_pseudo_repetition,
     random_split_points,
-    segment_attention_mask,
     segment_batch,
     split_at,
     step_major,
     word_boundary_tables,
 )
 
-from .utils import SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model
+from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model,
+                    with_task_options)
 
 TINY_RECOVER_SAT = ["--arch", "recover_sat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 16
@@ -59,7 +59,8 @@ def batch(task, indices):
 
 
 def decode(model, task, sample, length_margin=10, **gen_args):
-    decoder = SegmentDecoder([model], task.target_dictionary, Namespace(beam=1, **gen_args), length_margin=length_margin)
+    decoder = SegmentDecoder([model], with_task_options(task, segment_length_margin=length_margin),
+                             Namespace(beam=1, **gen_args))
     return decoder.generate([model], sample)
 
 
@@ -157,8 +158,10 @@ def test_injection_builds_the_papers_example():
 
 
 # ----- (b) model, mask, criterion -------------------------------------------------------------------------------
-def test_segment_mask_for_k3():
-    visible = segment_attention_mask(3, 3).eq(0).int()
+def test_segment_mask_for_k3(dummy_data_bin, teacher):
+    """The decoder's self-attention mask: a query at step t sees the keys at steps <= t of every segment."""
+    decoder = build_recover_sat(dummy_data_bin, teacher[1], 3).decoder
+    visible = decoder.buffered_future_mask(torch.zeros(9, 1, 1)).eq(0).int()
     assert visible.tolist() == [[1, 1, 1, 0, 0, 0, 0, 0, 0]] * 3 + [[1] * 6 + [0] * 3] * 3 + [[1] * 9] * 3
 
 
@@ -216,9 +219,11 @@ def test_bad_options_are_refused(dummy_data_bin, teacher):
         build_recover_sat(dummy_data_bin, task, 0)
     model = build_recover_sat(dummy_data_bin, task, 2)
     with pytest.raises(ValueError, match="--beam 1"):
-        SegmentDecoder([model], task.target_dictionary, Namespace(beam=4))
+        SegmentDecoder([model], task, Namespace(beam=4))
     with pytest.raises(ValueError, match="--segment-length-margin"):
-        SegmentDecoder([model], task.target_dictionary, Namespace(beam=1), length_margin=-1)
+        SegmentDecoder([model], with_task_options(task, segment_length_margin=-1), Namespace(beam=1))
+    with pytest.raises(ValueError, match="--score-reference True is not supported"):  # its forward takes segments
+        task.build_generator([model], Namespace(beam=1, score_reference=True))
     with pytest.raises(ValueError, match="--pseudo-rep-prob"):
         RecoverSATLoss(task, 0.0, 10, 1.5, False, 1)
     with pytest.raises(ValueError, match="whole steps"):
@@ -329,13 +334,13 @@ def test_batch_of_one_equals_batched(dummy_data_bin, teacher, tiny_teacher):
 def test_post_processing_drops_del_segments_and_eos(dummy_data_bin, teacher):
     _, task = teacher
     recover = build_recover_sat(dummy_data_bin, task, 3)
-    decoder = SegmentDecoder([recover], task.target_dictionary, Namespace(beam=1))
+    decoder = SegmentDecoder([recover], task, Namespace(beam=1))
     pad, eos, del_index = decoder.pad, decoder.eos, decoder.del_index
     # segments: "10 11 EOS", "10 DEL", "12 EOS" (steps x K)
     segment_tokens = torch.tensor([[10, 10, 12], [11, del_index, eos], [eos, pad, pad]])
     scores = -torch.arange(1, 10, dtype=torch.float).view(3, 3)
     scores[segment_tokens.eq(pad)] = 0
-    hyp = decoder._hypothesis(segment_tokens, scores, 3)
+    hyp = decoder._postprocess(segment_tokens, scores, 3)
     assert hyp["tokens"].tolist() == [10, 11, 12, eos]
     assert hyp["positional_scores"][:3].tolist() == [-1.0, -4.0, -3.0]
     assert hyp["positional_scores"].sum().item() == pytest.approx(scores.sum().item())
@@ -418,7 +423,7 @@ def decode_split(checkpoint, data_bin, split="test"):
     model = models[0].eval()
     task.load_dataset(split)
     dataset = task.dataset(split)
-    decoder = SegmentDecoder([model], task.target_dictionary, Namespace(beam=1))
+    decoder = SegmentDecoder([model], task, Namespace(beam=1))
     results = []
     for start in range(0, len(dataset), 50):
         sample = dataset.collater([dataset[i] for i in range(start, min(start + 50, len(dataset)))])

@@ -15,9 +15,10 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from nat_plugins.cli.distill import merge_shards
 from nat_plugins.models.plugin_model import NATPluginModel
+from nat_plugins.modules.options import check_label_smoothing
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
-from .utils import REPO_ROOT, USER_DIR, console_script
+from .utils import REPO_ROOT, USER_DIR, console_script, with_task_options
 
 
 @pytest.fixture
@@ -183,7 +184,8 @@ def test_distilled_target_errors_name_the_file(data_bin):
 
 # ----- models and generators ---------------------------------------------------------------------------
 class _GeneratorDeclaringModel(NATPluginModel, TransformerModel):
-    def make_generator(self, task, models, gen_args):
+    @staticmethod
+    def generator_class(models, task, gen_args):
         return ("declared generator", task, gen_args.beam)
 
 
@@ -195,10 +197,20 @@ def test_build_generator_uses_the_models_generator_else_fairseqs(data_bin):
     assert task.build_generator([plugin_model], argparse.Namespace(beam=3)) == ("declared generator", task, 3)
 
 
-def test_plugin_model_refuses_other_tasks(data_bin):
+def test_plugin_model_refuses_other_tasks_and_left_padded_targets(data_bin):
     translation = TranslationTask.setup_task(TranslationConfig(data=data_bin, source_lang="src", target_lang="tgt"))
     with pytest.raises(ValueError, match="--user-dir nat_plugins --task translation_nat"):
         _GeneratorDeclaringModel.build_model(tiny_transformer_args(), translation)
+    left_padded = with_task_options(make_task(data_bin), left_pad_target=True)
+    with pytest.raises(ValueError, match="_GeneratorDeclaringModel needs right-padded targets: drop --left-pad-target"):
+        _GeneratorDeclaringModel.build_model(tiny_transformer_args(), left_padded)
+
+
+def test_label_smoothing_range():
+    assert check_label_smoothing(0.0) == 0.0 and check_label_smoothing(0.1) == 0.1
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"--label-smoothing must be in \[0, 1\)"):
+            check_label_smoothing(bad)
 
 
 def tiny_transformer_args():

@@ -3,6 +3,7 @@ train, generate, interactive — each a call of the fairseq CLI's ``main`` with 
 pays fairseq's ~5 s import once per session instead of once per command."""
 
 import contextlib
+import copy
 import io
 import os
 import random
@@ -46,6 +47,15 @@ SYNTHETIC_TEACHER_ARGS = ["--arch", "transformer"] + SYNTHETIC_MODEL_SIZE + [
     "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--max-tokens", "2000",
     "--dropout", "0.1", "--disable-validation",
 ]
+
+
+def with_task_options(task, **options):
+    """``task`` with ``options`` set in a copy of its config: generators read their own options from ``task.cfg``."""
+    copied = copy.copy(task)
+    copied.cfg = copy.deepcopy(task.cfg)
+    for name, value in options.items():
+        setattr(copied.cfg, name, value)
+    return copied
 
 
 def console_script(name):

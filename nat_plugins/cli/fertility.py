@@ -35,6 +35,8 @@ import os
 import sys
 import tempfile
 
+from ..modules.options import DEFAULT_MAX_FERTILITY
+
 logger = logging.getLogger("nat_plugins.cli.fertility")
 
 EFLOMAL_MISSING = ("the eflomal word aligner (GPLv3, the optional `eflomal` extra) is not installed: run "
@@ -242,7 +244,8 @@ def write_fertility_file(path, fertilities):
 
 
 def make_fertilities(data_bin, splits=("train", "valid", "test"), src=None, tgt=None, aligner="eflomal",
-                     links_dir=None, max_fertility=50, target="auto", eflomal_model=3, save_links=None):
+                     links_dir=None, max_fertility=DEFAULT_MAX_FERTILITY, target="auto", eflomal_model=3,
+                     save_links=None):
     """Run the pipeline (module docstring); returns {split: path written}."""
     if max_fertility < 2:
         raise FertilityError(f"--max-fertility must be >= 2, got {max_fertility}")
@@ -310,9 +313,9 @@ def get_parser():
                              "(uniform spread: a fallback, not an alignment)")
     parser.add_argument("--links-dir", default=None, help="--aligner links: directory of {split}.links Pharaoh files "
                         "(i-j = source i, target j, 0-based subword positions, EOS excluded)")
-    parser.add_argument("--max-fertility", type=int, default=50,
+    parser.add_argument("--max-fertility", type=int, default=DEFAULT_MAX_FERTILITY,
                         help="the model's --max-fertility L: fertilities are clamped to L-1, the overflow moved to "
-                             "neighbours (default 50)")
+                             f"neighbours (default {DEFAULT_MAX_FERTILITY})")
     parser.add_argument("--target", choices=["auto", "distilled", "real"], default="auto",
                         help="training split's target: the distilled train.kd.TGT when it exists (auto), or forced")
     parser.add_argument("--eflomal-model", type=int, choices=[1, 2, 3], default=3,

@@ -28,8 +28,9 @@ Heads an update does not score keep no gradient (``.grad`` stays ``None``): thei
 the graph so that the optimizer does not move them (fairseq's Adam applies momentum and weight decay to every
 parameter with a gradient, a zero one included).
 
-Validation scores every head and also decodes the batch with exact verify-accept
-(:class:`~nat_plugins.generators.verify_accept.VerifyAcceptGenerator`, fairseq-generate's default length limits)
+Validation scores every head and also decodes the batch with verify-accept
+(:class:`~nat_plugins.generators.verify_accept.VerifyAcceptGenerator`: the task's ``--block-accept`` and
+``--min-block-size``, by default exact acceptance of single proposals, and fairseq-generate's default length limits)
 to log ``accepted_block``: emitted tokens (EOS included) per decoder call over the whole validation set, the
 number ``fairseq-generate --print-step`` reports (§5, "mean accepted block size"). Logged besides:
 ``loss``/``nll_loss`` over the scored predictions and per head ``nll_h{i}`` and ``acc_h{i}``.
@@ -44,12 +45,14 @@ from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.configs import GenerationConfig
 from fairseq.logging import metrics
 from omegaconf import II
 
 from ._metrics import log_bits, log_loss_and_nll, summed
 from ..generators.verify_accept import VerifyAcceptGenerator
 from ..modules.block_heads import block_targets
+from ..modules.options import check_label_smoothing
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +96,8 @@ class BlockwiseLoss(FairseqCriterion):
     def __init__(self, task, label_smoothing, head_sampling, sentence_avg, seed, other_heads_weight=0.1,
                  distributed_world_size=1, ddp_backend="pytorch_ddp", find_unused_parameters=False):
         super().__init__(task)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         if not other_heads_weight > 0:
             raise ValueError(f"--other-heads-weight must be positive, got {other_heads_weight}")
-        if task.cfg.left_pad_target:
-            raise ValueError("blockwise_loss shifts right-padded targets: do not set --left-pad-target")
         if head_sampling != "mean" and distributed_world_size > 1 and not (
             ddp_backend in UNUSED_SAFE_DDP_BACKENDS and find_unused_parameters
         ):
@@ -109,7 +108,7 @@ class BlockwiseLoss(FairseqCriterion):
                 "without it fails or gives it a zero gradient that momentum and weight decay still apply), or use "
                 "--head-sampling mean"
             )
-        self.eps = label_smoothing
+        self.eps = check_label_smoothing(label_smoothing)
         self.head_sampling = head_sampling
         self.other_heads_weight = other_heads_weight
         self.sentence_avg = sentence_avg
@@ -179,9 +178,9 @@ class BlockwiseLoss(FairseqCriterion):
         return loss, sample_size, logging_output
 
     def accepted_block_counts(self, model, sample):
-        """Exact verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
+        """Verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
         ``block_steps`` (decoder calls), summed over its sentences, as fairseq-generate counts them."""
-        generator = VerifyAcceptGenerator([model], self.task.target_dictionary)
+        generator = VerifyAcceptGenerator([model], self.task, GenerationConfig(beam=1))
         hypos = generator.generate([model], sample)
         return {
             "block_tokens": sum(len(h[0]["tokens"]) for h in hypos),

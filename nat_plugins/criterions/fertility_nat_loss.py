@@ -24,6 +24,7 @@ from fairseq.logging import metrics
 from omegaconf import II
 
 from ._metrics import log_bits, log_loss_and_nll, summed
+from ..modules.options import check_label_smoothing
 
 
 @dataclass
@@ -59,13 +60,9 @@ class FertilityNATLoss(FairseqCriterion):
 
     def __init__(self, task, label_smoothing=0.0, fertility_loss_weight=1.0, sentence_avg=False):
         super().__init__(task)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         if fertility_loss_weight < 0:
             raise ValueError(f"--fertility-loss-weight must be >= 0, got {fertility_loss_weight}")
-        if task.cfg.left_pad_target:
-            raise ValueError("fertility_nat_loss needs right-padded targets: do not set --left-pad-target")
-        self.eps = label_smoothing
+        self.eps = check_label_smoothing(label_smoothing)
         self.fertility_loss_weight = fertility_loss_weight
         self.sentence_avg = sentence_avg
         self.eos = task.target_dictionary.eos()

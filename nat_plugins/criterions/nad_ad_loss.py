@@ -29,6 +29,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
 from ._metrics import log_bits, summed
+from ..modules.options import check_label_smoothing
 
 LOGGED_TERMS = ("ad_loss", "nad_loss", "length_loss", "fertility_loss", "nll_loss", "nad_nll_loss")
 
@@ -62,8 +63,6 @@ class NADADLoss(FairseqCriterion):
 
     def __init__(self, task, label_smoothing, nad_weight, length_loss_weight):
         super().__init__(task)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         if nad_weight < 0 or length_loss_weight < 0:
             raise ValueError(f"--nad-weight and --length-loss-weight must be >= 0, got {nad_weight}, "
                              f"{length_loss_weight}")
@@ -74,9 +73,7 @@ class NADADLoss(FairseqCriterion):
                 f"--use-distilled side (got --use-distilled {use_distilled}; 'target' would train both on the "
                 "distilled targets, 'none' loads none)"
             )
-        if task.cfg.left_pad_target:
-            raise ValueError("nad_ad_loss needs right-padded targets: drop --left-pad-target")
-        self.eps = label_smoothing
+        self.eps = check_label_smoothing(label_smoothing)
         self.nad_weight = nad_weight
         self.length_loss_weight = length_loss_weight
 

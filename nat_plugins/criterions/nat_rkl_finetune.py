@@ -109,8 +109,6 @@ class NATRKLFinetune(FertilityNATLoss):
         super().__init__(task, label_smoothing, fertility_loss_weight, sentence_avg)
         if not 0.0 <= rkl_weight <= 1.0:
             raise ValueError(f"--rkl-weight must be in [0, 1], got {rkl_weight}")
-        if rkl_form not in ("kl", "ce"):
-            raise ValueError(f"--rkl-form must be 'kl' or 'ce', got {rkl_form!r}")
         self.rkl_weight = rkl_weight
         self.rkl_form = rkl_form
         self.max_len_a, self.max_len_b = rkl_max_len_a, rkl_max_len_b

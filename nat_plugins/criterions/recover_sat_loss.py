@@ -27,6 +27,7 @@ from fairseq.logging import metrics
 from omegaconf import II
 
 from ._metrics import log_loss_and_nll, summed
+from ..modules.options import check_label_smoothing
 from ..modules.segments import (
     DEL_SYMBOL,
     allowed_split_points,
@@ -65,15 +66,11 @@ def annealed_p(num_updates, anneal_steps):
 class RecoverSATLoss(FairseqCriterion):
     def __init__(self, task, label_smoothing, anneal_steps, pseudo_rep_prob, sentence_avg, seed):
         super().__init__(task)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
         if anneal_steps < 0:
             raise ValueError(f"--anneal-steps must be >= 0, got {anneal_steps}")
         if not 0.0 <= pseudo_rep_prob <= 1.0:
             raise ValueError(f"--pseudo-rep-prob must be in [0, 1], got {pseudo_rep_prob}")
-        if task.cfg.left_pad_target:
-            raise ValueError("recover_sat_loss segments right-padded targets: do not set --left-pad-target")
-        self.eps = label_smoothing
+        self.eps = check_label_smoothing(label_smoothing)
         self.anneal_steps = anneal_steps
         self.pseudo_rep_prob = pseudo_rep_prob
         self.sentence_avg = sentence_avg

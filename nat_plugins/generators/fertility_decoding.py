@@ -26,10 +26,8 @@ import math
 
 import torch
 
-from . import check_generation_options
 from ..modules.teacher import FrozenTeacher
-
-DECODING_MODES = ("argmax", "average", "npd")
+from .base import PluginGenerator
 
 
 def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
@@ -77,48 +75,38 @@ def nat_output(logits, padding, pad, eos, unk=None, unk_penalty=0.0):
     return tokens, scores, (~padding).long().sum(dim=1)
 
 
-class FertilityDecoder:
-    """Argmax / average / noisy parallel decoding of one ``fertility_nat`` model (see the module docstring)."""
+class FertilityDecoder(PluginGenerator):
+    """Argmax / average / noisy parallel decoding of one ``fertility_nat`` model (see the module docstring); the
+    mode and the NPD options are the task's."""
 
-    def __init__(self, models, task, gen_args, mode="argmax", npd_samples=10, npd_teacher=None,
-                 npd_length_normalize=False):
-        check_generation_options(models, gen_args, "fertility_nat decoding")
-        beam = getattr(gen_args, "beam", 1)
-        if beam != 1:
-            raise ValueError(f"fertility_nat decoding is one parallel pass: pass --beam 1 (got {beam}); for several "
-                             "candidates use --fertility-decoding npd --npd-samples S")
-        if mode not in DECODING_MODES:
-            raise ValueError(f"--fertility-decoding must be one of {DECODING_MODES}, got {mode!r}")
-        if npd_samples < 1:
-            raise ValueError(f"--npd-samples must be >= 1, got {npd_samples}")
-        self.model = models[0]
-        self.tgt_dict = task.target_dictionary
-        self.pad, self.eos, self.unk = self.tgt_dict.pad(), self.tgt_dict.eos(), self.tgt_dict.unk()
-        self.mode = mode
-        self.npd_samples = npd_samples if mode == "npd" else 1
-        self.max_len_a = getattr(gen_args, "max_len_a", 0)
-        self.max_len_b = getattr(gen_args, "max_len_b", 200)
-        self.normalize_scores = not getattr(gen_args, "unnormalized", False)
-        self.len_penalty = getattr(gen_args, "lenpen", 1)
-        self.unk_penalty = getattr(gen_args, "unkpen", 0)
-        self.npd_length_normalize = npd_length_normalize
+    name = "fertility_nat decoding"
+
+    def __init__(self, models, task, gen_args):
+        super().__init__(models, task, gen_args)
+        self.require_greedy("is one parallel pass (for several candidates use --fertility-decoding npd "
+                            "--npd-samples S)")
+        cfg = task.cfg
+        if cfg.npd_samples < 1:
+            raise ValueError(f"--npd-samples must be >= 1, got {cfg.npd_samples}")
+        self.mode = cfg.fertility_decoding
+        self.npd_samples = cfg.npd_samples if self.mode == "npd" else 1
+        self.npd_length_normalize = cfg.npd_length_normalize
         self.teacher = None
-        if mode == "npd":
-            if not npd_teacher:
+        if self.mode == "npd":
+            if not cfg.npd_teacher:
                 raise ValueError("--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
                                  "rescores the candidates)")
-            self.teacher = FrozenTeacher(npd_teacher, task, "--npd-teacher")
-        elif npd_teacher or npd_length_normalize:
+            self.teacher = FrozenTeacher(cfg.npd_teacher, task, "--npd-teacher")
+        elif cfg.npd_teacher or cfg.npd_length_normalize:
             raise ValueError(f"--npd-teacher and --npd-length-normalize are only used by --fertility-decoding npd "
-                             f"(got {mode})")
+                             f"(got {self.mode})")
 
-    def max_lengths(self, src_lengths):
+    def output_max_lengths(self, src_lengths):
         """Target tokens (EOS excluded) allowed per sentence: max_len_a * |x| + max_len_b, capped by positions."""
         limit = self.model.max_decoder_positions()
         if self.teacher is not None:
             limit = min(limit, self.teacher.model.max_decoder_positions() - 1)
-        overall = (src_lengths.double() * self.max_len_a + self.max_len_b).long()
-        return overall.clamp(min=1, max=limit)
+        return self.max_lengths(src_lengths, limit).clamp(min=1)
 
     def fertilities(self, fertility_lprobs, copyable):
         """B*S x S_src fertilities (S candidates per sentence, adjacent rows) for the decoding mode."""
@@ -135,18 +123,11 @@ class FertilityDecoder:
         return fertility.masked_fill(~copyable, 0)
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs):
+    def generate(self, models, sample, **kwargs):
         """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
-        if prefix_tokens is not None:
-            raise ValueError("--prefix-size is not supported by fertility_nat decoding")
-        if constraints is not None:
-            raise ValueError("--constraints is not supported by fertility_nat decoding")
         model, S = self.model, self.npd_samples
-        net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
-        src_lengths = net_input.get("src_lengths")
-        if src_lengths is None:
-            src_lengths = src_tokens.ne(self.pad).long().sum(dim=1)
+        src_tokens = sample["net_input"]["src_tokens"]
+        src_lengths = self.source_lengths(sample["net_input"])
         bsz = src_tokens.size(0)
 
         encoder_out = model.encode(src_tokens, src_lengths)
@@ -156,7 +137,7 @@ class FertilityDecoder:
         rows_src = src_tokens.index_select(0, order) if S > 1 else src_tokens
         fertility = ensure_nonempty(fertility, fertility_lprobs.index_select(0, order), model.copyable(rows_src),
                                     rows_src.ne(self.pad))
-        fertility = cap_total(fertility, self.max_lengths(src_lengths.to(src_tokens.device)).index_select(0, order))
+        fertility = cap_total(fertility, self.output_max_lengths(src_lengths).index_select(0, order))
         if S > 1:
             distinct = first_occurrences(fertility.view(bsz, S, -1)).view(-1)
             kept = distinct.nonzero().squeeze(1)
@@ -178,10 +159,6 @@ class FertilityDecoder:
             steps = 2
         return self.hypotheses(tokens, scores, lengths, steps, teacher_scores)
 
-    def normalize(self, total, lengths):
-        """fairseq's score normalisation: sum / (length incl. EOS) ** lenpen."""
-        return total / (lengths.to(total.dtype) + 1) ** self.len_penalty
-
     def teacher_scores(self, src_tokens, src_lengths, tokens, lengths, order):
         """Ranking score of every candidate (row n translates sentence ``order[n]``): the teacher's log-probability
         of its tokens and EOS (Gu et al. eq. 8), length-normalised with ``--npd-length-normalize``; one
@@ -190,7 +167,7 @@ class FertilityDecoder:
         lprobs, target = self.teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
         token_lprobs = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float().masked_fill(target.eq(self.pad), 0)
         total = token_lprobs.sum(dim=1)
-        return self.normalize(total, lengths) if self.npd_length_normalize else total
+        return self.normalized(total, lengths.to(total.dtype) + 1) if self.npd_length_normalize else total
 
     def hypotheses(self, tokens, scores, lengths, steps, teacher_scores):
         eos_column = tokens.new_full((tokens.size(0), 1), self.pad)
@@ -198,12 +175,9 @@ class FertilityDecoder:
         scores = torch.cat([scores, scores.new_zeros(scores.size(0), 1)], dim=1)
         totals = scores.sum(dim=1)
         if self.normalize_scores:
-            totals = self.normalize(totals, lengths)
+            totals = self.normalized(totals, lengths.to(totals.dtype) + 1)
         hypos = []
         for i, length in enumerate((lengths + 1).tolist()):
-            hypo = {"tokens": tokens[i, :length], "score": totals[i], "positional_scores": scores[i, :length],
-                    "attention": None, "alignment": None, "steps": steps}
-            if teacher_scores is not None:
-                hypo["teacher_score"] = teacher_scores[i]
-            hypos.append([hypo])
+            extra = {} if teacher_scores is None else {"teacher_score": teacher_scores[i]}
+            hypos.append([self.hypothesis(tokens[i, :length], scores[i, :length], steps, score=totals[i], **extra)])
         return hypos

@@ -6,11 +6,13 @@ decoder's incremental key/value cache (fairseq's ``incremental_state``) grows by
 
 * greedy (``--beam 1``): the argmax of each of the K distributions; a sentence stops at the first group that
   contains EOS and is cut after it (positions after EOS are padding, as in training).
-* beam search (``--beam B``): fairseq's beam search (``SequenceGenerator`` + ``BeamSearch``), run position by
-  position, where the distributions of the positions inside a group come from that group's single decoder
-  call (as in the paper's released code): each hypothesis reads the distribution of the beam it grew from at
-  the group's start. Hypotheses ending in EOS are finalised with fairseq's length penalty (``--lenpen``);
-  the cache is reordered with the beam once per group.
+* beam search (``--beam B``): fairseq's ``SequenceGenerator`` with ``search.BeamSearch``, which extends and prunes
+  the hypotheses position by position. :class:`GroupEnsembleModel` calls the decoder at the first position of each
+  group; at the other positions of the group each hypothesis reads the distribution of the row it grew from at
+  the group's start, as the paper's released code prunes token by token over the cached per-position
+  distributions. fairseq reorders the beam at every position; the reorders are composed and applied to the
+  key/value cache and the encoder states once per group. Hypotheses ending in EOS are finalised by fairseq
+  (``--lenpen``, ``--unnormalized``).
 
 With K = 1 both are fairseq's greedy/beam search token for token. Sentences that finish leave the batch, so
 batch size > 1 costs no extra steps; maximum lengths (``--max-len-a/b``) are per sentence, so a sentence
@@ -20,101 +22,119 @@ decodes the same in any batch. ``hypo["steps"]`` is the number of decoder calls 
 import math
 
 import torch
+from fairseq import search
+from fairseq.dataclass.configs import GenerationConfig
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
-from . import check_generation_options
+from .base import PluginGenerator
 
 
-class GroupDecoder:
+class GroupEnsembleModel(EnsembleModel):
+    """fairseq's model wrapper, serving ``SequenceGenerator`` one decoder call per group of K positions (module
+    docstring). ``sentence_max_len`` (per sentence) is set by the generator before each batch."""
+
+    def __init__(self, generator):
+        super().__init__([generator.model])
+        self.generator = generator
+        self.sentence_max_len = self.encoder_out = self.rows = self.max_len = self.lprobs = None
+
+    def forward_encoder(self, net_input):
+        encoder_outs = super().forward_encoder(net_input)
+        self.encoder_out, self.rows, self.max_len = encoder_outs[0], None, self.sentence_max_len
+        return encoder_outs
+
+    def reorder_encoder_out(self, encoder_outs, new_order):
+        """Compose the reorder (fairseq calls this with every reorder of the beam): ``rows[h]`` is the row of the
+        last decoder call (or of the encoder output) that hypothesis h grew from."""
+        self.rows = new_order if self.rows is None else self.rows.index_select(0, new_order)
+        return encoder_outs
+
+    def reorder_incremental_state(self, incremental_states, new_order):
+        """Nothing: the cache is reordered with ``rows`` at the next decoder call (:meth:`reorder_encoder_out` gets
+        the same orders)."""
+
+    def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature=1.0):
+        """Log-probabilities of position ``tokens.size(1) - 1`` (``tokens``: start symbol + outputs so far)."""
+        K, step = self.generator.group_size, tokens.size(1) - 1
+        if step % K == 0:
+            decoder = self.single_model.decoder
+            self.encoder_out = self.single_model.encoder.reorder_encoder_out(self.encoder_out, self.rows)
+            decoder.reorder_incremental_state_scripting(incremental_states[0], self.rows)
+            self.max_len = self.max_len.index_select(0, self.rows)
+            self.lprobs = self.generator.group_lprobs(decoder.group_inputs(tokens), self.encoder_out,
+                                                      incremental_states[0], temperature)
+            positions = torch.arange(step, step + K, device=tokens.device)
+            self.generator.force_eos(self.lprobs, positions.unsqueeze(0) >= self.max_len.unsqueeze(1))
+            self.rows = torch.arange(tokens.size(0), device=tokens.device)
+        return self.lprobs[self.rows, step % K], None
+
+
+class GroupDecoder(PluginGenerator):
     """Greedy (``--beam 1``) or beam search group decoding of one SAT model (see the module docstring)."""
 
-    def __init__(self, models, tgt_dict, gen_args):
-        check_generation_options(models, gen_args, "SAT group decoding")
-        self.model = models[0]
+    name = "SAT group decoding"
+    default_beam = GenerationConfig.beam
+
+    def __init__(self, models, task, gen_args):
+        super().__init__(models, task, gen_args)
+        if self.beam_size < 1:
+            raise ValueError(f"--beam must be >= 1, got {self.beam_size}")
         self.group_size = self.model.decoder.group_size
-        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
-        self.vocab_size = len(tgt_dict)
-        beam = getattr(gen_args, "beam", 5)
-        if beam < 1:
-            raise ValueError(f"--beam must be >= 1, got {beam}")
-        self.beam_size = min(beam, self.vocab_size - 1)
-        self.max_len_a = getattr(gen_args, "max_len_a", 0)
-        self.max_len_b = getattr(gen_args, "max_len_b", 200)
-        self.min_len = getattr(gen_args, "min_len", 1)
-        self.normalize_scores = not getattr(gen_args, "unnormalized", False)
-        self.len_penalty = getattr(gen_args, "lenpen", 1)
-        self.unk_penalty = getattr(gen_args, "unkpen", 0)
-        self.temperature = getattr(gen_args, "temperature", 1.0)
-        if self.temperature <= 0:
-            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
         # the inputs of the group holding the last position (EOS) must fit the decoder's positions
         self.max_len_cap = self.model.max_decoder_positions() // self.group_size * self.group_size - 1
+        self.beam_search = None
+        if self.beam_size > 1:
+            self.beam_search = SequenceGenerator(
+                GroupEnsembleModel(self), self.tgt_dict, beam_size=self.beam_size, max_len_a=self.max_len_a,
+                max_len_b=self.max_len_b, max_len=self.max_len_cap + 1, min_len=self.min_len,
+                normalize_scores=self.normalize_scores, len_penalty=self.len_penalty, unk_penalty=self.unk_penalty,
+                temperature=self.temperature, search_strategy=search.BeamSearch(self.tgt_dict),
+            )
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs):
+    def generate(self, models, sample, **kwargs):
         """fairseq's generator interface: for each sentence of ``sample`` a list of hypotheses, best first."""
-        if prefix_tokens is not None:
-            raise ValueError("--prefix-size is not supported by SAT group decoding")
-        if constraints is not None:
-            raise ValueError("--constraints is not supported by SAT group decoding")
         net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
-        src_lengths = net_input.get("src_lengths")
-        if src_lengths is None:
-            src_lengths = src_tokens.ne(self.pad).long().sum(dim=1)
-        max_len = (src_lengths.double() * self.max_len_a + self.max_len_b).long().clamp_(max=self.max_len_cap)
-        if self.min_len > int(max_len.min()):
-            raise ValueError(f"--min-len {self.min_len} is larger than the maximum length "
-                             f"{int(max_len.min())} that --max-len-a/--max-len-b allow")
-        encoder_out = self.model.encoder.forward_torchscript(net_input)
-        if self.beam_size == 1:
-            return self._greedy(encoder_out, max_len)
-        return self._beam_search(encoder_out, max_len)
+        max_len = self.max_lengths(self.source_lengths(net_input), self.max_len_cap)
+        self.check_min_len(max_len)
+        if self.beam_search is None:
+            return self._greedy(self.model.encoder.forward_torchscript(net_input), max_len)
+        ensemble = self.beam_search.model
+        ensemble.sentence_max_len = max_len
+        hypos = self.beam_search.generate(models, sample)
+        ensemble.encoder_out = ensemble.lprobs = None  # do not keep the batch's states alive until the next one
+        for hyps in hypos:  # a sentence leaves the batch at the position where its last hypothesis ends
+            steps = -(-max(len(h["tokens"]) for h in hyps) // self.group_size)
+            for h in hyps:
+                h["steps"] = steps
+        return hypos
 
-    def _group_lprobs(self, tokens, encoder_out, incremental_state, start, max_len):
-        """Log-probabilities (N x K x V) of the group at positions ``start``..``start+K-1``, given the inputs
-        ``tokens`` (N x (start+K)) of every group so far, with fairseq's constraints applied: never pad, the
-        unk penalty, no EOS before ``--min-len``, only EOS at ``max_len`` (per row) and beyond."""
-        logits, _ = self.model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
-        if self.temperature != 1.0:
-            logits = logits.div_(self.temperature)
+    def group_lprobs(self, inputs, encoder_out, incremental_state, temperature):
+        """One decoder call: log-probabilities (N x K x V) of the group whose K inputs end ``inputs`` (the SAT
+        decoder inputs so far: K start symbols, then the outputs of every earlier group)."""
+        logits, _ = self.model.decoder(inputs, encoder_out=encoder_out, incremental_state=incremental_state)
+        if temperature != 1.0:
+            logits = logits.div_(temperature)
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
-        torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        lprobs[:, :, self.pad] = -math.inf
-        lprobs[:, :, self.unk] -= self.unk_penalty
-        positions = torch.arange(start, start + self.group_size, device=tokens.device)
-        force_eos = positions.unsqueeze(0) >= max_len.unsqueeze(1)
-        eos_lprobs = lprobs[:, :, self.eos].clone()
-        lprobs.masked_fill_(force_eos.unsqueeze(2), -math.inf)
-        lprobs[:, :, self.eos] = torch.where(force_eos, eos_lprobs, lprobs[:, :, self.eos])
-        if start < self.min_len:
-            lprobs[:, : self.min_len - start, self.eos] = -math.inf
-        return lprobs
-
-    def _start_tokens(self, rows, max_len):
-        """Token buffer for ``rows`` hypotheses: column c < K holds a start symbol, column K + p will hold output
-        position p, for positions 0..max(max_len) rounded up to whole groups."""
-        width = -(-(int(max_len.max()) + 1) // self.group_size) * self.group_size
-        tokens = torch.full((rows, self.group_size + width), self.pad, dtype=torch.long, device=max_len.device)
-        tokens[:, : self.group_size] = self.eos
-        return tokens
-
-    def _reorder(self, incremental_state, encoder_out, order):
-        self.model.decoder.reorder_incremental_state_scripting(incremental_state, order)
-        return self.model.encoder.reorder_encoder_out(encoder_out, order)
+        return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
     def _greedy(self, encoder_out, max_len):
         K = self.group_size
-        bsz = max_len.numel()
-        tokens = self._start_tokens(bsz, max_len)
-        pos_scores = torch.zeros(tokens[:, K:].shape, device=tokens.device)
+        bsz, device = max_len.numel(), max_len.device
+        # column c < K holds a start symbol, column K + p output position p (whole groups up to max(max_len))
+        width = -(-(int(max_len.max()) + 1) // K) * K
+        tokens = torch.full((bsz, K + width), self.pad, dtype=torch.long, device=device)
+        tokens[:, :K] = self.eos
+        pos_scores = torch.zeros(bsz, width, device=device)
         out_tokens, out_scores = tokens[:, K:].clone(), pos_scores.clone()
-        lengths = torch.zeros(bsz, dtype=torch.long, device=tokens.device)
+        lengths = torch.zeros(bsz, dtype=torch.long, device=device)
         steps = torch.zeros_like(lengths)
-        sentence = torch.arange(bsz, device=tokens.device)  # sentence of each active row
+        sentence = torch.arange(bsz, device=device)  # sentence of each active row
         incremental_state = {}
-        for group in range(pos_scores.size(1) // K):
+        for group in range(width // K):
             start = group * K
-            lprobs = self._group_lprobs(tokens[:, : start + K], encoder_out, incremental_state, start, max_len)
+            lprobs = self.group_lprobs(tokens[:, : start + K], encoder_out, incremental_state, self.temperature)
+            self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len.unsqueeze(1))
             scores, predictions = lprobs.max(dim=2)
             tokens[:, K + start: 2 * K + start] = predictions
             pos_scores[:, start: start + K] = scores
@@ -132,119 +152,9 @@ class GroupDecoder:
                 break
             keep = (~done).nonzero().squeeze(1)
             sentence, tokens, pos_scores, max_len = sentence[keep], tokens[keep], pos_scores[keep], max_len[keep]
-            encoder_out = self._reorder(incremental_state, encoder_out, keep)
+            self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
+            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
         return [
-            [self._hypothesis(out_tokens[i, :length], out_scores[i, :length], step)]
+            [self.hypothesis(out_tokens[i, :length], out_scores[i, :length], step)]
             for i, (length, step) in enumerate(zip(lengths.tolist(), steps.tolist()))
-        ]
-
-    def _hypothesis(self, tokens, pos_scores, steps):
-        score = pos_scores.sum()
-        if self.normalize_scores:
-            score = score / tokens.numel() ** self.len_penalty
-        return {"tokens": tokens, "score": score, "positional_scores": pos_scores, "attention": None,
-                "alignment": None, "steps": steps}
-
-    def _beam_search(self, encoder_out, max_len):
-        """fairseq's beam search over positions (``SequenceGenerator._generate`` with ``BeamSearch.step``),
-        calling the decoder at the first position of each group; ``cache_rows[r]`` is the row of the group's
-        call (distributions, key/value cache) that the hypothesis in row ``r`` grew from."""
-        K, beam, vocab = self.group_size, self.beam_size, self.vocab_size
-        bsz, device = max_len.numel(), max_len.device
-        encoder_out = self.model.encoder.reorder_encoder_out(
-            encoder_out, torch.arange(bsz, device=device).repeat_interleave(beam))
-        tokens = self._start_tokens(bsz * beam, max_len)
-        width = tokens.size(1) - K
-        scores = torch.zeros(bsz * beam, width, device=device)  # cumulative log-probability per position
-        cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
-        cand_offsets = torch.arange(2 * beam, device=device)
-        bbsz_offsets = torch.arange(bsz, device=device).unsqueeze(1) * beam
-        # finalised hypotheses: ``beam`` slots per sentence
-        fin_tokens = torch.full((bsz, beam, width), self.pad, dtype=torch.long, device=device)
-        fin_pos_scores = torch.zeros(bsz, beam, width, device=device)
-        fin_scores = torch.full((bsz, beam), -math.inf, device=device)
-        fin_lengths = torch.zeros(bsz, beam, dtype=torch.long, device=device)
-        fin_count = torch.zeros(bsz, dtype=torch.long, device=device)
-        steps = torch.zeros(bsz, dtype=torch.long, device=device)
-        sentence = torch.arange(bsz, device=device)  # sentence of each active sentence row
-        incremental_state, cache_rows = {}, None
-        for step in range(int(max_len.max()) + 1):
-            num_active = sentence.numel()
-            if step % K == 0:
-                if cache_rows is not None:
-                    encoder_out = self._reorder(incremental_state, encoder_out, cache_rows)
-                group_lprobs = self._group_lprobs(tokens[:, : step + K], encoder_out, incremental_state, step,
-                                                  max_len.repeat_interleave(beam))
-                cache_rows = torch.arange(num_active * beam, device=device)
-            lprobs = group_lprobs[cache_rows, step % K].view(num_active, beam, vocab)
-
-            # BeamSearch.step: the best 2*beam extensions of the sentence's beams
-            if step == 0:
-                lprobs = lprobs[:, :1]  # all beams are the same start
-            else:
-                lprobs = lprobs + scores[:, step - 1].view(num_active, beam, 1)
-            lprobs = lprobs.reshape(num_active, -1)
-            cand_scores, cand_indices = lprobs.topk(min(2 * beam, lprobs.size(1) - 1))
-            cand_beams, cand_tokens = cand_indices // vocab, cand_indices % vocab
-            cand_bbsz = cand_beams + bbsz_offsets
-
-            eos_mask = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
-            eos_mask[:, :beam][cands_to_ignore] = False
-            finalize = eos_mask[:, :beam]
-            if finalize.any():
-                rank = finalize.long().cumsum(dim=1) - 1
-                slot = fin_count[sentence].unsqueeze(1) + rank
-                rows, cols = (finalize & (slot < beam)).nonzero(as_tuple=True)
-                ids, slots, source = sentence[rows], slot[rows, cols], cand_bbsz[rows, cols]
-                eos_scores = cand_scores[rows, cols]
-                hyp_tokens = tokens[source, K: K + step + 1]
-                hyp_tokens[:, step] = self.eos
-                pos_scores = scores[source, : step + 1]
-                pos_scores[:, step] = eos_scores
-                pos_scores[:, 1:] = pos_scores[:, 1:] - pos_scores[:, :-1]
-                fin_tokens[ids, slots, : step + 1] = hyp_tokens
-                fin_pos_scores[ids, slots, : step + 1] = pos_scores
-                if self.normalize_scores:
-                    eos_scores = eos_scores / (step + 1) ** self.len_penalty
-                fin_scores[ids, slots] = eos_scores
-                fin_lengths[ids, slots] = step + 1
-                fin_count.index_add_(0, ids, torch.ones_like(ids))
-
-                done = (fin_count[sentence] >= beam) | (max_len <= step)
-                if done.any():
-                    steps[sentence[done]] = step // K + 1
-                    if done.all():
-                        break
-                    keep = (~done).nonzero().squeeze(1)
-                    num_active = keep.numel()
-                    sentence, max_len, cands_to_ignore = sentence[keep], max_len[keep], cands_to_ignore[keep]
-                    eos_mask, cand_scores, cand_tokens = eos_mask[keep], cand_scores[keep], cand_tokens[keep]
-                    bbsz_offsets = bbsz_offsets[:num_active]
-                    cand_bbsz = cand_beams[keep] + bbsz_offsets
-                    keep_rows = (keep.unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
-                    tokens, scores, cache_rows = tokens[keep_rows], scores[keep_rows], cache_rows[keep_rows]
-
-            # the first ``beam`` candidates that do not end in EOS (nor are to be ignored) go on
-            eos_mask[:, :beam] |= cands_to_ignore
-            active_mask = eos_mask.long() * (2 * beam) + cand_offsets[: eos_mask.size(1)]
-            new_cands_to_ignore, active_hypos = active_mask.topk(beam, dim=1, largest=False)
-            cands_to_ignore = new_cands_to_ignore.ge(2 * beam)
-            active_rows = cand_bbsz.gather(1, active_hypos).view(-1)
-            tokens[:, : K + step] = tokens[active_rows, : K + step]
-            tokens[:, K + step] = cand_tokens.gather(1, active_hypos).view(-1)
-            if step > 0:
-                scores[:, :step] = scores[active_rows, :step]
-            scores[:, step] = cand_scores.gather(1, active_hypos).view(-1)
-            cache_rows = cache_rows[active_rows]
-
-        order = fin_scores.sort(dim=1, descending=True, stable=True).indices.tolist()
-        counts, lengths, steps = fin_count.tolist(), fin_lengths.tolist(), steps.tolist()
-        return [
-            [
-                {"tokens": fin_tokens[i, s, : lengths[i][s]], "score": fin_scores[i, s],
-                 "positional_scores": fin_pos_scores[i, s, : lengths[i][s]], "attention": None, "alignment": None,
-                 "steps": steps[i]}
-                for s in order[i][: counts[i]]
-            ]
-            for i in range(bsz)
         ]

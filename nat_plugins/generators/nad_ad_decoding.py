@@ -33,13 +33,18 @@ class NADADEnsembleModel(EnsembleModel):
 
 
 class NADADSequenceGenerator(SequenceGenerator):
-    """fairseq's beam search over the AD with the NAD memory cached like the encoder's (module docstring)."""
+    """fairseq's beam search over the AD with the NAD memory cached like the encoder's (module docstring), built as
+    every plugin generator is, ``NADADSequenceGenerator(models, task, gen_args)``: fairseq's ``build_generator``
+    turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options; ``--print-nad-draft`` is a task
+    option."""
 
-    def __init__(self, models, tgt_dict, print_nad_draft=False, **kwargs):
-        if not isinstance(models, EnsembleModel):
-            models = NADADEnsembleModel(models)
-        super().__init__(models, tgt_dict, **kwargs)
-        self.print_nad_draft = print_nad_draft
+    def __init__(self, models, task, gen_args):
+        if getattr(gen_args, "print_alignment", None):
+            raise ValueError("--print-alignment is not supported by nad_ad_transformer decoding")
+        options = FairseqTask.build_generator(task, models, gen_args,
+                                              seq_gen_cls=lambda _models, _tgt_dict, **options: options)
+        super().__init__(NADADEnsembleModel(models), task.target_dictionary, **options)
+        self.print_nad_draft = task.cfg.print_nad_draft
 
     @torch.no_grad()
     def generate(self, models, sample, **kwargs):
@@ -48,23 +53,10 @@ class NADADSequenceGenerator(SequenceGenerator):
         for hypos in finalized:
             for hypo in hypos:
                 hypo["steps"] = 1 + hypo["tokens"].numel()
-        encoder_outs = getattr(self.model, "last_encoder_outs", None)
-        if encoder_outs is not None:
-            self.model.last_encoder_outs = None  # do not keep a batch's states alive until the next one
+        encoder_outs = self.model.last_encoder_outs
+        self.model.last_encoder_outs = None  # do not keep a batch's states alive until the next one
         if self.print_nad_draft and encoder_outs and "id" in sample:
             draft = self.model.single_model.nad_draft(encoder_outs[0])
             for sample_id, tokens in zip(sample["id"].tolist(), draft):
                 print(f"NAD-{sample_id}\t{self.tgt_dict.string(tokens[tokens.ne(self.pad)])}")
         return finalized
-
-
-def build_nad_ad_generator(task, models, gen_args):
-    """fairseq's generator construction (search strategy and every generation option) with
-    :class:`NADADSequenceGenerator`; ``--print-nad-draft`` comes from the task config."""
-    if getattr(gen_args, "print_alignment", None):
-        raise ValueError("--print-alignment is not supported by nad_ad_transformer decoding")
-    if getattr(gen_args, "score_reference", False):
-        return FairseqTask.build_generator(task, models, gen_args)  # fairseq's scorer: the AD's scores
-    print_nad_draft = bool(getattr(task.cfg, "print_nad_draft", False))
-    return FairseqTask.build_generator(task, models, gen_args, seq_gen_cls=NADADSequenceGenerator,
-                                       extra_gen_cls_kwargs={"print_nad_draft": print_nad_draft})

@@ -23,58 +23,39 @@ import math
 
 import torch
 
-from . import check_generation_options
 from ..modules.segments import DEL_SYMBOL
+from .base import PluginGenerator
 
 
-class SegmentDecoder:
-    """Greedy segment decoding of one RecoverSAT model (see the module docstring)."""
+class SegmentDecoder(PluginGenerator):
+    """Greedy segment decoding of one RecoverSAT model (see the module docstring); ``--segment-length-margin`` and
+    ``--print-segments`` are task options."""
 
-    def __init__(self, models, tgt_dict, gen_args, length_margin=10, print_segments=False):
-        check_generation_options(models, gen_args, "RecoverSAT segment decoding")
-        beam = getattr(gen_args, "beam", 1)
-        if beam != 1:
-            raise ValueError(f"RecoverSAT segment decoding is greedy (the paper's decoding): pass --beam 1, got {beam}")
-        if length_margin < 0:
-            raise ValueError(f"--segment-length-margin must be >= 0, got {length_margin}")
-        self.model = models[0]
+    name = "RecoverSAT segment decoding"
+
+    def __init__(self, models, task, gen_args):
+        super().__init__(models, task, gen_args)
+        self.require_greedy("is greedy (the paper's decoding)")
+        self.length_margin = task.cfg.segment_length_margin
+        if self.length_margin < 0:
+            raise ValueError(f"--segment-length-margin must be >= 0, got {self.length_margin}")
+        self.print_segments = task.cfg.print_segments
         self.num_segments = self.model.decoder.num_segments
-        self.tgt_dict = tgt_dict
-        self.pad, self.eos = tgt_dict.pad(), tgt_dict.eos()
-        self.del_index = tgt_dict.index(DEL_SYMBOL)
-        if self.del_index == tgt_dict.unk():
+        self.del_index = self.tgt_dict.index(DEL_SYMBOL)
+        if self.del_index == self.unk:
             raise ValueError(f"the target dictionary has no {DEL_SYMBOL} symbol: is this a recover_sat model?")
-        self.length_margin = length_margin
-        self.print_segments = print_segments
-        self.max_len_a = getattr(gen_args, "max_len_a", 0)
-        self.max_len_b = getattr(gen_args, "max_len_b", 200)
-        self.min_len = getattr(gen_args, "min_len", 1)
-        self.normalize_scores = not getattr(gen_args, "unnormalized", False)
-        self.len_penalty = getattr(gen_args, "lenpen", 1)
-        self.unk_penalty = getattr(gen_args, "unkpen", 0)
-        self.temperature = getattr(gen_args, "temperature", 1.0)
-        if self.temperature <= 0:
-            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
 
     def segment_max_lengths(self, src_lengths):
         """Tokens a segment may emit before it is forced to EOS, per sentence."""
         even_share = (src_lengths + self.num_segments - 1) // self.num_segments + self.length_margin
-        overall = (src_lengths.double() * self.max_len_a + self.max_len_b).long()
-        return torch.minimum(even_share, overall).clamp_(min=0, max=self.model.max_decoder_positions() - 1)
+        overall = self.max_lengths(src_lengths, self.model.max_decoder_positions() - 1)
+        return torch.minimum(even_share, overall).clamp_(min=0)
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, **kwargs):
+    def generate(self, models, sample, **kwargs):
         """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
-        if prefix_tokens is not None:
-            raise ValueError("--prefix-size is not supported by RecoverSAT segment decoding")
-        if constraints is not None:
-            raise ValueError("--constraints is not supported by RecoverSAT segment decoding")
         net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
-        src_lengths = net_input.get("src_lengths")
-        if src_lengths is None:
-            src_lengths = src_tokens.ne(self.pad).long().sum(dim=1)
-        max_len = self.segment_max_lengths(src_lengths.to(src_tokens.device))
+        max_len = self.segment_max_lengths(self.source_lengths(net_input))
         encoder_out = self.model.encoder.forward_torchscript(net_input)
         hypos = self._decode(encoder_out, max_len)
         if self.print_segments and "id" in sample:
@@ -82,22 +63,14 @@ class SegmentDecoder:
                 print(f"SEG-{sample_id}\t{self.segments_string(hyps[0]['segment_tokens'])}")
         return hypos
 
-    def _step_lprobs(self, tokens, encoder_out, incremental_state, step, max_len):
-        """One decoder call: log-probabilities (rows x K x V) of every segment's next token."""
+    def _step_lprobs(self, tokens, encoder_out, incremental_state, step, max_len, first_segment):
+        """One decoder call: log-probabilities (rows x K x V) of every segment's next token, under fairseq's rules
+        except that only the first segment (``first_segment``: K bools) is held to ``--min-len``."""
         logits, extra = self.model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
         logits = logits / self.temperature if self.temperature != 1.0 else logits
         logits[:, 0, self.del_index] = -math.inf  # the first segment has no predecessor to repeat
         lprobs = self.model.get_normalized_probs((logits, extra), log_probs=True)
-        lprobs[:, :, self.pad] = -math.inf
-        lprobs[:, :, self.tgt_dict.unk()] -= self.unk_penalty
-        forced = step >= max_len  # rows whose segments must end now
-        if step < self.min_len:
-            lprobs[~forced, 0, self.eos] = -math.inf  # nor may it be shorter than --min-len
-        if forced.any():
-            eos_lprobs = lprobs[forced, :, self.eos]
-            lprobs[forced] = -math.inf
-            lprobs[forced, :, self.eos] = eos_lprobs
-        return lprobs
+        return self.constrain(lprobs, step, max_len.unsqueeze(1), eos_too_early=first_segment & (step < self.min_len))
 
     def _decode(self, encoder_out, max_len):
         K, device = self.num_segments, max_len.device
@@ -111,9 +84,11 @@ class SegmentDecoder:
         steps = torch.zeros(bsz, dtype=torch.long, device=device)
         alive = torch.ones(bsz, K, dtype=torch.bool, device=device)
         sentence = torch.arange(bsz, device=device)  # sentence of each active row
+        first_segment = torch.arange(K, device=device).eq(0)
         incremental_state = {}
         for step in range(num_steps):
-            lprobs = self._step_lprobs(tokens[:, : (step + 1) * K], encoder_out, incremental_state, step, max_len)
+            lprobs = self._step_lprobs(tokens[:, : (step + 1) * K], encoder_out, incremental_state, step, max_len,
+                                       first_segment)
             step_scores, predictions = lprobs.max(dim=2)
             predictions.masked_fill_(~alive, self.pad)
             outputs[:, step] = predictions
@@ -133,10 +108,10 @@ class SegmentDecoder:
             alive, max_len = alive[keep], max_len[keep]
             self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
             encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
-        return [[self._hypothesis(out_outputs[i, : steps[i]], out_scores[i, : steps[i]], int(steps[i]))]
+        return [[self._postprocess(out_outputs[i, : steps[i]], out_scores[i, : steps[i]], int(steps[i]))]
                 for i in range(bsz)]
 
-    def _hypothesis(self, segment_tokens, segment_scores, steps):
+    def _postprocess(self, segment_tokens, segment_scores, steps):
         """Post-processing (§3.4) of one sentence's ``steps x K`` segment outputs (padding after each end)."""
         deleted = segment_tokens.eq(self.del_index).any(dim=0)
         kept = (segment_tokens.ne(self.pad) & segment_tokens.ne(self.eos) & segment_tokens.ne(self.del_index)
@@ -146,11 +121,7 @@ class SegmentDecoder:
         rest = segment_scores.sum() - kept_scores.sum()
         tokens = torch.cat([tokens, tokens.new_full((1,), self.eos)])
         pos_scores = torch.cat([kept_scores, rest.view(1)])
-        score = pos_scores.sum()
-        if self.normalize_scores:
-            score = score / tokens.numel() ** self.len_penalty
-        return {"tokens": tokens, "score": score, "positional_scores": pos_scores, "attention": None,
-                "alignment": None, "steps": steps, "segment_tokens": segment_tokens, "segment_scores": segment_scores}
+        return self.hypothesis(tokens, pos_scores, steps, segment_tokens=segment_tokens, segment_scores=segment_scores)
 
     def segments_string(self, segment_tokens):
         """The segments as text, `` | `` between them; a deleted segment shows its DEL, EOS is left out."""

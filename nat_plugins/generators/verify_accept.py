@@ -29,22 +29,9 @@ import math
 import torch
 from fairseq import utils
 
-logger = logging.getLogger(__name__)
+from .base import UNSUPPORTED_OPTIONS, PluginGenerator
 
-# generation options verify-accept decoding cannot honour, with the value they must keep
-UNSUPPORTED_GENERATION_OPTIONS = {
-    "nbest": 1,
-    "sampling": False,
-    "match_source_len": False,
-    "no_repeat_ngram_size": 0,
-    "prefix_size": 0,
-    "constraints": None,
-    "print_alignment": None,
-    "lm_path": None,
-    "temperature": 1.0,
-    "diverse_beam_groups": -1,
-    "diversity_rate": -1,
-}
+logger = logging.getLogger(__name__)
 
 
 def parse_block_accept(spec):
@@ -80,70 +67,34 @@ def accepted_lengths(proposals, verify_lprobs, top_m, min_block_size, eos):
     return torch.minimum(accepted, first_eos), first_eos.le(accepted), scores
 
 
-class VerifyAcceptGenerator:
-    """Blockwise parallel decoding with combined scoring and proposal, batched, with a rolled-back cache."""
+class VerifyAcceptGenerator(PluginGenerator):
+    """Blockwise parallel decoding with combined scoring and proposal, batched, with a rolled-back cache;
+    ``--block-accept`` and ``--min-block-size`` are task options."""
 
-    def __init__(self, models, tgt_dict, block_accept="exact", min_block_size=1, max_len_a=0, max_len_b=200,
-                 min_len=1, normalize_scores=True, len_penalty=1.0, unk_penalty=0.0, use_cache=True):
-        if len(models) != 1:
-            raise ValueError(f"verify-accept decoding runs one blockwise_transformer, got an ensemble of {len(models)} "
-                             "(pass a single checkpoint to --path)")
-        self.model = models[0]
+    name = "verify-accept decoding (blockwise_transformer)"
+    unsupported_options = {**UNSUPPORTED_OPTIONS, "nbest": 1, "temperature": 1.0}
+
+    def __init__(self, models, task, gen_args, use_cache=True):
+        super().__init__(models, task, gen_args)
         if not hasattr(self.model.decoder, "block_heads"):
             raise ValueError(f"verify-accept decoding needs a blockwise_transformer, got {type(self.model).__name__}")
+        if self.beam_size != 1:
+            logger.warning(f"--beam {self.beam_size} is ignored: verify-accept decoding extends greedy decoding of "
+                           "head 1 (pass --beam 1)")
         self.block_size = self.model.decoder.block_size
-        self.top_m = parse_block_accept(block_accept)
-        if not 1 <= min_block_size <= self.block_size:
+        self.top_m = parse_block_accept(task.cfg.block_accept)
+        self.min_block_size = task.cfg.min_block_size
+        if not 1 <= self.min_block_size <= self.block_size:
             raise ValueError(f"--min-block-size must be between 1 and the model's --block-size ({self.block_size}), "
-                             f"got {min_block_size}")
-        self.min_block_size = min_block_size
-        self.max_len_a, self.max_len_b, self.min_len = max_len_a, max_len_b, min_len
-        self.normalize_scores, self.len_penalty, self.unk_penalty = normalize_scores, len_penalty, unk_penalty
+                             f"got {self.min_block_size}")
         self.use_cache = use_cache
         self.max_positions = self.model.max_decoder_positions()
-        self.pad, self.unk, self.eos = tgt_dict.pad(), tgt_dict.unk(), tgt_dict.eos()
 
-    @classmethod
-    def build(cls, task, models, gen_args):
-        """The generator for ``fairseq-generate``/``-interactive``/``--eval-bleu``: length and score options from
-        the generation config ``gen_args``, ``--block-accept``/``--min-block-size`` from the task config."""
-        for name, required in UNSUPPORTED_GENERATION_OPTIONS.items():
-            value = getattr(gen_args, name, required)
-            if value != required:
-                raise ValueError(f"--{name.replace('_', '-')} {value} is not supported by verify-accept decoding "
-                                 "(blockwise_transformer)")
-        beam = getattr(gen_args, "beam", 1)
-        if beam != 1:
-            logger.warning(f"--beam {beam} is ignored: verify-accept decoding extends greedy decoding of head 1 "
-                           "(pass --beam 1)")
-        return cls(
-            models, task.target_dictionary,
-            block_accept=task.cfg.block_accept,
-            min_block_size=task.cfg.min_block_size,
-            max_len_a=getattr(gen_args, "max_len_a", 0),
-            max_len_b=getattr(gen_args, "max_len_b", 200),
-            min_len=getattr(gen_args, "min_len", 1),
-            normalize_scores=not getattr(gen_args, "unnormalized", False),
-            len_penalty=getattr(gen_args, "lenpen", 1.0),
-            unk_penalty=getattr(gen_args, "unkpen", 0.0),
-        )
-
-    def constrain(self, scores, target_index, max_len):
-        """SequenceGenerator's rules for y_t at 1-based index ``target_index`` (shape ``scores.shape[:-1]``), in
-        place: never pad, unk penalty, EOS forbidden while t <= min_len and forced at t = max_len + 1."""
-        scores[..., self.pad] = -math.inf
-        if self.unk_penalty:
-            scores[..., self.unk] -= self.unk_penalty
-        not_eos = torch.ones(scores.size(-1), dtype=torch.bool, device=scores.device)
-        not_eos[self.eos] = False
-        scores.masked_fill_(target_index.gt(max_len).unsqueeze(-1) & not_eos, -math.inf)
-        scores[..., self.eos].masked_fill_(target_index.le(self.min_len), -math.inf)
-        return scores
-
-    def head1_lprobs(self, features, target_index, max_len):
-        """p1's constrained log-probabilities (float32, as SequenceGenerator) at decoder output ``features``."""
+    def head1_lprobs(self, features, position, max_len):
+        """p1's constrained log-probabilities (float32, as SequenceGenerator) at decoder output ``features`` of the
+        0-based output ``position``."""
         logits = self.model.decoder.head_logits(features, range(1)).squeeze(-2)
-        return self.constrain(utils.log_softmax(logits, dim=-1), target_index, max_len)
+        return self.constrain(utils.log_softmax(logits, dim=-1), position, max_len)
 
     def propose(self, features, lprobs, last, max_len):
         """Proposals ŷ_{j+1..j+k} at the last accepted position j: p1's argmax, taken from the log-probs the
@@ -154,8 +105,8 @@ class VerifyAcceptGenerator:
         if self.block_size == 1:
             return first, first_score
         logits = self.model.decoder.head_logits(features, range(1, self.block_size))
-        target = last.unsqueeze(1) + torch.arange(2, self.block_size + 1, device=last.device)
-        rest = self.constrain(logits, target, max_len).argmax(dim=-1)
+        position = last.unsqueeze(1) + torch.arange(1, self.block_size, device=last.device)
+        rest = self.constrain(logits, position, max_len).argmax(dim=-1)
         return torch.cat([first, rest], dim=1), first_score
 
     def recompute_block(self, tokens, proposals, last, encoder_out, max_len):
@@ -168,17 +119,17 @@ class VerifyAcceptGenerator:
         return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.size(-1)))
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None, **kwargs):
-        if prefix_tokens is not None or constraints is not None:
-            raise ValueError("verify-accept decoding does not support --prefix-size or --constraints")
+    def generate(self, models, sample, bos_token=None, **kwargs):
+        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
         model, decoder, k = self.model, self.model.decoder, self.block_size
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
         device = src_tokens.device
-        max_len = min(int(self.max_len_a * src_len + self.max_len_b), self.max_positions - 1)
-        if self.min_len > max_len:
-            raise ValueError(f"--min-len {self.min_len} exceeds the maximum length {max_len} (--max-len-a/--max-len-b)")
+        # one limit for the batch, from its padded source length, as SequenceGenerator's
+        max_len = self.max_lengths(src_tokens.new_full((1,), src_len), self.max_positions - 1)
+        self.check_min_len(max_len)
+        max_len = int(max_len)
 
         encoder_out = model.encoder.forward_torchscript(net_input)
         incremental_state = {} if self.use_cache else None
@@ -195,7 +146,7 @@ class VerifyAcceptGenerator:
 
         # first call: BOS -> p1 of y_1 and the first proposals
         x, _ = decoder(tokens[:, :1], encoder_out, incremental_state, features_only=True, positions=last.unsqueeze(1))
-        lprobs = self.head1_lprobs(x[:, 0], last + 1, max_len)
+        lprobs = self.head1_lprobs(x[:, 0], last, max_len)
         proposals, first_score = self.propose(x[:, 0], lprobs, last, max_len)
         finished = torch.zeros(bsz, dtype=torch.bool, device=device)
         while True:
@@ -224,7 +175,7 @@ class VerifyAcceptGenerator:
             else:
                 x = self.recompute_block(tokens, proposals, last, encoder_out, max_len)
             steps += 1
-            verify = self.head1_lprobs(x, last.unsqueeze(1) + offsets + 1, max_len)
+            verify = self.head1_lprobs(x, last.unsqueeze(1) + offsets, max_len)
             accepted, finished, proposal_scores = accepted_lengths(
                 proposals, verify[:, :-1], self.top_m, self.min_block_size, self.eos
             )
@@ -244,19 +195,6 @@ class VerifyAcceptGenerator:
 
     def hypotheses(self, tokens, scores, lengths, steps):
         """fairseq's hypothesis format, one (best-only) list per sentence."""
-        hypos = []
-        for row, (length, num_steps) in enumerate(zip(lengths.tolist(), steps.tolist())):
-            positional_scores = scores[row, 1 : length + 1]
-            score = positional_scores.sum()
-            if self.normalize_scores:
-                score = score / length**self.len_penalty
-            hypos.append([{
-                "tokens": tokens[row, 1 : length + 1],
-                "score": score,
-                "attention": None,
-                "alignment": None,
-                "positional_scores": positional_scores,
-                "steps": num_steps,
-                "mean_accepted_block": length / num_steps,
-            }])
-        return hypos
+        return [[self.hypothesis(tokens[row, 1: length + 1], scores[row, 1: length + 1], num_steps,
+                                 mean_accepted_block=length / num_steps)]
+                for row, (length, num_steps) in enumerate(zip(lengths.tolist(), steps.tolist()))]

@@ -171,6 +171,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
 class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
     """Transformer with k proposal heads for blockwise parallel decoding (Stern et al. 2018)."""
 
+    generator_class = VerifyAcceptGenerator
     base_frozen = False
     num_updates = 0
 
@@ -229,9 +230,6 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
         """Remember the update count (``blockwise_loss`` draws its heads from it, identically on every rank)."""
         super().set_num_updates(num_updates)
         self.num_updates = num_updates
-
-    def make_generator(self, task, models, gen_args):
-        return VerifyAcceptGenerator.build(task, models, gen_args)
 
 
 @register_model_architecture("blockwise_transformer", "blockwise_transformer")

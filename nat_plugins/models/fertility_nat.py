@@ -3,7 +3,8 @@ Translation"): model ``fertility_nat``.
 
 * encoder: fairseq's Transformer encoder;
 * fertility predictor (§3.3): one hidden layer + softmax over fertilities 0..L-1 (``--max-fertility L``, default
-  50) on the top encoder state of every source subword (EOS and padding always get fertility 0);
+  :data:`~nat_plugins.modules.options.DEFAULT_MAX_FERTILITY`) on the top encoder state of every source subword (EOS
+  and padding always get fertility 0);
 * decoder inputs (§3.1, "copy source inputs"): the source token embedding *plus the source positional embedding*
   (as the released salesforce code does; the decoder then adds its own target positions) of source position j,
   copied f_j times (``--decoder-input-copy fertility``); or spread uniformly over the target length
@@ -42,12 +43,10 @@ from ..modules.nad import (
     fertility_copy_index,
     uniform_fertility,
 )
+from ..modules.options import COPY_MODES, DEFAULT_MAX_FERTILITY
 from .plugin_model import NATPluginModel
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_FERTILITY = 50
-COPY_MODES = ("fertility", "uniform")
 
 
 class FertilityNATDecoder(FairseqDecoder):
@@ -90,6 +89,7 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     attention and the fertility predictor start random)."""
 
     required_side_inputs = ("fertility",)
+    generator_class = FertilityDecoder
 
     @classmethod
     def add_args(cls, parser):
@@ -110,10 +110,6 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         fertility_nat_base_architecture(args)
-        if args.decoder_input_copy not in COPY_MODES:
-            raise ValueError(f"--decoder-input-copy must be one of {COPY_MODES}, got {args.decoder_input_copy!r}")
-        if getattr(task.cfg, "left_pad_target", False):
-            raise ValueError("fertility_nat needs right-padded targets: drop --left-pad-target")
         model = super().build_model(args, task)
         model.fertility_predictor = FertilityPredictor(args.encoder_embed_dim, args.max_fertility, dropout=args.dropout)
         model.copy_mode = args.decoder_input_copy
@@ -181,11 +177,6 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
         """NAD layer ``decoder.nad.layers.i.X`` <- AR ``decoder.layers.i.X`` for the sublayers both have;
         ``decoder.nad.layer_norm`` <- ``decoder.layer_norm``; everything else by its own name."""
         return ar_decoder_parameter_name(name, "decoder.nad.")
-
-    def make_generator(self, task, models, gen_args):
-        cfg = task.cfg
-        return FertilityDecoder(models, task, gen_args, mode=cfg.fertility_decoding, npd_samples=cfg.npd_samples,
-                                npd_teacher=cfg.npd_teacher, npd_length_normalize=cfg.npd_length_normalize)
 
 
 @register_model_architecture("fertility_nat", "fertility_nat")

@@ -47,7 +47,7 @@ from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
 
-from ..generators.nad_ad_decoding import build_nad_ad_generator
+from ..generators.nad_ad_decoding import NADADSequenceGenerator
 from ..modules.nad import (
     FertilityPredictor,
     LengthPredictor,
@@ -59,11 +59,10 @@ from ..modules.nad import (
     residual_sublayer,
     uniform_fertility,
 )
+from ..modules.options import COPY_MODES, DEFAULT_MAX_FERTILITY
 from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
-
-INPUT_COPY_MODES = ("uniform", "fertility")
 
 
 def nad_memory(encoder_out):
@@ -174,8 +173,6 @@ class NADADEncoder(TransformerEncoderBase):
 
     def __init__(self, cfg, dictionary, embed_tokens, nad_layers, input_copy, max_length, max_fertility):
         super().__init__(cfg, dictionary, embed_tokens)
-        if input_copy not in INPUT_COPY_MODES:
-            raise ValueError(f"--nad-input-copy must be one of {INPUT_COPY_MODES}, got {input_copy!r}")
         if cfg.encoder.embed_dim != cfg.decoder.embed_dim:
             raise ValueError("nad_ad_transformer copies source embeddings into the NAD: --encoder-embed-dim "
                              f"({cfg.encoder.embed_dim}) must equal --decoder-embed-dim ({cfg.decoder.embed_dim})")
@@ -247,19 +244,22 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     # the side inputs of training (distilled targets; gold fertilities with --nad-input-copy fertility) are
     # checked by the criterion (nad_ad_loss), so a model can be built on any split for inference
     required_side_inputs = ()
+    generator_class = NADADSequenceGenerator
+    scored_by_fairseq = True  # --score-reference: fairseq's scorer (the AD's scores)
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         parser.add_argument("--nad-layers", type=int, metavar="N",
                             help="layers of the non-autoregressive decoder (default: --decoder-layers)")
-        parser.add_argument("--nad-input-copy", choices=INPUT_COPY_MODES,
+        parser.add_argument("--nad-input-copy", choices=COPY_MODES,
                             help="NAD inputs: source embeddings copied uniformly over a (gold / predicted) length, "
                                  "or by (gold from {split}.fert.{src} / predicted) fertilities; default uniform")
         parser.add_argument("--nad-max-length", type=int, metavar="N",
                             help="NAD length classes 0..N-1 of the length predictor (uniform copy; default 256)")
         parser.add_argument("--max-fertility", type=int, metavar="L",
-                            help="fertility classes 0..L-1 of the fertility predictor (fertility copy; default 50)")
+                            help="fertility classes 0..L-1 of the fertility predictor (fertility copy; default "
+                                 f"{DEFAULT_MAX_FERTILITY})")
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -269,8 +269,6 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
             raise ValueError(f"--nad-layers must be at least 1, got {args.nad_layers}")
         if args.nad_max_length < 2:
             raise ValueError(f"--nad-max-length must be at least 2, got {args.nad_max_length}")
-        if getattr(task.cfg, "left_pad_target", False):
-            raise ValueError("nad_ad_transformer needs right-padded targets: drop --left-pad-target")
         return super().build_model(args, task)
 
     @classmethod
@@ -333,9 +331,6 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
         logger.info("NAD-AD attention output projections set to zero (the AD starts as the AR teacher)")
         return loaded
 
-    def make_generator(self, task, models, gen_args):
-        return build_nad_ad_generator(task, models, gen_args)
-
 
 @register_model_architecture("nad_ad_transformer", "nad_ad_transformer")
 def nad_ad_base_architecture(args):
@@ -347,7 +342,7 @@ def nad_ad_base_architecture(args):
     if getattr(args, "nad_max_length", None) is None:
         args.nad_max_length = 256
     if getattr(args, "max_fertility", None) is None:
-        args.max_fertility = 50
+        args.max_fertility = DEFAULT_MAX_FERTILITY
     args.init_from_ar = getattr(args, "init_from_ar", None)
 
 

@@ -25,9 +25,12 @@ class NATPluginModel:
 
     * ``build_model`` refuses any task but ``translation_nat``: fairseq picks the generator from the
       command-line task, so ``fairseq-generate --task translation`` would otherwise decode a plugin model
-      with the autoregressive ``SequenceGenerator`` and print wrong translations without a word.
-    * ``make_generator(task, models, gen_args)`` returns the model's decoder (called by
-      ``TranslationNATTask.build_generator``, hence by fairseq-generate/-interactive and ``--eval-bleu``).
+      with the autoregressive ``SequenceGenerator`` and print wrong translations without a word; and it
+      refuses ``--left-pad-target``: the plugin criteria and decoders index targets from the left.
+    * ``generator_class`` is the model's decoder, built as ``generator_class(models, task, gen_args)`` by
+      ``TranslationNATTask.build_generator``, hence by fairseq-generate/-interactive and ``--eval-bleu``;
+      ``scored_by_fairseq``: the model's ``forward`` takes fairseq's batches (``prev_output_tokens``), so
+      ``--score-reference`` uses fairseq's ``SequenceScorer`` instead.
     * ``required_side_inputs`` names the side files training needs ("fertility", "kd_target").
     * ``init_from_ar(path)`` copies the matching parameters of an AR Transformer checkpoint; the task calls it
       for a freshly built model when the model's args have ``init_from_ar`` set (never when a checkpoint is
@@ -36,6 +39,7 @@ class NATPluginModel:
     """
 
     required_side_inputs = ()
+    scored_by_fairseq = False
 
     @staticmethod
     def add_init_from_ar_args(parser):
@@ -52,10 +56,9 @@ class NATPluginModel:
                 f"{cls.__name__} is a nat_plugins model: run fairseq with `--user-dir nat_plugins --task "
                 f"translation_nat` (got task '{task_name}'); other tasks would decode it with the wrong generator"
             )
+        if task.cfg.left_pad_target:
+            raise ValueError(f"{cls.__name__} needs right-padded targets: drop --left-pad-target")
         return super().build_model(args, task)
-
-    def make_generator(self, task, models, gen_args):
-        raise NotImplementedError(f"{type(self).__name__} must return its generator from make_generator()")
 
     def ar_parameter_name(self, name):
         return name

@@ -26,7 +26,6 @@ from fairseq import checkpoint_utils
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
-    TransformerDecoderBase,
     TransformerModel,
     base_architecture,
     transformer_iwslt_de_en,
@@ -35,7 +34,8 @@ from fairseq.models.transformer import (
 from torch import nn
 
 from ..generators.segment_decoding import SegmentDecoder
-from ..modules.segments import add_segment_symbols, segment_attention_mask, segment_ids
+from ..modules.grouped_decoder import GroupedTransformerDecoder
+from ..modules.segments import add_segment_symbols, segment_ids
 from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
@@ -46,24 +46,19 @@ VOCABULARY_PARAMETERS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.we
                          "decoder.output_projection.weight")
 
 
-class RecoverSATDecoder(TransformerDecoderBase):
-    """fairseq's Transformer decoder on the step-major segment layout (module docstring); with an
-    ``incremental_state`` each call adds one step of all K segments (the last K positions) to the cache."""
+class RecoverSATDecoder(GroupedTransformerDecoder):
+    """fairseq's Transformer decoder on the step-major segment layout (module docstring): groups of K = the number
+    of segments; with an ``incremental_state`` each call adds one step of all K segments to the cache."""
 
     def __init__(self, cfg, dictionary, embed_tokens, num_segments, no_encoder_attn=False):
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.num_segments = num_segments
+        super().__init__(cfg, dictionary, embed_tokens, num_segments, no_encoder_attn=no_encoder_attn)
         self.embed_segments = nn.Embedding(num_segments, embed_tokens.embedding_dim)  # scaled by embed_scale
         nn.init.normal_(self.embed_segments.weight, mean=0.0, std=embed_tokens.embedding_dim ** -0.5)
         nn.init.zeros_(self.embed_segments.weight[0])
 
-    def buffered_future_mask(self, tensor):
-        """The segment mask (built once for the longest length seen, then sliced)."""
-        dim = tensor.size(0)
-        if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
-            self._future_mask = segment_attention_mask(dim // self.num_segments, self.num_segments)
-        self._future_mask = self._future_mask.to(tensor)
-        return self._future_mask[:dim, :dim]
+    @property
+    def num_segments(self):
+        return self.group_size
 
     def step_positions(self, num_steps, reference):
         """Positional embeddings of steps 0..num_steps-1 inside a segment (num_steps x C), from the decoder's own
@@ -71,74 +66,18 @@ class RecoverSATDecoder(TransformerDecoderBase):
         steps = reference.new_full((1, num_steps), self.padding_idx + 1)
         return self.embed_positions(steps)[0]
 
-    def extract_features_scriptable(
-        self,
-        prev_output_tokens,
-        encoder_out,
-        incremental_state=None,
-        full_context_alignment=False,
-        alignment_layer=None,
-        alignment_heads=None,
-    ):
-        """fairseq's decoder pass on step-major segment inputs (B x T*K)."""
+    def add_positions(self, x, prev_output_tokens, incremental_state):
+        """+ the position inside the segment + the segment embedding (§3.1) of step-major inputs (B x T*K)."""
         K = self.num_segments
         if prev_output_tokens.size(1) % K != 0:
             raise ValueError(f"recover_sat decoder inputs must hold whole steps of --num-segments {K} positions, "
                              f"got {prev_output_tokens.size(1)} positions")
-        if alignment_layer is None:
-            alignment_layer = self.num_layers - 1
-        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-        padding_mask = None
-        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
-            padding_mask = encoder_out["encoder_padding_mask"][0]
-
-        num_steps = prev_output_tokens.size(1) // K
-        positions = None
         if self.embed_positions is not None:
-            positions = self.step_positions(num_steps, prev_output_tokens)
-        if incremental_state is not None:
-            prev_output_tokens = prev_output_tokens[:, -K:]
-            positions = positions[-1:] if positions is not None else None
-
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens.contiguous())
-        if self.quant_noise is not None:
-            x = self.quant_noise(x)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
+            positions = self.step_positions(prev_output_tokens.size(1) // K, prev_output_tokens)
+            if incremental_state is not None:
+                positions = positions[-1:]
             x = x + positions.repeat_interleave(K, dim=0)
-        x = x + self.embed_scale * self.embed_segments(segment_ids(prev_output_tokens.size(1), K, device=x.device))
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C
-
-        self_attn_padding_mask = None
-        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        self_attn_mask = None
-        if incremental_state is None and not full_context_alignment:
-            self_attn_mask = self.buffered_future_mask(x)
-
-        attn = None
-        inner_states = [x]
-        for idx, layer in enumerate(self.layers):
-            x, layer_attn, _ = layer(
-                x, enc, padding_mask, incremental_state,
-                self_attn_mask=self_attn_mask, self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=idx == alignment_layer, need_head_weights=idx == alignment_layer,
-            )
-            inner_states.append(x)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn.float().to(x)
-        if attn is not None:
-            attn = attn[:alignment_heads].mean(dim=0)
-
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
+        return x + self.embed_scale * self.embed_segments(segment_ids(x.size(1), K, device=x.device))
 
 
 @register_model("recover_sat")
@@ -150,6 +89,7 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
     and the teacher's rows of the embeddings and output projection (the DEL row and the segment embeddings are
     new)."""
 
+    generator_class = SegmentDecoder
     num_updates = 0
 
     @classmethod
@@ -165,8 +105,6 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         recover_sat_base_architecture(args)
         if args.num_segments < 1:
             raise ValueError(f"--num-segments must be >= 1, got {args.num_segments}")
-        if getattr(task.cfg, "left_pad_target", False):
-            raise ValueError("recover_sat needs right-padded targets: drop --left-pad-target")
         add_segment_symbols(task.target_dictionary)
         if args.share_all_embeddings and task.source_dictionary is not task.target_dictionary:
             add_segment_symbols(task.source_dictionary)  # joined dictionaries must stay equal
@@ -218,10 +156,6 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         if rows:
             logger.info(f"initialised the AR dictionary rows of {', '.join(sorted(rows))} from {path}")
         return sorted(loaded + list(rows))
-
-    def make_generator(self, task, models, gen_args):
-        return SegmentDecoder(models, task.target_dictionary, gen_args,
-                              length_margin=task.cfg.segment_length_margin, print_segments=task.cfg.print_segments)
 
 
 @register_model_architecture("recover_sat", "recover_sat")

@@ -18,30 +18,24 @@ import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
-    TransformerDecoderBase,
     TransformerModel,
     base_architecture,
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
-from fairseq.sequence_scorer import SequenceScorer
 
 from ..generators.group_decoding import GroupDecoder
-from ..modules.sat_masks import relaxed_causal_mask
+from ..modules.grouped_decoder import GroupedTransformerDecoder
 from .plugin_model import NATPluginModel
 
 DEFAULT_GROUP_SIZE = 2
 AR_INIT_PARTS = ("all", "encoder-embeddings")
 
 
-class SATTransformerDecoder(TransformerDecoderBase):
+class SATTransformerDecoder(GroupedTransformerDecoder):
     """fairseq's Transformer decoder fed y_{t-K} under the relaxed causal mask; in incremental decoding each
-    call adds one whole group (K positions) to the key/value cache. ``group_size`` is set by the model."""
-
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, group_size=1):
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.group_size = group_size
+    call adds one whole group (K positions) to the key/value cache."""
 
     def group_inputs(self, prev_output_tokens):
         """SAT decoder inputs from fairseq's ``prev_output_tokens`` (start symbol, y_0, y_1, ...; right-padded):
@@ -52,75 +46,12 @@ class SATTransformerDecoder(TransformerDecoderBase):
         extra_starts = prev_output_tokens[:, :1].expand(-1, self.group_size - 1)
         return torch.cat([extra_starts, prev_output_tokens], dim=1)[:, :padded_len]
 
-    def buffered_future_mask(self, tensor):
-        """The relaxed causal mask (built once for the longest length seen, then sliced)."""
-        dim = tensor.size(0)
-        if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
-            self._future_mask = relaxed_causal_mask(dim, self.group_size)
-        self._future_mask = self._future_mask.to(tensor)
-        return self._future_mask[:dim, :dim]
-
-    def extract_features_scriptable(
-        self,
-        prev_output_tokens,
-        encoder_out,
-        incremental_state=None,
-        full_context_alignment=False,
-        alignment_layer=None,
-        alignment_heads=None,
-    ):
-        """fairseq's decoder pass on SAT inputs. With ``incremental_state`` the last K positions of
-        ``prev_output_tokens`` (one group) are new: they attend to the cached groups and to each other."""
-        if alignment_layer is None:
-            alignment_layer = self.num_layers - 1
-        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-        padding_mask = None
-        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
-            padding_mask = encoder_out["encoder_padding_mask"][0]
-
-        positions = self.embed_positions(prev_output_tokens) if self.embed_positions is not None else None
-        if incremental_state is not None:
-            prev_output_tokens = prev_output_tokens[:, -self.group_size:]
-            positions = positions[:, -self.group_size:] if positions is not None else None
-
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens.contiguous())
-        if self.quant_noise is not None:
-            x = self.quant_noise(x)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if positions is not None:
-            x += positions
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C
-
-        self_attn_padding_mask = None
-        if self.cross_self_attention or prev_output_tokens.eq(self.padding_idx).any():
-            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
-        self_attn_mask = None
-        if incremental_state is None and not full_context_alignment:
-            self_attn_mask = self.buffered_future_mask(x)
-
-        attn = None
-        inner_states = [x]
-        for idx, layer in enumerate(self.layers):
-            x, layer_attn, _ = layer(
-                x, enc, padding_mask, incremental_state,
-                self_attn_mask=self_attn_mask, self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=idx == alignment_layer, need_head_weights=idx == alignment_layer,
-            )
-            inner_states.append(x)
-            if layer_attn is not None and idx == alignment_layer:
-                attn = layer_attn.float().to(x)
-        if attn is not None:
-            attn = attn[:alignment_heads].mean(dim=0)  # average over (the first alignment_heads) heads
-
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [attn], "inner_states": inner_states}
+    def add_positions(self, x, prev_output_tokens, incremental_state):
+        """fairseq's target positions (numbered over all of ``prev_output_tokens``)."""
+        if self.embed_positions is None:
+            return x
+        positions = self.embed_positions(prev_output_tokens)
+        return x + (positions if incremental_state is None else positions[:, -self.group_size:])
 
 
 @register_model("sat_transformer")
@@ -141,6 +72,9 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     more than unlearning the one-position shift.
     """
 
+    generator_class = GroupDecoder
+    scored_by_fairseq = True  # --score-reference: fairseq's scorer, through :meth:`forward`
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
@@ -159,20 +93,18 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         sat_base_architecture(args)
         if args.group_size < 1:
             raise ValueError(f"--group-size must be >= 1, got {args.group_size}")
-        if getattr(task.cfg, "left_pad_target", False):
-            raise ValueError("sat_transformer needs right-padded targets: drop --left-pad-target")
         model = super().build_model(args, task)
         if args.group_size > model.max_decoder_positions():
             raise ValueError(f"--group-size {args.group_size} is larger than the decoder's "
                              f"{model.max_decoder_positions()} positions (--max-target-positions)")
-        model.decoder.group_size = args.group_size
         model.init_decoder_layers_from_ar = args.init_from_ar_parts == "all"
         return model
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        group_size = cfg.group_size
         cfg = TransformerConfig.from_namespace(cfg)
-        return SATTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return SATTransformerDecoder(cfg, tgt_dict, embed_tokens, group_size, no_encoder_attn=cfg.no_cross_attention)
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
         """fairseq's forward on fairseq's batches: ``prev_output_tokens`` (shifted by one) become SAT's inputs
@@ -186,11 +118,6 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
             return None
         return name
 
-    def make_generator(self, task, models, gen_args):
-        """Group decoding; ``--score-reference`` scores the references with fairseq's scorer (via :meth:`forward`)."""
-        if getattr(gen_args, "score_reference", False):
-            return SequenceScorer(task.target_dictionary)
-        return GroupDecoder(models, task.target_dictionary, gen_args)
 
 
 @register_model_architecture("sat_transformer", "sat_transformer")

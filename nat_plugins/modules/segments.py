@@ -17,8 +17,6 @@ import math
 
 import torch
 
-from .sat_masks import relaxed_causal_mask
-
 DEL_SYMBOL = "<del>"
 
 
@@ -118,8 +116,3 @@ def step_major(per_segment):
 def segment_ids(num_positions, num_segments, device=None):
     """Segment index of every position of the step-major layout (0..K-1 repeated)."""
     return torch.arange(num_segments, device=device).repeat(num_positions // num_segments)
-
-
-def segment_attention_mask(num_steps, num_segments):
-    """Additive mask of the step-major layout: the query at step t sees keys at steps <= t of every segment."""
-    return relaxed_causal_mask(num_steps * num_segments, num_segments)

@@ -16,7 +16,7 @@ it
 
 * checks the side files a model or criterion declares it needs (``required_side_inputs``) and fails
   with an error naming the missing or inconsistent file;
-* builds the generator the model declares (``model.make_generator(task, models, gen_args)``) in
+* builds the generator the model declares (``model.generator_class(models, task, gen_args)``) in
   :meth:`build_generator`, falling back to fairseq's ``SequenceGenerator`` for plain AR models such as
   the teacher. ``--eval-bleu`` goes through the same method, so every plugin model is validated with its
   own decoder.
@@ -305,11 +305,12 @@ class TranslationNATTask(TranslationTask):
         return criterion
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        """The generator the model declares via ``make_generator``; fairseq's otherwise (AR teachers)."""
-        make_generator = getattr(models[0], "make_generator", None)
-        if make_generator is None:
+        """``generator_class(models, task, args)`` of the model; fairseq's generator for models that declare none
+        (AR teachers) and fairseq's scorer for ``--score-reference`` where the model declares ``scored_by_fairseq``."""
+        generator_class = getattr(models[0], "generator_class", None)
+        if generator_class is None or (getattr(args, "score_reference", False) and models[0].scored_by_fairseq):
             return super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             )
-        return make_generator(self, models, args)
+        return generator_class(models, self, args)
 

@@ -1,0 +1,90 @@
+"""fairseq's Transformer decoder over target positions that come in groups of K decoded together: the groups of the
+Semi-Autoregressive Transformer (Wang et al., EMNLP 2018, §3) and the steps of RecoverSAT's K segments in its
+step-major layout (Ran et al., ACL 2020, §3.1). Both attend under the relaxed causal mask (a query of group g sees
+every position of groups 0..g, :func:`~nat_plugins.modules.sat_masks.relaxed_causal_mask`) and, in incremental
+decoding, add one whole group (the last K positions) to the key/value cache per call; they differ only in the
+positional part of the input embedding (:meth:`GroupedTransformerDecoder.add_positions`)."""
+
+from fairseq.models.transformer import TransformerDecoderBase
+
+from .sat_masks import relaxed_causal_mask
+
+
+class GroupedTransformerDecoder(TransformerDecoderBase):
+    """``TransformerDecoderBase`` with groups of ``group_size`` positions (module docstring); subclasses implement
+    :meth:`add_positions`."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, group_size, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        self.group_size = group_size
+
+    def add_positions(self, x, prev_output_tokens, incremental_state):
+        """``x`` (B x T x C: the scaled token embeddings of the new positions, the last K of
+        ``prev_output_tokens`` with an ``incremental_state``, else all of them) plus their positional input."""
+        raise NotImplementedError
+
+    def buffered_future_mask(self, tensor):
+        """The relaxed causal mask (built once for the longest length seen, then sliced)."""
+        dim = tensor.size(0)
+        if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
+            self._future_mask = relaxed_causal_mask(dim, self.group_size)
+        self._future_mask = self._future_mask.to(tensor)
+        return self._future_mask[:dim, :dim]
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out,
+        incremental_state=None,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
+        """fairseq's decoder pass with :meth:`add_positions` for the positional input; with ``incremental_state``
+        the last K positions of ``prev_output_tokens`` (one group) are new: they attend to the cached groups and
+        to each other."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        padding_mask = None
+        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size:]
+        x = self.embed_scale * self.embed_tokens(tokens.contiguous())
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        x = self.add_positions(x, prev_output_tokens, incremental_state)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C
+
+        self_attn_padding_mask = None
+        if self.cross_self_attention or tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = tokens.eq(self.padding_idx)
+        self_attn_mask = None
+        if incremental_state is None and not full_context_alignment:
+            self_attn_mask = self.buffered_future_mask(x)
+
+        attn = None
+        inner_states = [x]
+        for idx, layer in enumerate(self.layers):
+            x, layer_attn, _ = layer(
+                x, enc, padding_mask, incremental_state,
+                self_attn_mask=self_attn_mask, self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=idx == alignment_layer, need_head_weights=idx == alignment_layer,
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+        if attn is not None:
+            attn = attn[:alignment_heads].mean(dim=0)  # average over (the first alignment_heads) heads
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
