@@ -128,9 +128,9 @@ class LengthPredictor(nn.Module):
 
     def forward(self, encoder_states, encoder_padding_mask):
         """Logits (B x max_length); ``encoder_states`` B x S x C, ``encoder_padding_mask`` B x S (True = pad)."""
-        keep = (~encoder_padding_mask).unsqueeze(-1).type_as(encoder_states)
-        pooled = (encoder_states * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
-        return self.out(pooled)
+        keep = (~encoder_padding_mask).unsqueeze(-1).float()  # pooled in fp32: an fp16 sum over S overflows
+        pooled = (encoder_states.float() * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
+        return self.out(pooled.to(encoder_states.dtype))
 
 
 def reject_normformer_options(layer, who):
