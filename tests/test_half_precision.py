@@ -16,7 +16,7 @@ from fairseq import options, tasks
 from nat_plugins.modules.nad import LengthPredictor, self_attention_mask
 from nat_plugins.modules.sat_masks import relaxed_causal_mask
 
-from .utils import TINY_TRANSFORMER
+from .utils import TINY_TRANSFORMER, with_task_options
 
 ARCH = TINY_TRANSFORMER[2:]
 SYSTEMS = {
@@ -85,7 +85,12 @@ def test_bf16_training_step_and_decoding(data_bin, tiny_teacher, system):
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads), system
 
-    hypos = decode(task, model.eval(), sample)
+    check_bf16_decoding(task, model.eval(), sample, expected, system)
+
+
+def check_bf16_decoding(task, model, sample, expected, system):
+    """``model`` (bf16) decodes ``sample`` with finite scores, sane lengths and mostly the fp32 tokens ``expected``."""
+    hypos = decode(task, model, sample)
     same = 0
     for i, (hypo, reference) in enumerate(zip(hypos, expected)):
         tokens, score = hypo[0]["tokens"], hypo[0]["score"]
@@ -94,6 +99,25 @@ def test_bf16_training_step_and_decoding(data_bin, tiny_teacher, system):
         assert 1 <= tokens.numel() <= 2 * (source_length + 5) + 3, system  # RecoverSAT: 2 segments of max_len
         same += torch.equal(tokens, reference[0]["tokens"])
     assert same >= len(hypos) // 2 + 1, f"{system}: {same}/{len(hypos)} sentences keep their fp32 tokens"
+
+
+@pytest.mark.parametrize("system, decoding", [
+    ("fertility_nat", {"fertility_decoding": "average"}),
+    ("fertility_nat", {"fertility_decoding": "npd", "npd_samples": 4}),
+    ("blockwise_transformer", {"block_accept": "topk:2"}),
+])
+def test_bf16_decoding_options(data_bin, tiny_teacher, system, decoding):
+    """Average fertilities, noisy parallel decoding (its teacher moves to bf16 with the student) and approximate
+    blockwise acceptance in bf16."""
+    if decoding.get("fertility_decoding") == "npd":
+        decoding["npd_teacher"] = tiny_teacher
+    task, model, _criterion = setup(data_bin, tiny_teacher, system)
+    task = with_task_options(task, **decoding)
+    sample = batch(task)
+    torch.manual_seed(0)
+    expected = decode(task, model.eval(), sample)
+    torch.manual_seed(0)
+    check_bf16_decoding(task, model.to(torch.bfloat16), sample, expected, system)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
