@@ -17,7 +17,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from nat_plugins.cli import rep_mis
 from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
 from nat_plugins.generators.segment_decoding import SegmentDecoder
-from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask, segments_string
 from nat_plugins.modules.segments import (
     DEL_SYMBOL,
     add_segment_symbols,
@@ -344,7 +344,7 @@ def test_post_processing_drops_del_segments_and_eos(dummy_data_bin, teacher):
     assert hyp["tokens"].tolist() == [10, 11, 12, eos]
     assert hyp["positional_scores"][:3].tolist() == [-1.0, -4.0, -3.0]
     assert hyp["positional_scores"].sum().item() == pytest.approx(scores.sum().item())
-    assert decoder.segments_string(segment_tokens) == " | ".join(
+    assert segments_string(decoder.tgt_dict, hyp["segments"]) == " | ".join(
         [f"{decoder.tgt_dict[10]} {decoder.tgt_dict[11]}", f"{decoder.tgt_dict[10]} {DEL_SYMBOL}",
          decoder.tgt_dict[12]])
 

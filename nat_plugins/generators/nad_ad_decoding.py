@@ -10,9 +10,10 @@ fairseq's ``encoder_out`` dict extended with the NAD memory (``nad_out``, ``nad_
   ``incremental_state`` (static key/value, reordered with the beam by fairseq), as the encoder attention does.
 
 This module adds what fairseq's generator lacks: ``hypo["steps"]`` (decoder calls: one NAD pass + one AD call per
-output token including EOS, so ``--print-step`` and the benchmark's calls-per-sentence work) and, with
-``--print-nad-draft`` (task option), a ``NAD-<id>\\t<draft>`` line per sentence with the NAD's argmax translation
-(subword tokens, EOS excluded) of the first model, printed before fairseq prints the batch's hypotheses.
+output token including EOS, so ``--print-step`` and the benchmark's calls-per-sentence work) and
+``hypo["nad_draft"]``: the NAD's argmax translation of the first model (tokens, EOS and padding excluded), which
+``--print-nad-draft`` (task option) has the task print as ``NAD-<id>`` lines
+(:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
 """
 
 import torch
@@ -35,8 +36,7 @@ class NADADEnsembleModel(EnsembleModel):
 class NADADSequenceGenerator(SequenceGenerator):
     """fairseq's beam search over the AD with the NAD memory cached like the encoder's (module docstring), built as
     every plugin generator is, ``NADADSequenceGenerator(models, task, gen_args)``: fairseq's ``build_generator``
-    turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options; ``--print-nad-draft`` is a task
-    option."""
+    turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options."""
 
     def __init__(self, models, task, gen_args):
         if getattr(gen_args, "print_alignment", None):
@@ -44,19 +44,17 @@ class NADADSequenceGenerator(SequenceGenerator):
         options = FairseqTask.build_generator(task, models, gen_args,
                                               seq_gen_cls=lambda _models, _tgt_dict, **options: options)
         super().__init__(NADADEnsembleModel(models), task.target_dictionary, **options)
-        self.print_nad_draft = task.cfg.print_nad_draft
 
     @torch.no_grad()
     def generate(self, models, sample, **kwargs):
-        """fairseq's ``generate``; adds ``hypo["steps"]`` and prints the NAD drafts when asked."""
+        """fairseq's ``generate``; adds ``hypo["steps"]`` and ``hypo["nad_draft"]``."""
         finalized = super().generate(models, sample, **kwargs)
-        for hypos in finalized:
-            for hypo in hypos:
-                hypo["steps"] = 1 + hypo["tokens"].numel()
         encoder_outs = self.model.last_encoder_outs
         self.model.last_encoder_outs = None  # do not keep a batch's states alive until the next one
-        if self.print_nad_draft and encoder_outs and "id" in sample:
-            draft = self.model.single_model.nad_draft(encoder_outs[0])
-            for sample_id, tokens in zip(sample["id"].tolist(), draft):
-                print(f"NAD-{sample_id}\t{self.tgt_dict.string(tokens[tokens.ne(self.pad)])}")
+        drafts = self.model.single_model.nad_draft(encoder_outs[0])
+        for hypos, draft in zip(finalized, drafts):
+            draft = draft[draft.ne(self.pad) & draft.ne(self.eos)]
+            for hypo in hypos:
+                hypo["steps"] = 1 + hypo["tokens"].numel()
+                hypo["nad_draft"] = draft
         return finalized

@@ -16,7 +16,9 @@ one EOS ends the hypothesis. ``positional_scores`` are the kept tokens' log-prob
 the log-probabilities of every other decision (segment ends, deleted segments), so the sum is the model's
 log-probability of the whole segment output. With K = 1 this is fairseq's greedy search, token for token.
 
-``--print-segments`` prints ``SEG-<id>`` lines with the segments separated by `` | `` (the paper's Table 5).
+Every hypothesis carries ``hypo["segments"]``: the K segments' tokens (EOS and padding removed, a deleted
+segment keeps its DEL). ``--print-segments`` has the task print them as ``SEG-<id>`` lines, `` | `` between
+segments (the paper's Table 5; :meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
 """
 
 import math
@@ -28,8 +30,8 @@ from .base import PluginGenerator
 
 
 class SegmentDecoder(PluginGenerator):
-    """Greedy segment decoding of one RecoverSAT model (see the module docstring); ``--segment-length-margin`` and
-    ``--print-segments`` are task options."""
+    """Greedy segment decoding of one RecoverSAT model (see the module docstring); ``--segment-length-margin`` is a
+    task option."""
 
     name = "RecoverSAT segment decoding"
 
@@ -39,7 +41,6 @@ class SegmentDecoder(PluginGenerator):
         self.length_margin = task.cfg.segment_length_margin
         if self.length_margin < 0:
             raise ValueError(f"--segment-length-margin must be >= 0, got {self.length_margin}")
-        self.print_segments = task.cfg.print_segments
         self.num_segments = self.model.decoder.num_segments
         self.del_index = self.tgt_dict.index(DEL_SYMBOL)
         if self.del_index == self.unk:
@@ -57,11 +58,7 @@ class SegmentDecoder(PluginGenerator):
         net_input = sample["net_input"]
         max_len = self.segment_max_lengths(self.source_lengths(net_input))
         encoder_out = self.model.encoder.forward_torchscript(net_input)
-        hypos = self._decode(encoder_out, max_len)
-        if self.print_segments and "id" in sample:
-            for sample_id, hyps in zip(sample["id"].tolist(), hypos):
-                print(f"SEG-{sample_id}\t{self.segments_string(hyps[0]['segment_tokens'])}")
-        return hypos
+        return self._decode(encoder_out, max_len)
 
     def _step_lprobs(self, tokens, encoder_out, incremental_state, step, max_len, first_segment):
         """One decoder call: log-probabilities (rows x K x V) of every segment's next token, under fairseq's rules
@@ -121,12 +118,6 @@ class SegmentDecoder(PluginGenerator):
         rest = segment_scores.sum() - kept_scores.sum()
         tokens = torch.cat([tokens, tokens.new_full((1,), self.eos)])
         pos_scores = torch.cat([kept_scores, rest.view(1)])
-        return self.hypothesis(tokens, pos_scores, steps, segment_tokens=segment_tokens, segment_scores=segment_scores)
-
-    def segments_string(self, segment_tokens):
-        """The segments as text, `` | `` between them; a deleted segment shows its DEL, EOS is left out."""
-        segments = []
-        for column in segment_tokens.t().tolist():
-            words = [self.tgt_dict[t] for t in column if t not in (self.pad, self.eos)]
-            segments.append(" ".join(words))
-        return " | ".join(segments)
+        segments = [column[column.ne(self.pad) & column.ne(self.eos)] for column in segment_tokens.t()]
+        return self.hypothesis(tokens, pos_scores, steps, segments=segments, segment_tokens=segment_tokens,
+                               segment_scores=segment_scores)

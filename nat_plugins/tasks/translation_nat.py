@@ -19,11 +19,15 @@ it
 * builds the generator the model declares (``model.generator_class(models, task, gen_args)``) in
   :meth:`build_generator`, falling back to fairseq's ``SequenceGenerator`` for plain AR models such as
   the teacher. ``--eval-bleu`` goes through the same method, so every plugin model is validated with its
-  own decoder.
+  own decoder;
+* prints the data some generators return with their hypotheses, when asked, in :meth:`inference_step`:
+  ``--print-segments`` (RecoverSAT, ``hypo["segments"]``) and ``--print-nad-draft`` (Encoder-NAD-AD,
+  ``hypo["nad_draft"]``) as ``SEG-<id>``/``NAD-<id>`` lines before fairseq-generate/-interactive print the batch.
 """
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -96,6 +100,11 @@ class TranslationNATConfig(TranslationConfig):
         metadata={"help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
                   "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"},
     )
+
+
+def segments_string(dictionary, segments):
+    """RecoverSAT segments (token tensors) as text, `` | `` between them."""
+    return " | ".join(dictionary.string(segment) for segment in segments)
 
 
 def side_file_paths(data_path, split, src, tgt):
@@ -314,3 +323,20 @@ class TranslationNATTask(TranslationTask):
             )
         return generator_class(models, self, args)
 
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        """fairseq's inference step, then the ``SEG-``/``NAD-`` lines of ``--print-segments``/``--print-nad-draft``.
+
+        fairseq-generate has no hook for extra lines, so they are printed here, to ``sys.stdout``: the stream
+        fairseq-generate and fairseq-interactive print to, unless ``--results-path`` sends the hypotheses to a
+        file (the task does not see that option)."""
+        hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        lines = []
+        for sample_id, sentence_hypos in zip(sample["id"].tolist() if "id" in sample else [], hypos):
+            best = sentence_hypos[0] if sentence_hypos else {}
+            if self.cfg.print_segments and "segments" in best:
+                lines.append(f"SEG-{sample_id}\t{segments_string(self.tgt_dict, best['segments'])}")
+            if self.cfg.print_nad_draft and "nad_draft" in best:
+                lines.append(f"NAD-{sample_id}\t{self.tgt_dict.string(best['nad_draft'])}")
+        if lines:
+            print("\n".join(lines), file=sys.stdout)
+        return hypos
