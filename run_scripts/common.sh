@@ -65,3 +65,13 @@ student_args() {
 # sets FAIRSEQ_TRAIN to nat_plugins.cli.train_speed to time the recipes on the same batches)
 read -r -a FAIRSEQ_TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
 log() { echo "[$(basename "$0") $(date +%H:%M:%S)] $*"; }
+distilled_target_lang() {  # distilled_target_lang DATA_BIN: TGT, the language of DATA_BIN/train.kd.TGT.{bin,idx}
+  local idx
+  idx=$(find "$1" -maxdepth 1 -name 'train.kd.*.idx' | head -n 1)
+  if [ -z "$idx" ]; then
+    echo "$(basename "$0"): no $1/train.kd.TGT.bin/.idx: distil the training set first" \
+      "(bash run_scripts/distill.sh $1 TEACHER_CKPT)" >&2
+    exit 1
+  fi
+  TGT=${idx##*/train.kd.}; TGT=${TGT%.idx}
+}

@@ -18,13 +18,7 @@ case $MODEL in
   cmlm) BASE_ARCH=cmlm_transformer; MODEL_ARGS=(--noise random_mask) ;;
   *) echo "fairseq_nat.sh: MODEL must be 'nat' or 'cmlm' (got '$MODEL'); $usage" >&2; exit 2 ;;
 esac
-KD_IDX=$(find "$DATA_BIN" -maxdepth 1 -name 'train.kd.*.idx' | head -n 1)
-if [ -z "$KD_IDX" ]; then
-  echo "fairseq_nat.sh: no $DATA_BIN/train.kd.TGT.bin/.idx: distil the training set first" \
-    "(bash run_scripts/distill.sh $DATA_BIN TEACHER_CKPT)" >&2
-  exit 1
-fi
-TGT=${KD_IDX##*/train.kd.}; TGT=${TGT%.idx}
+distilled_target_lang "$DATA_BIN"
 PAIR=$(basename "$(find "$DATA_BIN" -maxdepth 1 -name "train.*-*.$TGT.idx" | head -n 1)" ".$TGT.idx")  # train.SRC-TGT
 KD_BIN=$DATA_BIN/kd-pair
 mkdir -p "$KD_BIN"

@@ -18,13 +18,7 @@ usage="usage: nad_ad.sh DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]"
 DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}
 shift 3
 student_args "${NAD_AD_BUDGET[@]}"  # the same budget as ar_baseline.sh (run_scripts/common.sh)
-KD_IDX=$(find "$DATA_BIN" -maxdepth 1 -name 'train.kd.*.idx' | head -n 1)
-if [ -z "$KD_IDX" ]; then
-  echo "nad_ad.sh: no $DATA_BIN/train.kd.TGT.bin/.idx: distil the training set first" \
-    "(bash run_scripts/distill.sh $DATA_BIN $TEACHER)" >&2
-  exit 1
-fi
-TGT=${KD_IDX##*/train.kd.}; TGT=${TGT%.idx}
+distilled_target_lang "$DATA_BIN"
 if [[ " ${STUDENT_ARGS[*]} $* " != *" --disable-validation "* ]] && [ ! -f "$DATA_BIN/valid.kd.$TGT.idx" ]; then
   log "distilling the validation set into $DATA_BIN/valid.kd.$TGT (the NAD's validation loss needs it)"
   bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --gen-subset valid
