@@ -6,5 +6,9 @@ fairseq and lets torch >= 2.6 load fairseq checkpoints (see :mod:`nat_plugins.co
 
 __version__ = "0.1.0"
 
-from . import compat  # noqa: F401  (must come before anything loads a checkpoint)
-from . import criterions, models, tasks  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    compat,  # noqa: F401  (must come before anything loads a checkpoint)
+    criterions,
+    models,
+    tasks,
+)

@@ -30,13 +30,17 @@ import numpy as np
 import torch
 from fairseq import options as fairseq_options
 
+
 def numpy_reconstructors():
     """NumPy's ``scalar`` and ``_reconstruct`` (what a pickled numpy scalar or array calls), each under the
     ``numpy.core`` name NumPy 1.x pickles and the ``numpy._core`` name NumPy 2.x pickles."""
     numpy2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
     multiarray = importlib.import_module("numpy._core.multiarray" if numpy2 else "numpy.core.multiarray")
-    return [(getattr(multiarray, name), f"{package}.multiarray.{name}")
-            for name in ("scalar", "_reconstruct") for package in ("numpy.core", "numpy._core")]
+    return [
+        (getattr(multiarray, name), f"{package}.multiarray.{name}")
+        for name in ("scalar", "_reconstruct")
+        for package in ("numpy.core", "numpy._core")
+    ]
 
 
 FAIRSEQ_CHECKPOINT_GLOBALS = [

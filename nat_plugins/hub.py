@@ -78,6 +78,7 @@ def from_pretrained(model_dir, checkpoint_file="checkpoint_best.pt", data_name_o
         kwargs = {**find_subword_model(model_dir, data, os.path.dirname(os.path.abspath(data))), **kwargs}
     elif bpe is not None:
         kwargs["bpe"] = bpe
-    loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, data_name_or_path, user_dir=USER_DIR,
-                                       task="translation_nat", **kwargs)
+    loaded = hub_utils.from_pretrained(
+        model_dir, checkpoint_file, data_name_or_path, user_dir=USER_DIR, task="translation_nat", **kwargs
+    )
     return NATHubInterface(loaded["args"], loaded["task"], loaded["models"])

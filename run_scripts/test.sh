@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The test command of the README: set up ./.venv (idempotent) and run the test suite.
+# The test command of the README: set up ./.venv (idempotent), check lint and format (ruff), run the test suite.
 # Extra arguments go to pytest, e.g. `bash run_scripts/test.sh -m "not slow"` or `... tests/test_task.py`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/run_scripts/setup_env.sh"
 cd "$ROOT"
-exec "${NAT_VENV:-$ROOT/.venv}/bin/python" -m pytest -ra "$@"
+PYTHON="${NAT_VENV:-$ROOT/.venv}/bin/python"
+# lint and format first (configuration: [tool.ruff] in pyproject.toml; `ruff format .` applies the format)
+"$PYTHON" -m ruff check .
+"$PYTHON" -m ruff format --check .
+exec "$PYTHON" -m pytest -ra "$@"

@@ -7,8 +7,18 @@ import torch
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
 from nat_plugins.cli import distill
 
-from .utils import (MULTI30K_DIR, USER_DIR, SYNTHETIC_TEACHER_ARGS, SYNTHETIC_TEACHER_UPDATES, TINY_TEACHER_ARGS,
-                    TINY_TEACHER_UPDATES, binarize, train_model, write_dummy_parallel, write_synthetic_parallel)
+from .utils import (
+    MULTI30K_DIR,
+    SYNTHETIC_TEACHER_ARGS,
+    SYNTHETIC_TEACHER_UPDATES,
+    TINY_TEACHER_ARGS,
+    TINY_TEACHER_UPDATES,
+    USER_DIR,
+    binarize,
+    train_model,
+    write_dummy_parallel,
+    write_synthetic_parallel,
+)
 
 
 def pytest_configure(config):
@@ -74,6 +84,21 @@ def synthetic_teacher(synthetic_data_bin, tmp_path_factory):
     students that train on distilled targets). Returns ``(checkpoint, data_bin)``."""
     save_dir = str(tmp_path_factory.mktemp("synthetic-teacher"))
     checkpoint = train_model(synthetic_data_bin, save_dir, SYNTHETIC_TEACHER_ARGS, max_update=SYNTHETIC_TEACHER_UPDATES)
-    distill.cli_main([synthetic_data_bin, "--path", checkpoint, "--user-dir", USER_DIR, "--cpu", "--beam", "1",
-                      "--batch-size", "256", "--gen-subset", "train", "--no-progress-bar"])
+    distill.cli_main(
+        [
+            synthetic_data_bin,
+            "--path",
+            checkpoint,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--beam",
+            "1",
+            "--batch-size",
+            "256",
+            "--gen-subset",
+            "train",
+            "--no-progress-bar",
+        ]
+    )
     return checkpoint, synthetic_data_bin

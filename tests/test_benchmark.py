@@ -17,7 +17,8 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from nat_plugins.cli import benchmark, ctranslate2_rows, rep_mis
-from nat_plugins.cli.bench import analysis, measure, paper_points, report, rows as bench_rows
+from nat_plugins.cli.bench import analysis, measure, paper_points, report
+from nat_plugins.cli.bench import rows as bench_rows
 from nat_plugins.cli.bench.rows import BenchmarkError
 from nat_plugins.cli.decoding import Generation
 
@@ -28,8 +29,11 @@ PAIRED = "AR teacher, greedy::same teacher greedy"
 CMLM = "fairseq CMLM=CHECKPOINT::--task translation_lev --iter-decode-max-iter 4 --iter-decode-force-max-iter"
 NUM_TEST = 40
 NAMES = ["AR teacher, beam 4", "AR teacher, greedy", "fairseq CMLM", "same teacher greedy"]
-TINY_CMLM_ARGS = ["--arch", "cmlm_transformer"] + TINY_TRANSFORMER[2:] + [
-    "--task", "translation_lev", "--noise", "random_mask", "--criterion", "nat_loss", "--disable-validation"]
+TINY_CMLM_ARGS = (
+    ["--arch", "cmlm_transformer"]
+    + TINY_TRANSFORMER[2:]
+    + ["--task", "translation_lev", "--noise", "random_mask", "--criterion", "nat_loss", "--disable-validation"]
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +51,30 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tiny_cmlm, tmp_path_factory
     with open(distilled, "w", encoding="utf-8") as f:
         f.write("t1 t1 t2\nt3 t1\n")
     argv = [
-        dummy_data_bin, "--teacher", tiny_teacher, "--reference", reference, "--out-dir", out_dir, "--cpu",
-        "--post-process", "none", "--warmup", "2", "--batch-size", "12", "--length-buckets", "4,7",
-        "--distilled-targets", distilled, "--paired-test", PAIRED, "--system", CMLM.replace("CHECKPOINT", tiny_cmlm),
-        "--system", SYSTEM.replace("CHECKPOINT", tiny_teacher),
+        dummy_data_bin,
+        "--teacher",
+        tiny_teacher,
+        "--reference",
+        reference,
+        "--out-dir",
+        out_dir,
+        "--cpu",
+        "--post-process",
+        "none",
+        "--warmup",
+        "2",
+        "--batch-size",
+        "12",
+        "--length-buckets",
+        "4,7",
+        "--distilled-targets",
+        distilled,
+        "--paired-test",
+        PAIRED,
+        "--system",
+        CMLM.replace("CHECKPOINT", tiny_cmlm),
+        "--system",
+        SYSTEM.replace("CHECKPOINT", tiny_teacher),
     ]
     results = benchmark.main(benchmark.get_parser().parse_args(argv))
     return {"teacher": tiny_teacher, "reference": reference, "out": out_dir, "argv": argv, "results": results}
@@ -79,13 +103,41 @@ def test_json_rows_and_metadata(fixture):
     assert [r["name"] for r in results["rows"]] == NAMES
     assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system", "system"]
     expected = {
-        "name", "slug", "role", "generator", "length_limit", "checkpoint", "args", "bleu", "bleu_signature",
-        "hyp_file", "num_sentences", "throughput_sent_per_s", "throughput_seconds", "latency_ms_median",
-        "latency_ms_p90", "latency_ms_mean", "latency_sentences_timed", "timed_ids", "timed_latency_ms",
-        "decoder_calls_per_sentence", "tokens_per_call", "mean_steps", "latency_speedup_vs_ar_beam",
-        "latency_speedup_vs_ar_greedy", "latency_speedup_vs_ct2_greedy",
-        "throughput_speedup_vs_ar_beam", "throughput_speedup_vs_ar_greedy", "throughput_speedup_vs_ct2_greedy",
-        "bleu_pct_of_teacher", "rep", "mis", "rep_ratio", "mis_ratio", "timed_src_lengths", "by_length",
+        "name",
+        "slug",
+        "role",
+        "generator",
+        "length_limit",
+        "checkpoint",
+        "args",
+        "bleu",
+        "bleu_signature",
+        "hyp_file",
+        "num_sentences",
+        "throughput_sent_per_s",
+        "throughput_seconds",
+        "latency_ms_median",
+        "latency_ms_p90",
+        "latency_ms_mean",
+        "latency_sentences_timed",
+        "timed_ids",
+        "timed_latency_ms",
+        "decoder_calls_per_sentence",
+        "tokens_per_call",
+        "mean_steps",
+        "latency_speedup_vs_ar_beam",
+        "latency_speedup_vs_ar_greedy",
+        "latency_speedup_vs_ct2_greedy",
+        "throughput_speedup_vs_ar_beam",
+        "throughput_speedup_vs_ar_greedy",
+        "throughput_speedup_vs_ct2_greedy",
+        "bleu_pct_of_teacher",
+        "rep",
+        "mis",
+        "rep_ratio",
+        "mis_ratio",
+        "timed_src_lengths",
+        "by_length",
     }
     for row in results["rows"]:
         assert set(row) == expected
@@ -108,29 +160,48 @@ def test_json_rows_and_metadata(fixture):
     assert meta["latency_sentences_timed"] == NUM_TEST - 2
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert f"**{NUM_TEST - 2} sentences timed** (sentences 3-{NUM_TEST} of the split" in markdown
-    assert ("| system | BLEU | % of teacher beam 4 | latency ms (median) | latency ms (p90) | latency ms (mean) |"
-            in markdown)
+    assert (
+        "| system | BLEU | % of teacher beam 4 | latency ms (median) | latency ms (p90) | latency ms (mean) |"
+        in markdown
+    )
     assert "CTranslate2" not in markdown
 
 
 def fixed_row(name, role, bleu, latency_ms, seconds):
     """A row of fixed measurements: 4 sentences decoded in ``seconds``, one timed at batch 1 in ``latency_ms``."""
-    return bench_rows.Row(bench_rows.RowSpec(name, "x.pt", role=role), ["h"] * 4, bleu, "sig", seconds, [0],
-                          [latency_ms], "SequenceGenerator", "0·|x| + 200")
+    return bench_rows.Row(
+        bench_rows.RowSpec(name, "x.pt", role=role),
+        ["h"] * 4,
+        bleu,
+        "sig",
+        seconds,
+        [0],
+        [latency_ms],
+        "SequenceGenerator",
+        "0·|x| + 200",
+    )
 
 
 def test_percent_of_teacher_and_speedups_on_fixed_rows():
-    rows = [fixed_row("system", bench_rows.SYSTEM, 20.0, 10.0, 1.0),
-            fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 80.0, 4.0),
-            fixed_row("ct2 greedy", bench_rows.CT2_GREEDY, 24.0, 20.0, 0.5),
-            fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 40.0, 2.0)]
+    rows = [
+        fixed_row("system", bench_rows.SYSTEM, 20.0, 10.0, 1.0),
+        fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 80.0, 4.0),
+        fixed_row("ct2 greedy", bench_rows.CT2_GREEDY, 24.0, 20.0, 0.5),
+        fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 40.0, 2.0),
+    ]
     analysis.compare(rows)
     system, beam, ct2, greedy = rows  # found by role, not by position
     assert [row.bleu_pct_of_teacher for row in (system, beam, ct2)] == pytest.approx([80, 100, 96])
-    assert (system.latency_speedup_vs_ar_beam, system.latency_speedup_vs_ar_greedy,
-            system.latency_speedup_vs_ct2_greedy) == pytest.approx((8, 4, 2))
-    assert (system.throughput_speedup_vs_ar_beam, system.throughput_speedup_vs_ar_greedy,
-            system.throughput_speedup_vs_ct2_greedy) == pytest.approx((4, 2, 0.5))
+    assert (
+        system.latency_speedup_vs_ar_beam,
+        system.latency_speedup_vs_ar_greedy,
+        system.latency_speedup_vs_ct2_greedy,
+    ) == pytest.approx((8, 4, 2))
+    assert (
+        system.throughput_speedup_vs_ar_beam,
+        system.throughput_speedup_vs_ar_greedy,
+        system.throughput_speedup_vs_ct2_greedy,
+    ) == pytest.approx((4, 2, 0.5))
     assert ct2.latency_speedup_vs_ct2_greedy == greedy.latency_speedup_vs_ar_greedy == 1
     table = report.markdown_table(rows, 4)
     assert "| latency × vs greedy | latency × vs CTranslate2 greedy | sent/s (batch) |" in table
@@ -159,8 +230,9 @@ def test_bleu_and_latency_by_source_length(fixture):
             ids = [i for i, n in enumerate(lengths) if n in bucket]
             timed = [ms for n, ms in zip(row["timed_src_lengths"], row["timed_latency_ms"]) if n in bucket]
             assert cell["sentences"] == len(ids) and cell["timed_sentences"] == len(timed)
-            assert cell["bleu"] == pytest.approx(sacrebleu.corpus_bleu([hyps[i] for i in ids],
-                                                                       [[references[i] for i in ids]]).score)
+            assert cell["bleu"] == pytest.approx(
+                sacrebleu.corpus_bleu([hyps[i] for i in ids], [[references[i] for i in ids]]).score
+            )
             assert cell["latency_ms_median"] == pytest.approx(np.median(timed))
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     n = meta["length_buckets"][0]
@@ -197,8 +269,17 @@ def test_length_bucket_assignment():
 def test_by_length_of_fixed_rows():
     """Buckets without timed sentences have no latency; BLEU is sacreBLEU's over the bucket's sentences."""
     refs = ["a b c d", "e f g h", "i j k l m n o p q r s t"]
-    row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["a b c d", "e f x h", "i j k l m n o p q r s t"], 0.0, "sig",
-                         1.0, [1], [7.0], "SequenceGenerator", "0·|x| + 200")
+    row = bench_rows.Row(
+        bench_rows.RowSpec("x", "x.pt"),
+        ["a b c d", "e f x h", "i j k l m n o p q r s t"],
+        0.0,
+        "sig",
+        1.0,
+        [1],
+        [7.0],
+        "SequenceGenerator",
+        "0·|x| + 200",
+    )
     analysis.add_length_buckets([row], [2, 3, 12], refs, analysis.parse_length_buckets("10"))
     short, long = row.by_length
     assert (short["sentences"], short["timed_sentences"], short["latency_ms_median"]) == (2, 1, 7.0)
@@ -211,8 +292,17 @@ def test_by_length_of_fixed_rows():
 def test_latency_percentiles_on_a_known_list():
     assert bench_rows.percentile(list(range(1, 11)), 90) == pytest.approx(9.1)
     assert bench_rows.percentile([5.0], 90) == 5.0
-    row = bench_rows.Row(bench_rows.RowSpec("x", "x.pt"), ["h"] * 4, 0.0, "sig", 1.0, [0, 1, 2, 3],
-                         [4.0, 1.0, 3.0, 2.0], "SequenceGenerator", "0·|x| + 200")
+    row = bench_rows.Row(
+        bench_rows.RowSpec("x", "x.pt"),
+        ["h"] * 4,
+        0.0,
+        "sig",
+        1.0,
+        [0, 1, 2, 3],
+        [4.0, 1.0, 3.0, 2.0],
+        "SequenceGenerator",
+        "0·|x| + 200",
+    )
     assert (row.latency_ms_median, row.latency_ms_p90, row.latency_ms_mean) == pytest.approx((2.5, 3.7, 2.5))
     with pytest.raises(ValueError, match="percentile of no values"):
         bench_rows.percentile([], 90)
@@ -251,7 +341,10 @@ def test_rep_mis_of_every_row(fixture):
 
 def test_system_row_matches_greedy_teacher(fixture):
     beam, greedy, _cmlm, system = fixture["results"]["rows"]
-    read = lambda row: open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read()
+
+    def read(row):
+        return open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read()
+
     assert read(system) == read(greedy)
     assert system["decoder_calls_per_sentence"] == greedy["decoder_calls_per_sentence"]
     # greedy AR emits exactly one token (the last one EOS) per decoder call
@@ -271,8 +364,10 @@ def test_decoder_passes_of_fairseqs_iterative_refinement(fixture):
 
 def test_length_limit_policy_is_stated(fixture):
     """fairseq's default limit for every row but the CMLM, whose generator ignores it."""
-    assert fixture["results"]["meta"]["length_limit"] == {"limit": "0·|x| + 200", "except": {
-        "fairseq CMLM": "the model's predicted length (IterativeRefinementGenerator ignores --max-len-a/b)"}}
+    assert fixture["results"]["meta"]["length_limit"] == {
+        "limit": "0·|x| + 200",
+        "except": {"fairseq CMLM": "the model's predicted length (IterativeRefinementGenerator ignores --max-len-a/b)"},
+    }
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert "- output length limit: max_len = 0·|x| + 200 (|x|: source subwords incl. EOS;" in markdown
     assert "for every row; except fairseq CMLM: the model's predicted length" in markdown
@@ -285,8 +380,9 @@ def build_generation(data_bin, task_args, arch_args, gen_args):
     task.load_dataset("test")
     torch.manual_seed(0)
     model = task.build_model(train, from_checkpoint=True).eval()  # as decoding rebuilds it: no side files needed
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(
-        options.get_generation_parser(), [data_bin, "--cpu"] + task_args + gen_args))
+    cfg = convert_namespace_to_omegaconf(
+        options.parse_args_and_arch(options.get_generation_parser(), [data_bin, "--cpu"] + task_args + gen_args)
+    )
     return Generation(cfg, task, [model], task.build_generator([model], cfg.generation), use_cuda=False)
 
 
@@ -294,24 +390,54 @@ TINY = TINY_TRANSFORMER[2:]
 NAT_TASK = ["--task", "translation_nat"]
 LEV_TASK = ["--task", "translation_lev"]
 SHORT = ["--beam", "1", "--max-len-b", "6"]
-STEPS = lambda hypo: hypo["steps"]  # the plugin generators report their decoder passes
 
 
-@pytest.mark.parametrize("task_args, arch_args, gen_args, expected", [
-    (NAT_TASK, ["--arch", "transformer"], SHORT, lambda hypo: len(hypo["tokens"])),  # SequenceGenerator: 1 per token
-    (NAT_TASK, ["--arch", "sat_transformer", "--group-size", "2"], SHORT, STEPS),
-    (NAT_TASK, ["--arch", "recover_sat", "--num-segments", "2"], SHORT, STEPS),
-    (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3"], SHORT, STEPS),
-    (NAT_TASK, ["--arch", "fertility_nat"], SHORT, lambda hypo: 1),
-    (NAT_TASK + ["--fertility-decoding", "npd", "--npd-samples", "3", "--npd-teacher", "TEACHER"],
-     ["--arch", "fertility_nat"], SHORT, lambda hypo: 2),  # the NAT's pass + the teacher's rescoring pass
-    (NAT_TASK, ["--arch", "nad_ad_transformer"], SHORT, lambda hypo: 1 + len(hypo["tokens"])),  # NAD once, then AD
-    (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "4", "--iter-decode-force-max-iter"],
-     lambda hypo: 5),
-    (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "9"], lambda hypo: hypo["steps"] + 1),
-    (LEV_TASK, ["--arch", "nonautoregressive_transformer"], ["--iter-decode-max-iter", "0"], lambda hypo: 1),
-], ids=["SequenceGenerator", "SAT", "RecoverSAT", "blockwise", "NAT", "NAT-NPD", "NAD-AD", "CMLM-forced",
-        "CMLM-adaptive", "fairseq-NAT"])
+def reported_steps(hypo):  # the plugin generators report their decoder passes
+    return hypo["steps"]
+
+
+@pytest.mark.parametrize(
+    "task_args, arch_args, gen_args, expected",
+    [
+        (
+            NAT_TASK,
+            ["--arch", "transformer"],
+            SHORT,
+            lambda hypo: len(hypo["tokens"]),
+        ),  # SequenceGenerator: 1 per token
+        (NAT_TASK, ["--arch", "sat_transformer", "--group-size", "2"], SHORT, reported_steps),
+        (NAT_TASK, ["--arch", "recover_sat", "--num-segments", "2"], SHORT, reported_steps),
+        (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3"], SHORT, reported_steps),
+        (NAT_TASK, ["--arch", "fertility_nat"], SHORT, lambda hypo: 1),
+        (
+            NAT_TASK + ["--fertility-decoding", "npd", "--npd-samples", "3", "--npd-teacher", "TEACHER"],
+            ["--arch", "fertility_nat"],
+            SHORT,
+            lambda hypo: 2,
+        ),  # the NAT's pass + the teacher's rescoring pass
+        (NAT_TASK, ["--arch", "nad_ad_transformer"], SHORT, lambda hypo: 1 + len(hypo["tokens"])),  # NAD once, then AD
+        (
+            LEV_TASK,
+            ["--arch", "cmlm_transformer"],
+            ["--iter-decode-max-iter", "4", "--iter-decode-force-max-iter"],
+            lambda hypo: 5,
+        ),
+        (LEV_TASK, ["--arch", "cmlm_transformer"], ["--iter-decode-max-iter", "9"], lambda hypo: hypo["steps"] + 1),
+        (LEV_TASK, ["--arch", "nonautoregressive_transformer"], ["--iter-decode-max-iter", "0"], lambda hypo: 1),
+    ],
+    ids=[
+        "SequenceGenerator",
+        "SAT",
+        "RecoverSAT",
+        "blockwise",
+        "NAT",
+        "NAT-NPD",
+        "NAD-AD",
+        "CMLM-forced",
+        "CMLM-adaptive",
+        "fairseq-NAT",
+    ],
+)
 def test_decoder_passes_of_every_generator(dummy_data_bin, tiny_teacher, task_args, arch_args, gen_args, expected):
     """Batch-1 decoder passes counted by the benchmark == what each generator does (plugin generators report it as
     hypo["steps"]; IterativeRefinementGenerator's steps count from 0)."""
@@ -373,7 +499,9 @@ def test_cli_error_exit(fixture, tmp_path, capsys):
         ("SAT, K=2=ckpt/sat.pt::--beam 1", "SAT, K=2", "ckpt/sat.pt", ["--beam", "1"]),
         (
             "NPD s=10 = a.pt:b.pt :: --task translation_nat --npd-teacher 'my dir/ar.pt'",
-            "NPD s=10", "a.pt:b.pt", ["--task", "translation_nat", "--npd-teacher", "my dir/ar.pt"],
+            "NPD s=10",
+            "a.pt:b.pt",
+            ["--task", "translation_nat", "--npd-teacher", "my dir/ar.pt"],
         ),
         ("x=y.pt::", "x", "y.pt", []),
     ],
@@ -406,8 +534,15 @@ def test_parse_system_spec_malformed(spec, message):
 
 
 def test_generate_args_reach_every_row_and_are_checked(fixture, tmp_path):
-    results = benchmark.main(_args(fixture, generate_args="--max-len-a 0 --max-len-b 2", system=[], paired_test=[],
-                                   out_dir=str(tmp_path / "out")))
+    results = benchmark.main(
+        _args(
+            fixture,
+            generate_args="--max-len-a 0 --max-len-b 2",
+            system=[],
+            paired_test=[],
+            out_dir=str(tmp_path / "out"),
+        )
+    )
     for row in results["rows"]:  # at most 2 tokens per sentence, teacher rows included
         with open(tmp_path / "out" / row["hyp_file"], encoding="utf-8") as f:
             assert all(len(line.split()) <= 2 for line in f)
@@ -435,8 +570,11 @@ def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
     assert beam.name == "AR teacher, beam 4 (CTranslate2)" and greedy.name == "AR teacher, greedy (CTranslate2)"
     assert (beam.role, greedy.role) == (bench_rows.CT2_BEAM, bench_rows.CT2_GREEDY)
     assert beam.length_limit == greedy.length_limit == "0·|x| + 200"  # fairseq's default, as the other rows
-    fairseq_greedy = open(os.path.join(fixture["out"], fixture["results"]["rows"][1]["hyp_file"]),
-                          encoding="utf-8").read().splitlines()
+    fairseq_greedy = (
+        open(os.path.join(fixture["out"], fixture["results"]["rows"][1]["hyp_file"]), encoding="utf-8")
+        .read()
+        .splitlines()
+    )
     same = sum(a == b for a, b in zip(greedy.hyps, fairseq_greedy))
     assert len(greedy.hyps) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
     assert len(greedy.timed_latency_ms) == NUM_TEST - 2 and greedy.decoder_calls_per_sentence is None
@@ -449,7 +587,8 @@ def test_paired_bootstrap_of_two_rows(fixture):
     references = benchmark.check_inputs(_args(fixture), [])
     hyps = {row["name"]: open(os.path.join(out, row["hyp_file"]), encoding="utf-8").read().splitlines() for row in rows}
     same, differ = analysis.paired_bootstrap(
-        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")], hyps, references)
+        [("AR teacher, greedy", "same teacher greedy"), ("AR teacher, greedy", "AR teacher, beam 4")], hyps, references
+    )
     assert same["delta"] == 0 and same["system_ci"] == pytest.approx(same["baseline_ci"])
     assert differ["baseline_bleu"] == pytest.approx(rows[1]["bleu"])
     assert differ["system_bleu"] == pytest.approx(rows[0]["bleu"])

@@ -15,8 +15,13 @@ from .utils import REPO_ROOT
 
 
 def run_script(path, *args, env=None):
-    done = subprocess.run(["bash", os.path.join(REPO_ROOT, path), *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+    done = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, path), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -48,8 +53,12 @@ def recipe_env(tmp_path_factory):
         (data_bin / name).write_text("")
     (root / "teacher.pt").write_text("")
     (root / "argv.py").write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
-    return {"data": str(data_bin), "teacher": str(root / "teacher.pt"), "save": str(root / "save"),
-            "env": {"FAIRSEQ_TRAIN": f"{sys.executable} {root / 'argv.py'}"}}
+    return {
+        "data": str(data_bin),
+        "teacher": str(root / "teacher.pt"),
+        "save": str(root / "save"),
+        "env": {"FAIRSEQ_TRAIN": f"{sys.executable} {root / 'argv.py'}"},
+    }
 
 
 def training_args(recipe_env, corpus, system, *args):
@@ -60,35 +69,103 @@ def training_args(recipe_env, corpus, system, *args):
 
 def test_wmt14_teacher_is_transformer_base_with_the_base_schedule(recipe_env):
     args = training_args(recipe_env, "wmt14", "teacher", recipe_env["data"], recipe_env["save"])
-    assert (args.arch, args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_attention_heads) == \
-        ("transformer_wmt_en_de", 512, 2048, 8)
-    assert (args.max_tokens, args.update_freq, args.max_update, args.warmup_updates, args.dropout) == \
-        (4096, [8], 100000, 4000, 0.1)
+    assert (args.arch, args.encoder_embed_dim, args.encoder_ffn_embed_dim, args.encoder_attention_heads) == (
+        "transformer_wmt_en_de",
+        512,
+        2048,
+        8,
+    )
+    assert (args.max_tokens, args.update_freq, args.max_update, args.warmup_updates, args.dropout) == (
+        4096,
+        [8],
+        100000,
+        4000,
+        0.1,
+    )
     assert args.lr == [7e-4] and args.lr_scheduler == "inverse_sqrt" and args.fp16 and args.share_all_embeddings
 
 
-@pytest.mark.parametrize("corpus, system, extra, expected", [
-    ("wmt14", "sat", ["2"], {"arch": "sat_transformer_wmt_en_de", "group_size": 2, "dropout": 0.1,
-                            "max_update": 100000, "criterion": "label_smoothed_cross_entropy"}),
-    ("wmt14", "blockwise", ["8", "frozen"], {"arch": "blockwise_transformer", "block_size": 8, "dropout": 0.0,
-                                            "freeze_base": True, "decoder_ffn_embed_dim": 2048}),
-    ("iwslt14", "recover_sat", ["10"], {"arch": "recover_sat_iwslt_de_en", "num_segments": 10, "pseudo_rep_prob": 0.5,
-                                       "dropout": 0.3, "max_tokens": 4096, "anneal_steps": 33333}),
-    ("iwslt14", "nad_ad", [], {"arch": "nad_ad_transformer_iwslt_de_en", "criterion": "nad_ad_loss",
-                               "use_distilled": "side", "encoder_ffn_embed_dim": 1024}),
-    ("wmt14", "fertility_nat", [], {"arch": "fertility_nat_wmt_en_de", "max_fertility": 50, "update_freq": [8],
-                                    "use_distilled": "target", "warmup_updates": 4000}),
-])
+@pytest.mark.parametrize(
+    "corpus, system, extra, expected",
+    [
+        (
+            "wmt14",
+            "sat",
+            ["2"],
+            {
+                "arch": "sat_transformer_wmt_en_de",
+                "group_size": 2,
+                "dropout": 0.1,
+                "max_update": 100000,
+                "criterion": "label_smoothed_cross_entropy",
+            },
+        ),
+        (
+            "wmt14",
+            "blockwise",
+            ["8", "frozen"],
+            {
+                "arch": "blockwise_transformer",
+                "block_size": 8,
+                "dropout": 0.0,
+                "freeze_base": True,
+                "decoder_ffn_embed_dim": 2048,
+            },
+        ),
+        (
+            "iwslt14",
+            "recover_sat",
+            ["10"],
+            {
+                "arch": "recover_sat_iwslt_de_en",
+                "num_segments": 10,
+                "pseudo_rep_prob": 0.5,
+                "dropout": 0.3,
+                "max_tokens": 4096,
+                "anneal_steps": 33333,
+            },
+        ),
+        (
+            "iwslt14",
+            "nad_ad",
+            [],
+            {
+                "arch": "nad_ad_transformer_iwslt_de_en",
+                "criterion": "nad_ad_loss",
+                "use_distilled": "side",
+                "encoder_ffn_embed_dim": 1024,
+            },
+        ),
+        (
+            "wmt14",
+            "fertility_nat",
+            [],
+            {
+                "arch": "fertility_nat_wmt_en_de",
+                "max_fertility": 50,
+                "update_freq": [8],
+                "use_distilled": "target",
+                "warmup_updates": 4000,
+            },
+        ),
+    ],
+)
 def test_students_get_the_system_recipe_at_the_benchmark_size(recipe_env, corpus, system, extra, expected):
-    args = training_args(recipe_env, corpus, system, recipe_env["data"], recipe_env["teacher"], recipe_env["save"], *extra)
+    args = training_args(
+        recipe_env, corpus, system, recipe_env["data"], recipe_env["teacher"], recipe_env["save"], *extra
+    )
     assert {key: getattr(args, key) for key in expected} == expected
     assert args.task == "translation_nat" and args.fp16
 
 
 def test_unknown_system_and_missing_arguments_are_named(recipe_env):
-    done = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples/wmt14/train.sh"), "cmlm", "x"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "examples/wmt14/train.sh"), "cmlm", "x"], capture_output=True, text=True
+    )
     assert done.returncode == 2 and "unknown system 'cmlm'" in done.stderr
-    done = subprocess.run(["bash", os.path.join(REPO_ROOT, "examples/wmt14/train.sh"), "sat", recipe_env["data"]],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "examples/wmt14/train.sh"), "sat", recipe_env["data"]],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "sat needs 4 arguments" in done.stderr

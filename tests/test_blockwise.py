@@ -23,8 +23,17 @@ from nat_plugins.generators.verify_accept import VerifyAcceptGenerator, accepted
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
-from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, USER_DIR, console_script, generate_lines, hypotheses,
-                    interactive_lines, train_model, with_task_options)
+from .utils import (
+    SYNTHETIC_MODEL_SIZE,
+    TINY_TRANSFORMER,
+    USER_DIR,
+    console_script,
+    generate_lines,
+    hypotheses,
+    interactive_lines,
+    train_model,
+    with_task_options,
+)
 
 TINY_BLOCKWISE = ["--arch", "blockwise_transformer"] + TINY_TRANSFORMER[2:]
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
@@ -42,8 +51,9 @@ def build_model(task, block_size, seed=0, extra=(), arch_args=TINY_BLOCKWISE):
     """A model built through the task, as fairseq-train builds it (``block_size`` None: plain AR Transformer)."""
     block_args = [] if block_size is None else ["--block-size", str(block_size)]
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, ["unused-data", "--task", "translation_nat"] + block_args
-                                       + list(arch_args) + list(extra))
+    args = options.parse_args_and_arch(
+        parser, ["unused-data", "--task", "translation_nat"] + block_args + list(arch_args) + list(extra)
+    )
     torch.manual_seed(seed)
     return task.build_model(args).eval()
 
@@ -53,7 +63,9 @@ def random_model(task, block_size, seed, identity_first_head=False):
     embeddings (random Transformers otherwise repeat one token) and a random EOS direction (so some stop early)."""
     extra = ["--decoder-layers", "2", "--decoder-learned-pos"]
     arch = [a for a in TINY_BLOCKWISE if a != "--share-all-embeddings"]
-    model = build_model(task, block_size, seed, extra + (["--identity-first-head"] if identity_first_head else []), arch)
+    model = build_model(
+        task, block_size, seed, extra + (["--identity-first-head"] if identity_first_head else []), arch
+    )
     with torch.no_grad():
         model.decoder.embed_positions.weight.mul_(10)
         model.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
@@ -62,9 +74,15 @@ def random_model(task, block_size, seed, identity_first_head=False):
 
 def random_batch(dictionary, size, seed):
     generator = torch.Generator().manual_seed(seed)
-    sources = [torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
-                          torch.tensor([dictionary.eos()])])
-               for n in torch.randint(2, 9, (size,), generator=generator)]
+    sources = [
+        torch.cat(
+            [
+                torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
+                torch.tensor([dictionary.eos()]),
+            ]
+        )
+        for n in torch.randint(2, 9, (size,), generator=generator)
+    ]
     src_tokens = data_utils.collate_tokens(sources, dictionary.pad(), left_pad=True)
     return {"net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([len(s) for s in sources])}}
 
@@ -72,13 +90,18 @@ def random_batch(dictionary, size, seed):
 def sub_batch(sample, index):
     net_input = sample["net_input"]
     length = int(net_input["src_lengths"][index])
-    return {"net_input": {"src_tokens": net_input["src_tokens"][index:index + 1, -length:],
-                          "src_lengths": net_input["src_lengths"][index:index + 1]}}
+    return {
+        "net_input": {
+            "src_tokens": net_input["src_tokens"][index : index + 1, -length:],
+            "src_lengths": net_input["src_lengths"][index : index + 1],
+        }
+    }
 
 
 def verify_accept(model, task, sample, use_cache=True, **options):
-    generator = VerifyAcceptGenerator([model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B),
-                                      use_cache=use_cache)
+    generator = VerifyAcceptGenerator(
+        [model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B), use_cache=use_cache
+    )
     return generator.generate([model], sample)
 
 
@@ -88,6 +111,7 @@ def greedy(model, task, sample):
 
 
 # ----- model ----------------------------------------------------------------------------------------------------
+
 
 def test_block_targets_shift_each_head_by_its_offset():
     pad, eos = 1, 2
@@ -139,8 +163,9 @@ def test_identity_first_head_with_frozen_base_is_the_base_model(toy_task):
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     assert not unexpected and all(name.startswith("decoder.block_heads.") for name in missing)
     assert {n for n, p in model.named_parameters() if p.requires_grad} == {
-        "decoder.block_heads.fc1.weight", "decoder.block_heads.fc1.bias"} | {
-        f"decoder.block_heads.fc2.{i}.{kind}" for i in range(2) for kind in ("weight", "bias")}
+        "decoder.block_heads.fc1.weight",
+        "decoder.block_heads.fc1.bias",
+    } | {f"decoder.block_heads.fc2.{i}.{kind}" for i in range(2) for kind in ("weight", "bias")}
     assert model.trainable_heads == range(1, 3)
 
     sample = random_batch(toy_task.target_dictionary, 4, seed=0)
@@ -161,22 +186,38 @@ def test_bad_model_options_are_refused(toy_task):
 
 # ----- criterion -------------------------------------------------------------------------------------------------
 
+
 def training_sample(dictionary, seed=0):
     generator = torch.Generator().manual_seed(seed)
     lengths = [5, 3, 7, 1]
-    targets = [torch.cat([torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator),
-                          torch.tensor([dictionary.eos()])]) for n in lengths]
+    targets = [
+        torch.cat(
+            [
+                torch.randint(dictionary.nspecial, len(dictionary), (n,), generator=generator),
+                torch.tensor([dictionary.eos()]),
+            ]
+        )
+        for n in lengths
+    ]
     sample = random_batch(dictionary, len(lengths), seed)
     sample["net_input"]["prev_output_tokens"] = data_utils.collate_tokens(
-        targets, dictionary.pad(), dictionary.eos(), move_eos_to_beginning=True)
+        targets, dictionary.pad(), dictionary.eos(), move_eos_to_beginning=True
+    )
     sample["target"] = data_utils.collate_tokens(targets, dictionary.pad())
     sample["ntokens"] = sum(n + 1 for n in lengths)
     return sample, [n + 1 for n in lengths]
 
 
 def criterion_for(task, head_sampling="mean", other_heads_weight=0.1, label_smoothing=0.1, **kwargs):
-    return BlockwiseLoss(task, label_smoothing=label_smoothing, head_sampling=head_sampling, sentence_avg=False,
-                         seed=1, other_heads_weight=other_heads_weight, **kwargs)
+    return BlockwiseLoss(
+        task,
+        label_smoothing=label_smoothing,
+        head_sampling=head_sampling,
+        sentence_avg=False,
+        seed=1,
+        other_heads_weight=other_heads_weight,
+        **kwargs,
+    )
 
 
 def own_parameters(model, head):
@@ -270,7 +311,9 @@ def test_loss_is_the_weighted_mean_over_every_head_on_shifted_targets(toy_task, 
     with torch.no_grad():
         loss, sample_size, log = criterion(model, sample)  # model.eval(): validation scores every head
         logits, _ = model(**sample["net_input"], heads=range(3))
-        scored = block_targets(sample["target"], 3, toy_task.target_dictionary.pad()).ne(toy_task.target_dictionary.pad())
+        scored = block_targets(sample["target"], 3, toy_task.target_dictionary.pad()).ne(
+            toy_task.target_dictionary.pad()
+        )
         packed, _ = model(**sample["net_input"], heads=range(3), logits_at=scored)  # what the criterion projects
     assert 0 < scored.sum() < scored.numel() and torch.allclose(packed, logits[scored], atol=1e-5)
     lprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -330,15 +373,22 @@ def test_bad_criterion_options_are_refused(toy_task):
     for sampling in ("random", "first-plus-random"):
         for backend, find_unused in (("legacy_ddp", True), ("pytorch_ddp", False), ("c10d", False)):
             with pytest.raises(ValueError, match="--ddp-backend pytorch_ddp --find-unused-parameters"):
-                criterion_for(toy_task, sampling, distributed_world_size=2, ddp_backend=backend,
-                              find_unused_parameters=find_unused)
-        criterion_for(toy_task, sampling, distributed_world_size=2, ddp_backend="pytorch_ddp",
-                      find_unused_parameters=True)
+                criterion_for(
+                    toy_task,
+                    sampling,
+                    distributed_world_size=2,
+                    ddp_backend=backend,
+                    find_unused_parameters=find_unused,
+                )
+        criterion_for(
+            toy_task, sampling, distributed_world_size=2, ddp_backend="pytorch_ddp", find_unused_parameters=True
+        )
         criterion_for(toy_task, sampling, distributed_world_size=1, ddp_backend="legacy_ddp")
     criterion_for(toy_task, "mean", distributed_world_size=2, ddp_backend="legacy_ddp")
 
 
 # ----- verify-accept decoding ------------------------------------------------------------------------------------
+
 
 def test_acceptance_rules_on_a_rigged_example():
     eos = 2
@@ -381,8 +431,9 @@ def test_exact_acceptance_is_greedy_decoding_of_head_1(toy_task, block_size):
                 alone = verify_accept(model, toy_task, sub_batch(sample, i), use_cache=use_cache)[0][0]
                 for hypo in (batched[i][0], alone):
                     assert hypo["tokens"].tolist() == reference[i][0]["tokens"].tolist()
-                    torch.testing.assert_close(hypo["positional_scores"], reference[i][0]["positional_scores"],
-                                               rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(
+                        hypo["positional_scores"], reference[i][0]["positional_scores"], rtol=1e-4, atol=1e-4
+                    )
                     assert float(hypo["score"]) == pytest.approx(float(reference[i][0]["score"]), abs=1e-4)
                     assert hypo["steps"] <= len(hypo["tokens"])  # never more decoder calls than greedy
                     assert hypo["mean_accepted_block"] == len(hypo["tokens"]) / hypo["steps"]
@@ -436,21 +487,45 @@ def test_decoding_options_are_checked(toy_task):
 
 # ----- end to end ------------------------------------------------------------------------------------------------
 
+
 def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
     """Frozen teacher + identity first head: exact verify-accept prints the teacher's greedy translations."""
-    checkpoint = train_model(dummy_data_bin, str(tmp_path / "blockwise"), TINY_BLOCKWISE + [
-        "--task", "translation_nat", "--block-size", "3", "--identity-first-head", "--freeze-base",
-        "--init-from-ar", tiny_teacher, "--criterion", "blockwise_loss", "--label-smoothing", "0.1",
-        "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--lr", "0.005",
-    ], max_update=30)
+    checkpoint = train_model(
+        dummy_data_bin,
+        str(tmp_path / "blockwise"),
+        TINY_BLOCKWISE
+        + [
+            "--task",
+            "translation_nat",
+            "--block-size",
+            "3",
+            "--identity-first-head",
+            "--freeze-base",
+            "--init-from-ar",
+            tiny_teacher,
+            "--criterion",
+            "blockwise_loss",
+            "--label-smoothing",
+            "0.1",
+            "--eval-bleu",
+            "--eval-bleu-args",
+            '{"beam": 1}',
+            "--lr",
+            "0.005",
+        ],
+        max_update=30,
+    )
     teacher = hypotheses(generate_lines(dummy_data_bin, tiny_teacher, ["--task", "translation_nat", "--beam", "1"]))
     lines = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--print-step"])
     assert hypotheses(lines) == teacher
     steps = {int(line.split("\t")[0][2:]): int(line.split("\t")[1]) for line in lines if line.startswith("I-")}
     assert sorted(steps) == list(range(40))
 
-    relaxed = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1",
-                                                          "--block-accept", "topk:2", "--min-block-size", "2"])
+    relaxed = generate_lines(
+        dummy_data_bin,
+        checkpoint,
+        ["--task", "translation_nat", "--beam", "1", "--block-accept", "topk:2", "--min-block-size", "2"],
+    )
     assert sorted(hypotheses(relaxed)) == list(range(40))
     with pytest.raises(ValueError, match="--min-block-size"):
         generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--min-block-size", "4"])
@@ -459,8 +534,9 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
         sources = [next(f).strip() for _ in range(3)]
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(sources) + "\n")
-    inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
-                                         ["--task", "translation_nat", "--beam", "1"]))
+    inter = hypotheses(
+        interactive_lines(dummy_data_bin, checkpoint, str(input_file), ["--task", "translation_nat", "--beam", "1"])
+    )
     assert [inter[i] for i in range(3)] == [teacher[i] for i in range(3)]
 
     # fairseq-generate without --task translation_nat must refuse, saying what to add: with --user-dir the model's
@@ -474,19 +550,40 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
 
 # ----- learning (the synthetic task of tests/utils.py, from the synthetic_teacher fixture) --------------------------
 
-LEARNING_BLOCKWISE = ["--arch", "blockwise_transformer"] + SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--criterion", "blockwise_loss", "--label-smoothing", "0.1", "--block-size", "4",
-    "--identity-first-head", "--use-distilled", "target", "--max-tokens", "2000", "--lr-scheduler", "fixed",
-    "--dropout", "0",
-]
+LEARNING_BLOCKWISE = (
+    ["--arch", "blockwise_transformer"]
+    + SYNTHETIC_MODEL_SIZE
+    + [
+        "--task",
+        "translation_nat",
+        "--criterion",
+        "blockwise_loss",
+        "--label-smoothing",
+        "0.1",
+        "--block-size",
+        "4",
+        "--identity-first-head",
+        "--use-distilled",
+        "target",
+        "--max-tokens",
+        "2000",
+        "--lr-scheduler",
+        "fixed",
+        "--dropout",
+        "0",
+    ]
+)
 
 
 def decode(data_bin, checkpoint, subset="test", blockwise=True):
     """Exact verify-accept (``blockwise``) or the teacher's greedy decoding of ``subset``: hypotheses by id, BLEU
     against the references, and (blockwise) the mean accepted block: tokens incl. EOS per decoder call, from
     ``--print-step``."""
-    lines = generate_lines(data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--gen-subset", subset]
-                           + ["--print-step"] * blockwise)
+    lines = generate_lines(
+        data_bin,
+        checkpoint,
+        ["--task", "translation_nat", "--beam", "1", "--gen-subset", subset] + ["--print-step"] * blockwise,
+    )
     hypos = hypotheses(lines)
     references = {int(key[2:]): text for key, text in (line.split("\t", 1) for line in lines if line.startswith("T-"))}
     ids = sorted(references)
@@ -502,9 +599,22 @@ def frozen_heads(synthetic_teacher, tmp_path_factory):
     heads, 120 updates at lr 0.01 without dropout (the trunk's features as decoding sees them)."""
     teacher, data_bin = synthetic_teacher
     save_dir = str(tmp_path_factory.mktemp("blockwise-frozen"))
-    return train_model(data_bin, save_dir, LEARNING_BLOCKWISE + [
-        "--freeze-base", "--init-from-ar", teacher, "--head-sampling", "mean", "--lr", "0.01", "--disable-validation",
-    ], max_update=120)
+    return train_model(
+        data_bin,
+        save_dir,
+        LEARNING_BLOCKWISE
+        + [
+            "--freeze-base",
+            "--init-from-ar",
+            teacher,
+            "--head-sampling",
+            "mean",
+            "--lr",
+            "0.01",
+            "--disable-validation",
+        ],
+        max_update=120,
+    )
 
 
 def test_frozen_heads_propose_the_teachers_greedy_output(synthetic_teacher, frozen_heads):
@@ -527,16 +637,35 @@ def test_fine_tuned_blockwise_keeps_the_teachers_bleu(synthetic_teacher, frozen_
     reports on the validation set. ~15 s on 2 busy cores."""
     teacher, data_bin = synthetic_teacher
     caplog.set_level(logging.INFO)
-    checkpoint = train_model(data_bin, str(tmp_path / "finetuned"), LEARNING_BLOCKWISE + [
-        "--finetune-from-model", frozen_heads, "--head-sampling", "mean", "--other-heads-weight", "0.1",
-        "--lr", "0.0005", "--validate-interval", "1000",  # validate once, at the end
-    ], max_update=60)
+    checkpoint = train_model(
+        data_bin,
+        str(tmp_path / "finetuned"),
+        LEARNING_BLOCKWISE
+        + [
+            "--finetune-from-model",
+            frozen_heads,
+            "--head-sampling",
+            "mean",
+            "--other-heads-weight",
+            "0.1",
+            "--lr",
+            "0.0005",
+            "--validate-interval",
+            "1000",  # validate once, at the end
+        ],
+        max_update=60,
+    )
     _, teacher_bleu, _ = decode(data_bin, teacher, blockwise=False)
     _, bleu, block = decode(data_bin, checkpoint)
     assert bleu >= teacher_bleu - 3, (bleu, teacher_bleu)
     assert block >= 1.5
 
-    logged = [float(m.group(1)) for r in caplog.records if "valid on 'valid' subset" in r.getMessage()
-              for m in [re.search(r"accepted_block ([0-9.]+)", r.getMessage())] if m]
+    logged = [
+        float(m.group(1))
+        for r in caplog.records
+        if "valid on 'valid' subset" in r.getMessage()
+        for m in [re.search(r"accepted_block ([0-9.]+)", r.getMessage())]
+        if m
+    ]
     assert len(logged) == 1
     assert logged[0] == pytest.approx(decode(data_bin, checkpoint, subset="valid")[2], abs=1e-3)

@@ -24,28 +24,108 @@ UPDATES = 3
 TIMEOUT_S = 240
 
 COMMON = SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--optimizer", "adam", "--lr", "0.001", "--max-tokens", "600", "--dropout", "0.1",
-    "--disable-validation", "--cpu", "--num-workers", "0", "--no-progress-bar", "--no-epoch-checkpoints",
-    "--seed", "1", "--max-update", str(UPDATES), "--log-interval", "1",
+    "--task",
+    "translation_nat",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.001",
+    "--max-tokens",
+    "600",
+    "--dropout",
+    "0.1",
+    "--disable-validation",
+    "--cpu",
+    "--num-workers",
+    "0",
+    "--no-progress-bar",
+    "--no-epoch-checkpoints",
+    "--seed",
+    "1",
+    "--max-update",
+    str(UPDATES),
+    "--log-interval",
+    "1",
 ]
 # criterion -> its model and options (TEACHER is replaced by the synthetic teacher's checkpoint); the NAT trains on
 # the real targets, which the gold fertilities of the synthetic data-bin describe
 CASES = {
     "fertility_nat_loss": ["--arch", "fertility_nat", "--criterion", "fertility_nat_loss", "--init-from-ar", "TEACHER"],
-    "nat_rkl_finetune": ["--arch", "fertility_nat", "--criterion", "nat_rkl_finetune", "--teacher-path", "TEACHER",
-                         "--init-from-ar", "TEACHER"],
+    "nat_rkl_finetune": [
+        "--arch",
+        "fertility_nat",
+        "--criterion",
+        "nat_rkl_finetune",
+        "--teacher-path",
+        "TEACHER",
+        "--init-from-ar",
+        "TEACHER",
+    ],
     "sat_transformer+label_smoothed_cross_entropy": [
-        "--arch", "sat_transformer", "--group-size", "2", "--criterion", "label_smoothed_cross_entropy",
-        "--label-smoothing", "0.1", "--init-from-ar", "TEACHER", "--use-distilled", "target"],
-    "recover_sat_loss": ["--arch", "recover_sat", "--num-segments", "2", "--criterion", "recover_sat_loss",
-                         "--init-from-ar", "TEACHER", "--use-distilled", "target"],
-    "blockwise_loss-random": ["--arch", "blockwise_transformer", "--block-size", "3", "--criterion", "blockwise_loss",
-                              "--head-sampling", "random", "--find-unused-parameters", "--init-from-ar", "TEACHER",
-                              "--use-distilled", "target"],
-    "blockwise_loss-mean": ["--arch", "blockwise_transformer", "--block-size", "3", "--criterion", "blockwise_loss",
-                            "--head-sampling", "mean", "--init-from-ar", "TEACHER", "--use-distilled", "target"],
-    "nad_ad_loss": ["--arch", "nad_ad_transformer", "--criterion", "nad_ad_loss", "--init-from-ar", "TEACHER",
-                    "--use-distilled", "side"],
+        "--arch",
+        "sat_transformer",
+        "--group-size",
+        "2",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--init-from-ar",
+        "TEACHER",
+        "--use-distilled",
+        "target",
+    ],
+    "recover_sat_loss": [
+        "--arch",
+        "recover_sat",
+        "--num-segments",
+        "2",
+        "--criterion",
+        "recover_sat_loss",
+        "--init-from-ar",
+        "TEACHER",
+        "--use-distilled",
+        "target",
+    ],
+    "blockwise_loss-random": [
+        "--arch",
+        "blockwise_transformer",
+        "--block-size",
+        "3",
+        "--criterion",
+        "blockwise_loss",
+        "--head-sampling",
+        "random",
+        "--find-unused-parameters",
+        "--init-from-ar",
+        "TEACHER",
+        "--use-distilled",
+        "target",
+    ],
+    "blockwise_loss-mean": [
+        "--arch",
+        "blockwise_transformer",
+        "--block-size",
+        "3",
+        "--criterion",
+        "blockwise_loss",
+        "--head-sampling",
+        "mean",
+        "--init-from-ar",
+        "TEACHER",
+        "--use-distilled",
+        "target",
+    ],
+    "nad_ad_loss": [
+        "--arch",
+        "nad_ad_transformer",
+        "--criterion",
+        "nad_ad_loss",
+        "--init-from-ar",
+        "TEACHER",
+        "--use-distilled",
+        "side",
+    ],
 }
 
 
@@ -97,15 +177,27 @@ def train_rank(rank, argv, out_dir):
     distributed_utils.call_main(convert_namespace_to_omegaconf(args), train.main)
 
 
-@pytest.mark.parametrize("case,ddp_backend", [(case, "pytorch_ddp") for case in sorted(CASES)]
-                         + [("blockwise_loss-mean", "legacy_ddp")])
+@pytest.mark.parametrize(
+    "case,ddp_backend", [(case, "pytorch_ddp") for case in sorted(CASES)] + [("blockwise_loss-mean", "legacy_ddp")]
+)
 def test_two_ranks_end_with_the_same_trained_parameters(case, ddp_backend, synthetic_teacher, tmp_path):
     teacher, data_bin = synthetic_teacher
-    argv = [data_bin, "--user-dir", USER_DIR, "--save-dir", str(tmp_path / "ckpt")] + COMMON + [
-        teacher if a == "TEACHER" else a for a in CASES[case]] + [
-        "--distributed-world-size", "2", "--distributed-backend", "gloo", "--distributed-no-spawn",
-        "--ddp-backend", ddp_backend,
-        "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}"]
+    argv = (
+        [data_bin, "--user-dir", USER_DIR, "--save-dir", str(tmp_path / "ckpt")]
+        + COMMON
+        + [teacher if a == "TEACHER" else a for a in CASES[case]]
+        + [
+            "--distributed-world-size",
+            "2",
+            "--distributed-backend",
+            "gloo",
+            "--distributed-no-spawn",
+            "--ddp-backend",
+            ddp_backend,
+            "--distributed-init-method",
+            f"tcp://127.0.0.1:{free_port()}",
+        ]
+    )
     context = mp.start_processes(train_rank, args=(argv, str(tmp_path)), nprocs=2, start_method="spawn", join=False)
     deadline = time.monotonic() + TIMEOUT_S
     while not context.join(timeout=5):

@@ -8,7 +8,16 @@ import torch
 
 from nat_plugins.cli import distill
 
-from .utils import TINY_TEACHER_ARGS, TINY_TEACHER_UPDATES, TINY_TRANSFORMER, USER_DIR, generate_lines, hypotheses, interactive_lines, train_model
+from .utils import (
+    TINY_TEACHER_ARGS,
+    TINY_TEACHER_UPDATES,
+    TINY_TRANSFORMER,
+    USER_DIR,
+    generate_lines,
+    hypotheses,
+    interactive_lines,
+    train_model,
+)
 
 
 def test_eval_bleu_selects_the_best_checkpoint(tiny_teacher):
@@ -20,7 +29,9 @@ def test_eval_bleu_selects_the_best_checkpoint(tiny_teacher):
 
 def test_generate_and_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
     # batches of 12, 12, 12, 4: fairseq alone would drop the last (not a multiple of 8); the task keeps it
-    lines = generate_lines(dummy_data_bin, tiny_teacher, ["--task", "translation_nat", "--beam", "2", "--batch-size", "12"])
+    lines = generate_lines(
+        dummy_data_bin, tiny_teacher, ["--task", "translation_nat", "--beam", "2", "--batch-size", "12"]
+    )
     hyps = hypotheses(lines)
     assert sorted(hyps) == list(range(40))
     assert any(line.startswith("Generate test with beam=2") for line in lines)
@@ -29,8 +40,9 @@ def test_generate_and_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_p
         sources = [next(f).strip() for _ in range(3)]
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(sources) + "\n")
-    inter = hypotheses(interactive_lines(dummy_data_bin, tiny_teacher, str(input_file),
-                                         ["--task", "translation_nat", "--beam", "2"]))
+    inter = hypotheses(
+        interactive_lines(dummy_data_bin, tiny_teacher, str(input_file), ["--task", "translation_nat", "--beam", "2"])
+    )
     assert [inter[i] for i in range(3)] == [hyps[i] for i in range(3)]  # same model, same beam, same input
 
 
@@ -45,8 +57,21 @@ def test_restore_file_continues_training(dummy_data_bin, tiny_teacher, tmp_path)
 
 def test_distillation_shards_merge_in_corpus_order(dummy_data_bin, tiny_teacher, tmp_path):
     data_bin = shutil.copytree(dummy_data_bin, str(tmp_path / "bin"))
-    common = [data_bin, "--path", tiny_teacher, "--user-dir", USER_DIR, "--cpu", "--beam", "2",
-              "--batch-size", "32", "--no-progress-bar", "--shard-dir", str(tmp_path / "shards")]
+    common = [
+        data_bin,
+        "--path",
+        tiny_teacher,
+        "--user-dir",
+        USER_DIR,
+        "--cpu",
+        "--beam",
+        "2",
+        "--batch-size",
+        "32",
+        "--no-progress-bar",
+        "--shard-dir",
+        str(tmp_path / "shards"),
+    ]
     distill.cli_main(common)
     with open(os.path.join(data_bin, "train.kd.tgt.txt")) as f:
         whole = f.read()
@@ -60,15 +85,34 @@ def test_distillation_shards_merge_in_corpus_order(dummy_data_bin, tiny_teacher,
     assert len(whole.splitlines()) == 300
 
     # the binarized side file trains a model on distilled targets through the task
-    train_model(data_bin, str(tmp_path / "student"), TINY_TRANSFORMER + [
-        "--task", "translation_nat", "--use-distilled", "target"], max_update=2)
+    train_model(
+        data_bin,
+        str(tmp_path / "student"),
+        TINY_TRANSFORMER + ["--task", "translation_nat", "--use-distilled", "target"],
+        max_update=2,
+    )
 
 
 def test_distillation_merge_refuses_missing_shards(dummy_data_bin, tiny_teacher, tmp_path):
     data_bin = shutil.copytree(dummy_data_bin, str(tmp_path / "bin"))
     shards = str(tmp_path / "shards")
-    distill.cli_main([data_bin, "--path", tiny_teacher, "--cpu", "--batch-size", "64", "--no-progress-bar",
-                      "--num-shards", "2", "--shard-id", "0", "--no-merge", "--shard-dir", shards])
+    distill.cli_main(
+        [
+            data_bin,
+            "--path",
+            tiny_teacher,
+            "--cpu",
+            "--batch-size",
+            "64",
+            "--no-progress-bar",
+            "--num-shards",
+            "2",
+            "--shard-id",
+            "0",
+            "--no-merge",
+            "--shard-dir",
+            shards,
+        ]
+    )
     with pytest.raises(FileNotFoundError, match=r"train\.kd\.tgt\.shard1of2"):
         distill.cli_main([data_bin, "--num-shards", "2", "--merge-only", "--shard-dir", shards])
-

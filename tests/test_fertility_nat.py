@@ -28,8 +28,15 @@ from nat_plugins.generators.fertility_decoding import FertilityDecoder, cap_tota
 from nat_plugins.modules.nad import NADLayer, fertility_copy_index
 from nat_plugins.tasks.translation_nat import SideFileError
 
-from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines,
-                    train_model, with_task_options)
+from .utils import (
+    SYNTHETIC_MODEL_SIZE,
+    TINY_TRANSFORMER,
+    generate_lines,
+    hypotheses,
+    interactive_lines,
+    train_model,
+    with_task_options,
+)
 
 TINY_FNAT = ["--arch", "fertility_nat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 12
@@ -50,16 +57,19 @@ def fert_data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("fert-bin") / "bin")
     shutil.copytree(dummy_data_bin, path)
     for split in ("train", "valid", "test"):
-        with open(os.path.join(path, f"{split}.fert.src"), "w") as out, \
-                open(os.path.join(dummy_raw, f"{split}.src")) as src:
+        with (
+            open(os.path.join(path, f"{split}.fert.src"), "w") as out,
+            open(os.path.join(dummy_raw, f"{split}.src")) as src,
+        ):
             for line in src:
                 out.write(" ".join("1" for _ in line.split()) + "\n")
     return path
 
 
 def make_task(fert_data_bin):
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       [fert_data_bin, "--task", "translation_nat"] + TINY_FNAT)
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), [fert_data_bin, "--task", "translation_nat"] + TINY_FNAT
+    )
     task = tasks.setup_task(args)
     task.load_dataset("test")
     return task
@@ -71,8 +81,9 @@ def task(fert_data_bin):
 
 
 def build(data_bin, task, extra=()):
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       [data_bin, "--task", "translation_nat"] + TINY_FNAT + list(extra))
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), [data_bin, "--task", "translation_nat"] + TINY_FNAT + list(extra)
+    )
     torch.manual_seed(0)
     return task.build_model(args).eval()
 
@@ -148,8 +159,9 @@ def test_links_and_monotone_pipeline(fert_data_bin, tmp_path):
         assert [sum(map(int, line.split())) for line in f] == [len(t) for t in targets]
 
 
-@pytest.mark.skipif(not has_eflomal(), reason="eflomal is not installed (NAT_SETUP_EXTRAS=eflomal bash "
-                                              "run_scripts/setup_env.sh)")
+@pytest.mark.skipif(
+    not has_eflomal(), reason="eflomal is not installed (NAT_SETUP_EXTRAS=eflomal bash run_scripts/setup_env.sh)"
+)
 def test_eflomal_pipeline_on_the_toy_data(fert_data_bin, tmp_path):
     bin_copy = str(tmp_path / "bin")
     shutil.copytree(fert_data_bin, bin_copy)
@@ -165,12 +177,15 @@ def test_wrong_fertility_files_are_refused(fert_data_bin, tmp_path):
     path = os.path.join(bin_copy, "test.fert.src")
     with open(path) as f:
         lines = f.read().splitlines()
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       [bin_copy, "--task", "translation_nat"] + TINY_FNAT)
-    cases = [([lines[0] + " 1"] + lines[1:], "fertilities for a source"),
-             (["2" + lines[0][1:]] + lines[1:], "fertilities sum to"),
-             (["x" + lines[0][1:]] + lines[1:], "must be integers"),
-             (lines[:-1], "lines but its split has")]
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), [bin_copy, "--task", "translation_nat"] + TINY_FNAT
+    )
+    cases = [
+        ([lines[0] + " 1"] + lines[1:], "fertilities for a source"),
+        (["2" + lines[0][1:]] + lines[1:], "fertilities sum to"),
+        (["x" + lines[0][1:]] + lines[1:], "must be integers"),
+        (lines[:-1], "lines but its split has"),
+    ]
     for content, message in cases:
         with open(path, "w") as f:
             f.write("\n".join(content) + "\n")
@@ -199,7 +214,9 @@ def test_decoder_inputs_are_source_embeddings_copied_by_fertility(fert_data_bin,
     monkeypatch.setattr(model.decoder.nad, "forward", record)
     encoder_out = model.encode(src_tokens, torch.tensor([4, 6]))
     model.decode(src_tokens, encoder_out, fertility)
-    source = model.encoder.embed_scale * model.encoder.embed_tokens(src_tokens) + model.encoder.embed_positions(src_tokens)
+    source = model.encoder.embed_scale * model.encoder.embed_tokens(src_tokens) + model.encoder.embed_positions(
+        src_tokens
+    )
     assert torch.allclose(seen["inputs"][0], source[0, [2, 2, 4, 4, 4]])
     assert torch.allclose(seen["inputs"][1, :4], source[1, [0, 1, 3, 4]])
     assert seen["padding"].tolist() == [[False] * 5, [False] * 4 + [True]]
@@ -241,11 +258,14 @@ def test_gold_fertility_inference_equals_training_forward(fert_data_bin, task, t
         one = batch(task, [int(sample["id"][i])])
         encoder_out = model.encode(one["net_input"]["src_tokens"], one["net_input"]["src_lengths"])
         logits, _ = model.decode(one["net_input"]["src_tokens"], encoder_out, one["fertility"])
-        assert torch.allclose(logits[0], out["out"][i, :logits.size(1)], atol=1e-5)
+        assert torch.allclose(logits[0], out["out"][i, : logits.size(1)], atol=1e-5)
     # the generator with a fertility predictor rigged to predict the gold fertilities
     gold = sample["fertility"]
-    monkeypatch.setattr(model, "fertility_logits",
-                        lambda encoder_out: torch.nn.functional.one_hot(gold, model.max_fertility).float() * 20)
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda encoder_out: torch.nn.functional.one_hot(gold, model.max_fertility).float() * 20,
+    )
     hypos = decoder(model, task).generate([model], sample)
     for i, (hyp,) in enumerate(hypos):
         length = int(gold[i].sum())
@@ -275,9 +295,11 @@ def record_teacher_scores(gen, monkeypatch, rank=None):
     real = gen.teacher_scores
 
     def recorded(src_tokens, src_lengths, tokens, lengths, order):
-        seen.update(tokens=tokens, lengths=lengths, order=order,
-                    real=real(src_tokens, src_lengths, tokens, lengths, order))
+        seen.update(
+            tokens=tokens, lengths=lengths, order=order, real=real(src_tokens, src_lengths, tokens, lengths, order)
+        )
         return seen["real"] if rank is None else rank(lengths)
+
     monkeypatch.setattr(gen, "teacher_scores", recorded)
     return seen
 
@@ -292,7 +314,7 @@ def test_npd_keeps_the_candidate_the_teacher_prefers(fert_data_bin, task, tiny_t
     for i, (hyp,) in enumerate(hypos):
         rows = seen["order"].eq(i).nonzero().squeeze(1).tolist()
         best = min(rows, key=lambda row: int(seen["lengths"][row]))  # the earliest shortest candidate
-        assert hyp["tokens"][:-1].tolist() == seen["tokens"][best, :seen["lengths"][best]].tolist()
+        assert hyp["tokens"][:-1].tolist() == seen["tokens"][best, : seen["lengths"][best]].tolist()
     # the real ranking score of a candidate = the teacher's own forward on it: the plain sum of its log-probs,
     # EOS included (Gu et al. eq. 8)
     teacher = gen.teacher.model
@@ -316,17 +338,22 @@ def test_npd_ranks_by_the_plain_teacher_log_probability(fert_data_bin, task, tin
     sample = batch(task, range(6))
     spread_out = torch.full((model.max_fertility,), -30.0)
     spread_out[:3] = 0.0  # fertilities 0, 1 and 2 equally likely: candidates of many lengths
-    monkeypatch.setattr(model, "fertility_logits",
-                        lambda out: spread_out.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1))
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda out: spread_out.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
+    )
     gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher, npd_length_normalize=normalize)
     eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
 
     def flat_teacher(src_tokens, src_lengths, tokens, lengths, order=None):
         target = torch.cat([tokens, tokens.new_full((tokens.size(0), 1), pad)], dim=1).scatter(
-            1, lengths.view(-1, 1), eos)
+            1, lengths.view(-1, 1), eos
+        )
         lprobs = torch.full((*target.shape, len(task.target_dictionary)), -1.0)
         lprobs[..., eos] = -3.0
         return lprobs, target
+
     monkeypatch.setattr(gen.teacher, "score", flat_teacher)
     seen = record_teacher_scores(gen, monkeypatch)
     torch.manual_seed(0)
@@ -343,8 +370,7 @@ def test_npd_ranks_by_the_plain_teacher_log_probability(fert_data_bin, task, tin
 
 
 def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, tiny_teacher, monkeypatch):
-    candidates = torch.tensor([[[1, 0], [1, 0], [0, 1], [1, 0], [0, 1]],
-                               [[2, 0], [0, 2], [1, 1], [0, 0], [3, 0]]])
+    candidates = torch.tensor([[[1, 0], [1, 0], [0, 1], [1, 0], [0, 1]], [[2, 0], [0, 2], [1, 1], [0, 0], [3, 0]]])
     assert first_occurrences(candidates).tolist() == [[True, False, True, False, False], [True] * 5]
 
     model = build(fert_data_bin, task, ["--init-from-ar", tiny_teacher])
@@ -359,6 +385,7 @@ def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, 
     def recorded_first_occurrences(fertility):
         seen["candidates"] = fertility
         return first_occurrences(fertility)
+
     monkeypatch.setattr(model, "decode", recorded_decode)
     monkeypatch.setattr(fertility_decoding, "first_occurrences", recorded_first_occurrences)
     # an untrained predictor, and lengths capped to 2 tokens so that many of the 8 samples coincide
@@ -376,8 +403,11 @@ def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, 
     assert decoded.tolist() == expected and len(expected) < 6 * 8
     # a confident predictor: all 8 samples are the argmax, decoded once; the output is argmax decoding's
     gold = sample["fertility"]
-    monkeypatch.setattr(model, "fertility_logits",
-                        lambda encoder_out: torch.nn.functional.one_hot(gold, model.max_fertility).float() * 30)
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda encoder_out: torch.nn.functional.one_hot(gold, model.max_fertility).float() * 30,
+    )
     npd = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher).generate([model], sample)
     assert seen["decoded"][-1].tolist() == gold.tolist()
     argmax = decoder(model, task).generate([model], sample)
@@ -389,15 +419,21 @@ def test_empty_and_maximum_lengths(fert_data_bin, task, monkeypatch):
     sample = batch(task, range(4))
     zero = torch.full((model.max_fertility,), -10.0)
     zero[0] = 10.0
-    monkeypatch.setattr(model, "fertility_logits",
-                        lambda out: zero.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1))
-    for hyp, in decoder(model, task).generate([model], sample):
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda out: zero.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
+    )
+    for (hyp,) in decoder(model, task).generate([model], sample):
         assert len(hyp["tokens"]) == 2 and hyp["tokens"][-1] == task.target_dictionary.eos()
     many = torch.full((model.max_fertility,), -10.0)
     many[5] = 10.0
-    monkeypatch.setattr(model, "fertility_logits",
-                        lambda out: many.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1))
-    for hyp, in decoder(model, task, gen={"max_len_b": 3}).generate([model], sample):
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda out: many.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
+    )
+    for (hyp,) in decoder(model, task, gen={"max_len_b": 3}).generate([model], sample):
         assert len(hyp["tokens"]) == 4 and task.target_dictionary.pad() not in hyp["tokens"][:-1].tolist()
     assert cap_total(torch.tensor([[2, 3, 1]]), torch.tensor([4])).tolist() == [[2, 2, 0]]
     index, _ = fertility_copy_index(torch.tensor([[2, 2, 0]]))
@@ -436,9 +472,15 @@ def test_criterion_checks_the_fertility_sum(fert_data_bin, task):
 
 def test_nat_output_never_emits_pad_or_eos():
     pad, eos, unk = 1, 2, 3
-    logits = torch.tensor([[[0.0, 9.0, 8.0, 1.0, 2.0, 0.5],    # pad, then EOS, are the argmax: token 4
-                            [0.0, 0.0, 0.0, 7.0, 6.5, 0.0],    # unk 7 - penalty 1 < 6.5: token 4
-                            [0.0, 0.0, 9.0, 1.0, 0.0, 3.0]]])  # padding position
+    logits = torch.tensor(
+        [
+            [
+                [0.0, 9.0, 8.0, 1.0, 2.0, 0.5],  # pad, then EOS, are the argmax: token 4
+                [0.0, 0.0, 0.0, 7.0, 6.5, 0.0],  # unk 7 - penalty 1 < 6.5: token 4
+                [0.0, 0.0, 9.0, 1.0, 0.0, 3.0],
+            ]
+        ]
+    )  # padding position
     padding = torch.tensor([[False, False, True]])
     original = logits.clone()
     tokens, scores, lengths = nat_output(logits, padding, pad, eos, unk, unk_penalty=1.0)
@@ -454,8 +496,11 @@ def rkl_student(fert_data_bin, task, tiny_teacher):
 
 
 def rig_fertilities(monkeypatch, model, fertility):
-    monkeypatch.setattr(model, "fertility_logits",
-                        lambda encoder_out: torch.nn.functional.one_hot(fertility, model.max_fertility).float() * 30)
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda encoder_out: torch.nn.functional.one_hot(fertility, model.max_fertility).float() * 30,
+    )
 
 
 def test_rkl_teacher_sees_exactly_what_the_generator_emits(fert_data_bin, task, tiny_teacher, monkeypatch):
@@ -469,6 +514,7 @@ def test_rkl_teacher_sees_exactly_what_the_generator_emits(fert_data_bin, task, 
         bias[0::2, eos] = 50.0  # the NAT's argmax over the whole vocabulary: EOS at even positions, pad at odd
         bias[1::2, pad] = 50.0
         return logits + bias, extra
+
     monkeypatch.setattr(model.decoder, "forward", prefers_eos_and_pad)
     seen = {}
     score = criterion.teacher.score
@@ -476,6 +522,7 @@ def test_rkl_teacher_sees_exactly_what_the_generator_emits(fert_data_bin, task, 
     def recorded(src_tokens, src_lengths, tokens, lengths, order=None):
         seen.update(tokens=tokens.clone(), lengths=lengths.clone())
         return score(src_tokens, src_lengths, tokens, lengths, order=order)
+
     monkeypatch.setattr(criterion.teacher, "score", recorded)
     sample = batch(task, range(8))
     torch.manual_seed(0)
@@ -484,16 +531,17 @@ def test_rkl_teacher_sees_exactly_what_the_generator_emits(fert_data_bin, task, 
 
     def teacher_rows(block):
         rows = range(block * 8, block * 8 + 8)
-        return [seen["tokens"][r, :seen["lengths"][r]].tolist() for r in rows]
+        return [seen["tokens"][r, : seen["lengths"][r]].tolist() for r in rows]
 
     def emitted(hypos):
-        return [hyp["tokens"][:-1].tolist() for hyp, in hypos]
+        return [hyp["tokens"][:-1].tolist() for (hyp,) in hypos]
+
     # gold, sampled and average fertilities (as cut by the criterion): the generator fed exactly those
     for block, fertility in enumerate(out["fertility"].view(3, 8, -1)):
         with monkeypatch.context() as m:
             rig_fertilities(m, model, fertility)
             assert teacher_rows(block) == emitted(decoder(model, task).generate([model], sample))
-        assert seen["lengths"][block * 8:block * 8 + 8].tolist() == fertility.sum(dim=1).tolist()
+        assert seen["lengths"][block * 8 : block * 8 + 8].tolist() == fertility.sum(dim=1).tolist()
     assert seen["tokens"].ne(pad).sum(dim=1).tolist() == seen["lengths"].tolist()
     assert not seen["tokens"].eq(eos).any()
     # the average rows are also what the generator's own average decoding (same length limits) emits
@@ -510,6 +558,7 @@ def test_rkl_gradients_reach_only_the_intended_parameters(fert_data_bin, task, t
     def reached(term):
         grads = torch.autograd.grad(term, list(named.values()), retain_graph=True, allow_unused=True)
         return {name for name, grad in zip(named, grads) if grad is not None and grad.abs().sum() > 0}
+
     # REINFORCE: the fertility predictor and the encoder under it, never the decoder (the decodes it rewards are
     # constants); L_RKL(f_gold): the decoder, not the fertility predictor; L_KD: every parameter (DDP)
     reinforce = reached(out["reinforce"])
@@ -556,6 +605,7 @@ def test_reinforce_raises_the_log_probability_of_a_better_sample(fert_data_bin, 
         logits = model(net_input["src_tokens"], net_input["src_lengths"], sample["fertility"])["fertility"]["out"]
         lprobs = torch.log_softmax(logits, dim=-1).gather(-1, fertility.unsqueeze(-1)).squeeze(-1)
         return (lprobs * model.copyable(net_input["src_tokens"])).sum().item()
+
     outcomes = set()
     for seed in range(10):
         torch.manual_seed(seed)
@@ -610,8 +660,12 @@ def test_rkl_finetune_gradients_are_all_reduced_under_ddp(fert_data_bin, task, t
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ranks = torch.multiprocessing.start_processes(
-        ddp_rank, args=(port, fert_data_bin, tiny_teacher, str(tmp_path / "initial.pt"), str(tmp_path)), nprocs=2,
-        start_method="spawn", join=False)
+        ddp_rank,
+        args=(port, fert_data_bin, tiny_teacher, str(tmp_path / "initial.pt"), str(tmp_path)),
+        nprocs=2,
+        start_method="spawn",
+        join=False,
+    )
     deadline = time.monotonic() + DDP_TIMEOUT_S
     while not ranks.join(timeout=1):  # a hung rank fails the test instead of the CI job
         if time.monotonic() > deadline:
@@ -628,34 +682,70 @@ def test_rkl_finetune_gradients_are_all_reduced_under_ddp(fert_data_bin, task, t
 
 # ----- (c) end to end --------------------------------------------------------------------------------------------
 def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, tiny_teacher, tmp_path):
-    checkpoint = train_model(fert_data_bin, str(tmp_path / "fnat"), TINY_FNAT + [
-        "--task", "translation_nat", "--criterion", "fertility_nat_loss", "--label-smoothing", "0.1",
-        "--init-from-ar", tiny_teacher], max_update=10)
+    checkpoint = train_model(
+        fert_data_bin,
+        str(tmp_path / "fnat"),
+        TINY_FNAT
+        + [
+            "--task",
+            "translation_nat",
+            "--criterion",
+            "fertility_nat_loss",
+            "--label-smoothing",
+            "0.1",
+            "--init-from-ar",
+            tiny_teacher,
+        ],
+        max_update=10,
+    )
     outputs = {}
     for mode in (["argmax"], ["average"], ["npd", "--npd-samples", "4", "--npd-teacher", tiny_teacher]):
-        lines = generate_lines(fert_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--print-step",
-                                                           "--fertility-decoding"] + mode)
+        lines = generate_lines(
+            fert_data_bin,
+            checkpoint,
+            ["--task", "translation_nat", "--beam", "1", "--print-step", "--fertility-decoding"] + mode,
+        )
         hyps = hypotheses(lines)
         assert sorted(hyps) == list(range(40)) and all(h.strip() for h in hyps.values())
         steps = {int(line.split("\t")[1]) for line in lines if line.startswith("I-")}
         assert steps == ({2} if mode[0] == "npd" else {1})
         outputs[mode[0]] = hyps
     with pytest.raises(ValueError, match="--npd-teacher"):
-        generate_lines(fert_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1",
-                                                   "--fertility-decoding", "npd"])
+        generate_lines(
+            fert_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--fertility-decoding", "npd"]
+        )
     with open(os.path.join(dummy_raw, "test.src")) as f:
         sources = [next(f).strip() for _ in range(3)]
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(sources) + "\n")
-    inter = hypotheses(interactive_lines(fert_data_bin, checkpoint, str(input_file),
-                                         ["--task", "translation_nat", "--beam", "1"]))
+    inter = hypotheses(
+        interactive_lines(fert_data_bin, checkpoint, str(input_file), ["--task", "translation_nat", "--beam", "1"])
+    )
     assert [inter[i] for i in range(3)] == [outputs["argmax"][i] for i in range(3)]
 
     # fine-tuning with the reverse-KL criterion: the teacher is used but never saved with the student
-    finetuned = train_model(fert_data_bin, str(tmp_path / "rkl"), TINY_FNAT + [
-        "--task", "translation_nat", "--criterion", "nat_rkl_finetune", "--teacher-path", tiny_teacher,
-        "--rkl-weight", "0.25", "--restore-file", checkpoint, "--reset-optimizer", "--reset-dataloader",
-        "--reset-meters", "--reset-lr-scheduler"], max_update=3)
+    finetuned = train_model(
+        fert_data_bin,
+        str(tmp_path / "rkl"),
+        TINY_FNAT
+        + [
+            "--task",
+            "translation_nat",
+            "--criterion",
+            "nat_rkl_finetune",
+            "--teacher-path",
+            tiny_teacher,
+            "--rkl-weight",
+            "0.25",
+            "--restore-file",
+            checkpoint,
+            "--reset-optimizer",
+            "--reset-dataloader",
+            "--reset-meters",
+            "--reset-lr-scheduler",
+        ],
+        max_update=3,
+    )
     state = checkpoint_utils.load_checkpoint_to_cpu(finetuned)
     student = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
     assert set(state["model"]) == set(student["model"])
@@ -666,10 +756,27 @@ def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, t
 
 # ----- (d) learning ----------------------------------------------------------------------------------------------
 NAT_LEARNING_UPDATES = 100
-NAT_LEARNING_ARGS = ["--arch", "fertility_nat"] + SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--criterion", "fertility_nat_loss", "--max-tokens", "2000", "--dropout", "0",
-    "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--disable-validation",
-]
+NAT_LEARNING_ARGS = (
+    ["--arch", "fertility_nat"]
+    + SYNTHETIC_MODEL_SIZE
+    + [
+        "--task",
+        "translation_nat",
+        "--criterion",
+        "fertility_nat_loss",
+        "--max-tokens",
+        "2000",
+        "--dropout",
+        "0",
+        "--lr",
+        "0.003",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "10",
+        "--disable-validation",
+    ]
+)
 
 
 def test_nat_learns_the_synthetic_task_with_predicted_fertilities(synthetic_teacher, tmp_path):
@@ -683,14 +790,18 @@ def test_nat_learns_the_synthetic_task_with_predicted_fertilities(synthetic_teac
     >= 0.95. (The BLEU stays at 55-62 from 60 to 130 updates: every remaining error is the order of the two
     words of an expanded source word, t_N u_N, which both copy the same source vector.)"""
     teacher, data_bin = synthetic_teacher
-    checkpoint = train_model(data_bin, str(tmp_path / "nat"), NAT_LEARNING_ARGS + ["--init-from-ar", teacher],
-                             max_update=NAT_LEARNING_UPDATES)
+    checkpoint = train_model(
+        data_bin,
+        str(tmp_path / "nat"),
+        NAT_LEARNING_ARGS + ["--init-from-ar", teacher],
+        max_update=NAT_LEARNING_UPDATES,
+    )
 
     def bleu(path):
         lines = generate_lines(data_bin, path, ["--task", "translation_nat", "--beam", "1"])
         hyps = hypotheses(lines)
         targets = (line.split("\t", 1) for line in lines if line.startswith("T-"))
-        refs = {int(key[len("T-"):]): text for key, text in targets}
+        refs = {int(key[len("T-") :]): text for key, text in targets}
         assert sorted(hyps) == sorted(refs) == list(range(100))
         return sacrebleu.corpus_bleu([hyps[i] for i in range(100)], [[refs[i] for i in range(100)]]).score
 

@@ -35,13 +35,16 @@ def test_options_and_their_defaults(task):
         Toy([None], task, Namespace(beam=3)).require_greedy("is greedy")
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"sampling": True}, "--sampling True is not supported by toy decoding"),
-    ({"prefix_size": 2}, "--prefix-size 2 is not supported"),
-    ({"constraints": "ordered"}, "--constraints ordered is not supported"),
-    ({"score_reference": True}, "--score-reference True is not supported"),
-    ({"temperature": 0.0}, "--temperature must be > 0"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"sampling": True}, "--sampling True is not supported by toy decoding"),
+        ({"prefix_size": 2}, "--prefix-size 2 is not supported"),
+        ({"constraints": "ordered"}, "--constraints ordered is not supported"),
+        ({"score_reference": True}, "--score-reference True is not supported"),
+        ({"temperature": 0.0}, "--temperature must be > 0"),
+    ],
+)
 def test_refused_options(task, options, message):
     with pytest.raises(ValueError, match=message):
         Toy([None], task, Namespace(**options))

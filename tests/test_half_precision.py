@@ -21,11 +21,24 @@ from .utils import TINY_TRANSFORMER, with_task_options
 ARCH = TINY_TRANSFORMER[2:]
 SYSTEMS = {
     "fertility_nat": ["--arch", "fertility_nat", "--criterion", "fertility_nat_loss"],
-    "sat_transformer": ["--arch", "sat_transformer", "--group-size", "2", "--criterion",
-                        "label_smoothed_cross_entropy"],
+    "sat_transformer": [
+        "--arch",
+        "sat_transformer",
+        "--group-size",
+        "2",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+    ],
     "recover_sat": ["--arch", "recover_sat", "--num-segments", "2", "--criterion", "recover_sat_loss"],
-    "blockwise_transformer": ["--arch", "blockwise_transformer", "--block-size", "3", "--identity-first-head",
-                              "--criterion", "blockwise_loss"],
+    "blockwise_transformer": [
+        "--arch",
+        "blockwise_transformer",
+        "--block-size",
+        "3",
+        "--identity-first-head",
+        "--criterion",
+        "blockwise_loss",
+    ],
     "nad_ad_transformer": ["--arch", "nad_ad_transformer", "--criterion", "nad_ad_loss", "--use-distilled", "side"],
 }
 NUM_SENTENCES = 8
@@ -38,8 +51,10 @@ def data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("half-bin") / "bin")
     shutil.copytree(dummy_data_bin, path)
     for split in ("train", "valid", "test"):
-        with open(os.path.join(path, f"{split}.fert.src"), "w") as out, \
-                open(os.path.join(dummy_raw, f"{split}.src")) as src:
+        with (
+            open(os.path.join(path, f"{split}.fert.src"), "w") as out,
+            open(os.path.join(dummy_raw, f"{split}.src")) as src,
+        ):
             out.writelines(" ".join("1" for _ in line.split()) + "\n" for line in src)
         for ext in ("bin", "idx"):
             shutil.copy(os.path.join(path, f"{split}.src-tgt.tgt.{ext}"), os.path.join(path, f"{split}.kd.tgt.{ext}"))
@@ -48,9 +63,20 @@ def data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
 
 def setup(data_bin, teacher, system):
     """(task, fp32 model initialised from the tiny teacher, criterion) as fairseq-train builds them."""
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        data_bin, "--task", "translation_nat", "--label-smoothing", "0.1", "--init-from-ar", teacher,
-    ] + ARCH + SYSTEMS[system])
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            data_bin,
+            "--task",
+            "translation_nat",
+            "--label-smoothing",
+            "0.1",
+            "--init-from-ar",
+            teacher,
+        ]
+        + ARCH
+        + SYSTEMS[system],
+    )
     task = tasks.setup_task(args)
     task.load_dataset("test")
     torch.manual_seed(0)
@@ -65,8 +91,10 @@ def batch(task):
 
 
 def decode(task, model, sample):
-    args = options.parse_args_and_arch(options.get_generation_parser(), [
-        task.cfg.data, "--task", "translation_nat", "--beam", "1", "--max-len-a", "1", "--max-len-b", "5"])
+    args = options.parse_args_and_arch(
+        options.get_generation_parser(),
+        [task.cfg.data, "--task", "translation_nat", "--beam", "1", "--max-len-a", "1", "--max-len-b", "5"],
+    )
     generator = task.build_generator([model], args)
     with torch.no_grad():
         return task.inference_step(generator, [model], sample)
@@ -101,11 +129,14 @@ def check_bf16_decoding(task, model, sample, expected, system):
     assert same >= len(hypos) // 2 + 1, f"{system}: {same}/{len(hypos)} sentences keep their fp32 tokens"
 
 
-@pytest.mark.parametrize("system, decoding", [
-    ("fertility_nat", {"fertility_decoding": "average"}),
-    ("fertility_nat", {"fertility_decoding": "npd", "npd_samples": 4}),
-    ("blockwise_transformer", {"block_accept": "topk:2"}),
-])
+@pytest.mark.parametrize(
+    "system, decoding",
+    [
+        ("fertility_nat", {"fertility_decoding": "average"}),
+        ("fertility_nat", {"fertility_decoding": "npd", "npd_samples": 4}),
+        ("blockwise_transformer", {"block_accept": "topk:2"}),
+    ],
+)
 def test_bf16_decoding_options(data_bin, tiny_teacher, system, decoding):
     """Average fertilities, noisy parallel decoding (its teacher moves to bf16 with the student) and approximate
     blockwise acceptance in bf16."""

@@ -11,7 +11,8 @@ from nat_plugins.tasks.translation_nat import segments_string
 
 from .test_blockwise import TINY_BLOCKWISE
 from .test_fertility_nat import TINY_FNAT, fert_data_bin  # noqa: F401  (fixture)
-from .test_nad_ad import TRAIN_ARGS as NAD_AD_ARGS, distilled_bin  # noqa: F401  (fixture)
+from .test_nad_ad import TRAIN_ARGS as NAD_AD_ARGS
+from .test_nad_ad import distilled_bin  # noqa: F401  (fixture)
 from .test_recover_sat import TINY_RECOVER_SAT
 from .test_sat import TINY_SAT
 from .utils import binarize, generate_lines, hypotheses, train_model
@@ -23,14 +24,25 @@ TASK = ["--task", "translation_nat"]
 def systems(dummy_data_bin, fert_data_bin, distilled_bin, tiny_teacher, tmp_path_factory):  # noqa: F811
     """``{system: (checkpoint, data_bin)}`` of tiny models initialised from the teacher."""
     specs = {
-        "sat": (dummy_data_bin, TINY_SAT + TASK + ["--criterion", "label_smoothed_cross_entropy",
-                                                   "--group-size", "2"], 8),
-        "blockwise": (dummy_data_bin, TINY_BLOCKWISE + TASK + ["--block-size", "3", "--criterion", "blockwise_loss"],
-                      8),
+        "sat": (
+            dummy_data_bin,
+            TINY_SAT + TASK + ["--criterion", "label_smoothed_cross_entropy", "--group-size", "2"],
+            8,
+        ),
+        "blockwise": (
+            dummy_data_bin,
+            TINY_BLOCKWISE + TASK + ["--block-size", "3", "--criterion", "blockwise_loss"],
+            8,
+        ),
         "fertility_nat": (fert_data_bin, TINY_FNAT + TASK + ["--criterion", "fertility_nat_loss"], 10),
         "nad_ad": (distilled_bin, NAD_AD_ARGS, 8),
-        "recover_sat": (dummy_data_bin, TINY_RECOVER_SAT + TASK + ["--criterion", "recover_sat_loss",
-                                                                   "--num-segments", "3", "--anneal-steps", "10"], 8),
+        "recover_sat": (
+            dummy_data_bin,
+            TINY_RECOVER_SAT
+            + TASK
+            + ["--criterion", "recover_sat_loss", "--num-segments", "3", "--anneal-steps", "10"],
+            8,
+        ),
     }
     result = {}
     for name, (data_bin, args, updates) in specs.items():
@@ -54,19 +66,28 @@ def steps_of(hub, sentences, **options):
     return [hypos[0]["steps"] for hypos in hub.generate([hub.encode(s) for s in sentences], **options)]
 
 
-@pytest.mark.parametrize("name, options, cli", [
-    ("sat", {"beam": 1}, ["--beam", "1"]),
-    ("sat", {"beam": 2}, ["--beam", "2"]),
-    ("blockwise", {}, ["--beam", "1"]),
-    ("blockwise", {"block_accept": "topk:2", "min_block_size": 2},
-     ["--beam", "1", "--block-accept", "topk:2", "--min-block-size", "2"]),
-    ("fertility_nat", {}, ["--beam", "1"]),
-    ("fertility_nat", {"fertility_decoding": "npd", "npd_samples": 4, "npd_teacher": "TEACHER"},
-     ["--beam", "1", "--fertility-decoding", "npd", "--npd-samples", "4", "--npd-teacher", "TEACHER"]),
-    ("nad_ad", {"beam": 4}, ["--beam", "4"]),
-    ("nad_ad", {"beam": 1, "lenpen": 0.5}, ["--beam", "1", "--lenpen", "0.5"]),
-    ("recover_sat", {}, ["--beam", "1"]),
-])
+@pytest.mark.parametrize(
+    "name, options, cli",
+    [
+        ("sat", {"beam": 1}, ["--beam", "1"]),
+        ("sat", {"beam": 2}, ["--beam", "2"]),
+        ("blockwise", {}, ["--beam", "1"]),
+        (
+            "blockwise",
+            {"block_accept": "topk:2", "min_block_size": 2},
+            ["--beam", "1", "--block-accept", "topk:2", "--min-block-size", "2"],
+        ),
+        ("fertility_nat", {}, ["--beam", "1"]),
+        (
+            "fertility_nat",
+            {"fertility_decoding": "npd", "npd_samples": 4, "npd_teacher": "TEACHER"},
+            ["--beam", "1", "--fertility-decoding", "npd", "--npd-samples", "4", "--npd-teacher", "TEACHER"],
+        ),
+        ("nad_ad", {"beam": 4}, ["--beam", "4"]),
+        ("nad_ad", {"beam": 1, "lenpen": 0.5}, ["--beam", "1", "--lenpen", "0.5"]),
+        ("recover_sat", {}, ["--beam", "1"]),
+    ],
+)
 def test_translate_equals_fairseq_generate(systems, sources, tiny_teacher, name, options, cli):
     options = {k: tiny_teacher if v == "TEACHER" else v for k, v in options.items()}
     cli = [tiny_teacher if a == "TEACHER" else a for a in cli]
@@ -112,8 +133,9 @@ def test_drafts_and_segments_come_back_as_data(systems, sources, capsys):
     capsys.readouterr()
     hypos = recover.generate([recover.encode(s) for s in sources])
     assert all(len(h[0]["segments"]) == 3 for h in hypos)
-    assert [segments_string(recover.tgt_dict, h[0]["segments"]) for h in hypos] == [segments[i]
-                                                                                      for i in range(len(sources))]
+    assert [segments_string(recover.tgt_dict, h[0]["segments"]) for h in hypos] == [
+        segments[i] for i in range(len(sources))
+    ]
     assert "SEG-" not in capsys.readouterr().out
 
 
@@ -123,22 +145,32 @@ def test_sentencepiece_model_is_found_and_applied(dummy_raw, tiny_teacher, tmp_p
 
     out = tmp_path / "prepared"
     (out / "spm").mkdir(parents=True)
-    spm.SentencePieceTrainer.train(input=",".join(os.path.join(dummy_raw, f"train.{lang}") for lang in ("src", "tgt")),
-                                   model_prefix=str(out / "spm"), vocab_size=60, model_type="bpe",
-                                   hard_vocab_limit=False, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=",".join(os.path.join(dummy_raw, f"train.{lang}") for lang in ("src", "tgt")),
+        model_prefix=str(out / "spm"),
+        vocab_size=60,
+        model_type="bpe",
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
     for split in ("train", "valid", "test"):
         for lang in ("src", "tgt"):
             with open(os.path.join(dummy_raw, f"{split}.{lang}")) as f, open(out / "spm" / f"{split}.{lang}", "w") as g:
                 g.writelines(" ".join(sp.encode(line.strip(), out_type=str)) + "\n" for line in f)
     data_bin = binarize(str(out / "spm"), str(out / "data-bin"))
-    checkpoint = train_model(data_bin, str(tmp_path / "sat"), TINY_SAT + TASK + [
-        "--criterion", "label_smoothed_cross_entropy", "--group-size", "2"], max_update=20)
+    checkpoint = train_model(
+        data_bin,
+        str(tmp_path / "sat"),
+        TINY_SAT + TASK + ["--criterion", "label_smoothed_cross_entropy", "--group-size", "2"],
+        max_update=20,
+    )
     hub = from_pretrained(str(tmp_path / "sat"), "checkpoint_last.pt", data_bin)
     assert hub.cfg.bpe._name == "sentencepiece"
     with open(os.path.join(dummy_raw, "test.src")) as f:
         raw = [line.strip() for line in f]
-    expected = hypotheses(generate_lines(data_bin, checkpoint, TASK + ["--beam", "1", "--post-process",
-                                                                         "sentencepiece"]))
+    expected = hypotheses(
+        generate_lines(data_bin, checkpoint, TASK + ["--beam", "1", "--post-process", "sentencepiece"])
+    )
     assert hub.translate(raw, beam=1) == [expected[i] for i in range(len(raw))]
     assert "▁" not in " ".join(expected.values())

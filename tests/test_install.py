@@ -15,11 +15,11 @@ import re
 import site
 import subprocess
 import sys
-import tomllib
 import zipfile
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 
 import nat_plugins  # noqa: F401  (the allow-list this module tests)
@@ -34,16 +34,26 @@ def overlay_venv(path, *extra_paths):
     """A venv at ``path`` (no pip of its own) that sees this environment's site-packages, and ``extra_paths``."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = os.path.join(str(path), "bin", "python")
-    venv_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip()
+    venv_site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     with open(os.path.join(venv_site, "base_environment.pth"), "w") as f:
         f.writelines(p + "\n" for p in [*extra_paths, *site.getsitepackages()])
     return python
 
 
 def run(cmd, cwd, timeout=300):
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    done = subprocess.run(
+        cmd,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -65,22 +75,56 @@ def test_pip_install_into_an_existing_fairseq_environment(tmp_path):
     ``fairseq-train --user-dir`` lists the plugin's task and model options."""
     python = overlay_venv(tmp_path / "venv")
     report = tmp_path / "report.json"
-    run([python, "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", "--report", str(report),
-         "-e", REPO_ROOT], cwd=str(tmp_path))
+    run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-build-isolation",
+            "--report",
+            str(report),
+            "-e",
+            REPO_ROOT,
+        ],
+        cwd=str(tmp_path),
+    )
     with open(report) as f:
         installed = [item["metadata"]["name"] for item in json.load(f)["install"]]
     assert installed == ["nat-plugins"]  # torch, fairseq and the rest were already there
 
-    out = run([python, "-c", "import importlib.metadata as m, os, nat_plugins, torch, fairseq; "
-               "print(os.path.dirname(nat_plugins.__file__)); print(m.version('nat-plugins')); "
-               "print(m.distribution('nat-plugins').locate_file('')); print(torch.__file__)"], cwd=str(tmp_path))
+    out = run(
+        [
+            python,
+            "-c",
+            "import importlib.metadata as m, os, nat_plugins, torch, fairseq; "
+            "print(os.path.dirname(nat_plugins.__file__)); print(m.version('nat-plugins')); "
+            "print(m.distribution('nat-plugins').locate_file('')); print(torch.__file__)",
+        ],
+        cwd=str(tmp_path),
+    )
     user_dir, version, location, torch_file = out.split("\n")[:4]
     assert user_dir == os.path.join(REPO_ROOT, "nat_plugins") and version == nat_plugins.__version__
     assert location.startswith(str(tmp_path / "venv"))  # the metadata is the new environment's
     assert torch_file == torch.__file__  # the environment's own torch, untouched
 
-    help_text = run([python, "-m", "fairseq_cli.train", "--user-dir", user_dir, "--task", "translation_nat",
-                     "--arch", "sat_transformer", "--help"], cwd=str(tmp_path))
+    help_text = run(
+        [
+            python,
+            "-m",
+            "fairseq_cli.train",
+            "--user-dir",
+            user_dir,
+            "--task",
+            "translation_nat",
+            "--arch",
+            "sat_transformer",
+            "--help",
+        ],
+        cwd=str(tmp_path),
+    )
     assert "--group-size" in help_text and "--use-distilled" in help_text
     assert "nat-distill" in run([os.path.join(os.path.dirname(python), "nat-distill"), "--help"], cwd=str(tmp_path))
 
@@ -109,14 +153,19 @@ def test_checkpoints_load_under_numpy_1_and_2(tmp_path):
     ``weights_only`` loader reads both under both NumPy versions."""
     assert np.lib.NumpyVersion(np.__version__) >= "2.0.0", "this test runs under NumPy 2 and starts a NumPy 1 one"
     python = overlay_venv(tmp_path / "numpy1", REPO_ROOT)
-    got = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "numpy==1.26.4"],
-                         capture_output=True, text=True, timeout=300)
+    got = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "numpy==1.26.4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if got.returncode != 0:
         pytest.skip(f"numpy==1.26.4 could not be installed here: {got.stderr.strip()[-300:]}")
 
     from_numpy2, from_numpy1 = str(tmp_path / "numpy2.pt"), str(tmp_path / "numpy1.pt")
-    torch.save({"best": np.float64(1.5), "counts": np.array([3, 4]), "args": argparse.Namespace(lr=[5e-4])},
-               from_numpy2)
+    torch.save(
+        {"best": np.float64(1.5), "counts": np.array([3, 4]), "args": argparse.Namespace(lr=[5e-4])}, from_numpy2
+    )
     assert numpy_globals_in(from_numpy2) == {b"numpy._core.multiarray"}
     assert run([python, "-c", SAVE_AND_LOAD, from_numpy2, from_numpy1], cwd=str(tmp_path)).strip() == "1.26.4"
     assert numpy_globals_in(from_numpy1) == {b"numpy.core.multiarray"}

@@ -20,8 +20,15 @@ from nat_plugins.generators.nad_ad_decoding import NADADSequenceGenerator
 from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
-from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, USER_DIR, generate_lines, hypotheses, interactive_lines,
-                    train_model)
+from .utils import (
+    SYNTHETIC_MODEL_SIZE,
+    TINY_TRANSFORMER,
+    USER_DIR,
+    generate_lines,
+    hypotheses,
+    interactive_lines,
+    train_model,
+)
 
 TINY_NAD_AD = ["--arch", "nad_ad_transformer"] + TINY_TRANSFORMER[2:]
 PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
@@ -29,8 +36,14 @@ PRE_NORM = ["--encoder-normalize-before", "--decoder-normalize-before"]
 
 @pytest.fixture(scope="module")
 def task(dummy_data_bin):
-    cfg = TranslationNATConfig(data=dummy_data_bin, source_lang="src", target_lang="tgt", train_subset="train",
-                               dataset_impl=None, required_seq_len_multiple=1)
+    cfg = TranslationNATConfig(
+        data=dummy_data_bin,
+        source_lang="src",
+        target_lang="tgt",
+        train_subset="train",
+        dataset_impl=None,
+        required_seq_len_multiple=1,
+    )
     task = TranslationNATTask.setup_task(cfg)
     task.load_dataset("test")
     return task
@@ -63,9 +76,16 @@ def tokens_of(hypos):
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_ad_layer_sublayer_order_and_masks(pre_norm):
     torch.manual_seed(0)
-    cfg = TransformerConfig.from_namespace(Namespace(
-        decoder_embed_dim=8, encoder_embed_dim=8, decoder_attention_heads=2, decoder_ffn_embed_dim=16,
-        decoder_normalize_before=pre_norm, dropout=0.0))
+    cfg = TransformerConfig.from_namespace(
+        Namespace(
+            decoder_embed_dim=8,
+            encoder_embed_dim=8,
+            decoder_attention_heads=2,
+            decoder_ffn_embed_dim=16,
+            decoder_normalize_before=pre_norm,
+            dropout=0.0,
+        )
+    )
     layer = NADADDecoderLayer(cfg).eval()
     calls = []
     for name in ("self_attn", "nad_attn", "encoder_attn", "fc1"):
@@ -107,10 +127,17 @@ def test_reorder_encoder_out_reorders_the_nad_memory(task):
     nad_out = torch.arange(3 * 2 * 4, dtype=torch.float).view(3, 2, 4)  # T x B x C
     nad_padding = torch.tensor([[False, False, True], [False, False, False]])
     enc = torch.arange(5 * 2 * 4, dtype=torch.float).view(5, 2, 4)
-    encoder_out = {"encoder_out": [enc], "encoder_padding_mask": [torch.zeros(2, 5, dtype=torch.bool)],
-                   "encoder_embedding": [torch.zeros(2, 5, 4)], "encoder_states": [], "src_tokens": [],
-                   "src_lengths": [torch.tensor([[5], [4]])], "nad_out": [nad_out], "nad_padding_mask": [nad_padding],
-                   "nad_length_logits": [torch.zeros(2, 7)]}
+    encoder_out = {
+        "encoder_out": [enc],
+        "encoder_padding_mask": [torch.zeros(2, 5, dtype=torch.bool)],
+        "encoder_embedding": [torch.zeros(2, 5, 4)],
+        "encoder_states": [],
+        "src_tokens": [],
+        "src_lengths": [torch.tensor([[5], [4]])],
+        "nad_out": [nad_out],
+        "nad_padding_mask": [nad_padding],
+        "nad_length_logits": [torch.zeros(2, 7)],
+    }
     reordered = encoder.reorder_encoder_out(encoder_out, torch.tensor([1, 1, 0]))
     assert torch.equal(reordered["nad_out"][0], torch.stack([nad_out[:, 1], nad_out[:, 1], nad_out[:, 0]], dim=1))
     assert reordered["nad_padding_mask"][0].tolist() == [[False] * 3, [False] * 3, [False, False, True]]
@@ -207,14 +234,19 @@ def test_init_from_ar_copies_the_teacher(task, tiny_teacher):
     model = build(task, extra=["--init-from-ar", tiny_teacher])
     teacher = checkpoint_utils.load_checkpoint_to_cpu(tiny_teacher)["model"]
     state = model.state_dict()
-    for name in ("encoder.layers.0.fc1.weight", "encoder.embed_tokens.weight",
-                 "decoder.layers.0.self_attn.k_proj.weight", "decoder.layers.0.encoder_attn.v_proj.weight",
-                 "decoder.layers.0.final_layer_norm.weight"):
+    for name in (
+        "encoder.layers.0.fc1.weight",
+        "encoder.embed_tokens.weight",
+        "decoder.layers.0.self_attn.k_proj.weight",
+        "decoder.layers.0.encoder_attn.v_proj.weight",
+        "decoder.layers.0.final_layer_norm.weight",
+    ):
         assert torch.equal(state[name], teacher[name]), name
     # the NAD layers start as the teacher's decoder layers where they share sublayers
     assert torch.equal(state["encoder.nad.layers.0.fc2.weight"], teacher["decoder.layers.0.fc2.weight"])
-    assert torch.equal(state["encoder.nad.layers.0.encoder_attn.q_proj.weight"],
-                       teacher["decoder.layers.0.encoder_attn.q_proj.weight"])
+    assert torch.equal(
+        state["encoder.nad.layers.0.encoder_attn.q_proj.weight"], teacher["decoder.layers.0.encoder_attn.q_proj.weight"]
+    )
     new = [name for name in state if name not in teacher]  # the new parts
     assert "decoder.nad_output_projection.weight" in new and "decoder.layers.0.nad_attn.q_proj.weight" in new
     assert any(name.startswith("encoder.nad.layers.0.pos_attn.") for name in new)
@@ -231,14 +263,38 @@ def distilled_bin(dummy_data_bin, tiny_teacher, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nad-ad")
     data_bin = shutil.copytree(dummy_data_bin, str(tmp / "bin"))
     for split in ("train", "valid"):
-        distill.cli_main([data_bin, "--path", tiny_teacher, "--user-dir", USER_DIR, "--cpu", "--beam", "1",
-                          "--batch-size", "64", "--no-progress-bar", "--gen-subset", split,
-                          "--shard-dir", str(tmp / "shards")])
+        distill.cli_main(
+            [
+                data_bin,
+                "--path",
+                tiny_teacher,
+                "--user-dir",
+                USER_DIR,
+                "--cpu",
+                "--beam",
+                "1",
+                "--batch-size",
+                "64",
+                "--no-progress-bar",
+                "--gen-subset",
+                split,
+                "--shard-dir",
+                str(tmp / "shards"),
+            ]
+        )
     return data_bin
 
 
-TRAIN_ARGS = TINY_NAD_AD + ["--task", "translation_nat", "--criterion", "nad_ad_loss", "--label-smoothing", "0.1",
-                            "--use-distilled", "side"]
+TRAIN_ARGS = TINY_NAD_AD + [
+    "--task",
+    "translation_nat",
+    "--criterion",
+    "nad_ad_loss",
+    "--label-smoothing",
+    "0.1",
+    "--use-distilled",
+    "side",
+]
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +307,11 @@ def test_train_generate_interactive(distilled_bin, dummy_raw, nad_ad_checkpoint,
     state = torch.load(nad_ad_checkpoint)
     assert state["optimizer_history"][-1]["num_updates"] == 8
     for beam in ("4", "1"):
-        lines = generate_lines(distilled_bin, nad_ad_checkpoint, ["--task", "translation_nat", "--beam", beam,
-                                                                  "--print-nad-draft", "--print-step"])
+        lines = generate_lines(
+            distilled_bin,
+            nad_ad_checkpoint,
+            ["--task", "translation_nat", "--beam", beam, "--print-nad-draft", "--print-step"],
+        )
         hyps = hypotheses(lines)
         assert sorted(hyps) == list(range(40))
         drafts = [line for line in lines if line.startswith("NAD-")]
@@ -265,8 +324,11 @@ def test_train_generate_interactive(distilled_bin, dummy_raw, nad_ad_checkpoint,
         sources = [next(f).strip() for _ in range(3)]
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(sources) + "\n")
-    inter = hypotheses(interactive_lines(distilled_bin, nad_ad_checkpoint, str(input_file),
-                                         ["--task", "translation_nat", "--beam", "4"]))
+    inter = hypotheses(
+        interactive_lines(
+            distilled_bin, nad_ad_checkpoint, str(input_file), ["--task", "translation_nat", "--beam", "4"]
+        )
+    )
     assert [inter[i] for i in range(3)] == [beam_hyps[i] for i in range(3)]
 
 
@@ -332,8 +394,22 @@ def test_one_training_step_reaches_every_parameter(distilled_bin):
 NAD_AD_LEARNING_UPDATES = 100
 # the optimiser settings both systems continue the teacher with (Adam from a fresh state, constant lr)
 CONTINUE_TRAINING = SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--label-smoothing", "0.1", "--dropout", "0.1", "--max-tokens", "1000",
-    "--adam-betas", "(0.9, 0.98)", "--lr", "0.0005", "--lr-scheduler", "fixed", "--warmup-updates", "10",
+    "--task",
+    "translation_nat",
+    "--label-smoothing",
+    "0.1",
+    "--dropout",
+    "0.1",
+    "--max-tokens",
+    "1000",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--lr",
+    "0.0005",
+    "--lr-scheduler",
+    "fixed",
+    "--warmup-updates",
+    "10",
     "--disable-validation",
 ]
 
@@ -346,14 +422,29 @@ def test_nad_ad_from_the_teacher_matches_the_ar_baseline(synthetic_teacher, tmp_
     (+1.8). Threshold: NAD-AD >= baseline - 0.3 (the quickstart's criterion). On 100 test sentences the gap is
     noisy: with --seed 2 +5.7; after 200 updates -2.0 (seed 1) and +0.4 (seed 2)."""
     teacher, data_bin = synthetic_teacher
-    nad_ad = train_model(data_bin, str(tmp_path / "nad-ad"), ["--arch", "nad_ad_transformer", "--criterion",
-                                                              "nad_ad_loss", "--use-distilled", "side",
-                                                              "--init-from-ar", teacher] + CONTINUE_TRAINING,
-                         max_update=NAD_AD_LEARNING_UPDATES)
-    baseline = train_model(data_bin, str(tmp_path / "ar"), ["--arch", "transformer", "--criterion",
-                                                            "label_smoothed_cross_entropy",
-                                                            "--finetune-from-model", teacher] + CONTINUE_TRAINING,
-                           max_update=NAD_AD_LEARNING_UPDATES)
+    nad_ad = train_model(
+        data_bin,
+        str(tmp_path / "nad-ad"),
+        [
+            "--arch",
+            "nad_ad_transformer",
+            "--criterion",
+            "nad_ad_loss",
+            "--use-distilled",
+            "side",
+            "--init-from-ar",
+            teacher,
+        ]
+        + CONTINUE_TRAINING,
+        max_update=NAD_AD_LEARNING_UPDATES,
+    )
+    baseline = train_model(
+        data_bin,
+        str(tmp_path / "ar"),
+        ["--arch", "transformer", "--criterion", "label_smoothed_cross_entropy", "--finetune-from-model", teacher]
+        + CONTINUE_TRAINING,
+        max_update=NAD_AD_LEARNING_UPDATES,
+    )
     scores = {}
     for name, checkpoint in (("nad_ad", nad_ad), ("baseline", baseline)):
         lines = generate_lines(data_bin, checkpoint, ["--task", "translation_nat", "--beam", "4"])

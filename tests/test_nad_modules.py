@@ -83,7 +83,10 @@ def test_nad_layer_order_is_self_positional_encoder_ffn():
     for name in ("self_attn", "pos_attn", "encoder_attn", "fc1"):
         getattr(layer, name).register_forward_hook(lambda *_, name=name: calls.append(name))
     inputs = torch.randn(2, 3, 16)
-    encoder_out = {"encoder_out": [torch.randn(4, 2, 16)], "encoder_padding_mask": [torch.zeros(2, 4, dtype=torch.bool)]}
+    encoder_out = {
+        "encoder_out": [torch.randn(4, 2, 16)],
+        "encoder_padding_mask": [torch.zeros(2, 4, dtype=torch.bool)],
+    }
     decoder(inputs, torch.zeros(2, 3, dtype=torch.bool), encoder_out)
     assert calls == ["self_attn", "pos_attn", "encoder_attn", "fc1"]
 
@@ -96,7 +99,10 @@ def test_positional_attention_uses_positions_as_query_and_key():
     seen = {}
     attn.register_forward_hook(lambda _m, args, kwargs, _out: seen.update(kwargs), with_kwargs=True)
     inputs = torch.randn(1, 3, 16)
-    encoder_out = {"encoder_out": [torch.randn(2, 1, 16)], "encoder_padding_mask": [torch.zeros(1, 2, dtype=torch.bool)]}
+    encoder_out = {
+        "encoder_out": [torch.randn(2, 1, 16)],
+        "encoder_padding_mask": [torch.zeros(1, 2, dtype=torch.bool)],
+    }
     decoder(inputs, torch.zeros(1, 3, dtype=torch.bool), encoder_out)
     positions = decoder.positions(torch.zeros(1, 3, dtype=torch.bool)).transpose(0, 1)
     assert torch.equal(seen["query"], positions) and torch.equal(seen["key"], positions)
@@ -109,11 +115,18 @@ def test_decoder_output_ignores_padding_and_one_token_targets_are_finite(normali
     decoder = NonAutoregressiveDecoder(tiny_config(normalize_before), 2, padding_idx=1, mask_self_diagonal=True).eval()
     inputs = torch.randn(2, 4, 16)
     padding = torch.tensor([[False] * 4, [False, True, True, True]])
-    encoder_out = {"encoder_out": [torch.randn(3, 2, 16)], "encoder_padding_mask": [torch.zeros(2, 3, dtype=torch.bool)]}
+    encoder_out = {
+        "encoder_out": [torch.randn(3, 2, 16)],
+        "encoder_padding_mask": [torch.zeros(2, 3, dtype=torch.bool)],
+    }
     states, _ = decoder(inputs, padding, encoder_out)
     assert torch.isfinite(states).all()
-    alone, _ = decoder(inputs[1:, :1], padding[1:, :1], {
-        "encoder_out": [encoder_out["encoder_out"][0][:, 1:]],
-        "encoder_padding_mask": [encoder_out["encoder_padding_mask"][0][1:]],
-    })
+    alone, _ = decoder(
+        inputs[1:, :1],
+        padding[1:, :1],
+        {
+            "encoder_out": [encoder_out["encoder_out"][0][:, 1:]],
+            "encoder_padding_mask": [encoder_out["encoder_padding_mask"][0][1:]],
+        },
+    )
     assert torch.allclose(alone[0, 0], states[1, 0], atol=1e-5)

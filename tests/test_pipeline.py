@@ -20,11 +20,26 @@ LINES = 300
 def quickstart(multi30k_dir, tmp_path_factory):
     work = str(tmp_path_factory.mktemp("quickstart"))
     env = {
-        **os.environ, "MULTI30K_DIR": multi30k_dir, "WORK": work, "MAX_LINES": str(LINES), "VOCAB_SIZE": "1000",
-        "TEACHER_UPDATES": "12", "STUDENT_UPDATES": "2", "LATENCY_SENTENCES": "15", "PRESET": "cpu",
+        **os.environ,
+        "MULTI30K_DIR": multi30k_dir,
+        "WORK": work,
+        "MAX_LINES": str(LINES),
+        "VOCAB_SIZE": "1000",
+        "TEACHER_UPDATES": "12",
+        "STUDENT_UPDATES": "2",
+        "LATENCY_SENTENCES": "15",
+        "PRESET": "cpu",
     }
-    run = lambda: subprocess.run(["bash", os.path.join(REPO_ROOT, "run_scripts", "quickstart.sh")], env=env,
-                                 capture_output=True, text=True, timeout=1800)
+
+    def run():
+        return subprocess.run(
+            ["bash", os.path.join(REPO_ROOT, "run_scripts", "quickstart.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+
     first = run()
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     second = run()  # everything is done: the steps are skipped and the table printed again
@@ -36,19 +51,24 @@ def quickstart(multi30k_dir, tmp_path_factory):
 def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     out = quickstart["first"].stdout
     assert "PRESET=cpu: the whole pipeline on the CPU" in out
-    table = out[out.index("| system | BLEU |"):]
+    table = out[out.index("| system | BLEU |") :]
     assert "| AR teacher, beam 4 |" in table and "| AR teacher, greedy |" in table
     with open(os.path.join(quickstart["work"], "bench", "results.json")) as f:
         results = json.load(f)
     rows = results["rows"]
     paired = results["paired_tests"]  # Encoder-NAD-AD vs the teacher trained for the same updates
-    assert [(t["baseline"], t["system"]) for t in paired] == [("AR teacher + same updates, beam 4",
-                                                              "Encoder-NAD-AD, beam 4")]
+    assert [(t["baseline"], t["system"]) for t in paired] == [
+        ("AR teacher + same updates, beam 4", "Encoder-NAD-AD, beam 4")
+    ]
     assert 0 < paired[0]["p_value"] <= 1
     assert all(r["num_sentences"] == LINES for r in rows)
     names = [r["name"] for r in rows]
-    assert names[:4] == ["AR teacher, beam 4", "AR teacher, greedy", "AR teacher, beam 4 (CTranslate2)",
-                         "AR teacher, greedy (CTranslate2)"]
+    assert names[:4] == [
+        "AR teacher, beam 4",
+        "AR teacher, greedy",
+        "AR teacher, beam 4 (CTranslate2)",
+        "AR teacher, greedy (CTranslate2)",
+    ]
     assert "Blockwise k=4 frozen, exact" in names and "Blockwise k=4 fine-tuned, exact" in names
     assert "SAT K=2, greedy" in names and "SAT K=2, beam 4" in names and "RecoverSAT K=2" in names
     assert {"NAT, argmax fertility", "NAT, average fertility", "NAT, NPD S=10"} <= set(names)
@@ -74,8 +94,16 @@ def test_quickstart_outputs_cover_every_sentence(quickstart):
 @pytest.mark.slow
 def test_quickstart_rerun_skips_finished_steps(quickstart):
     second = quickstart["second"].stdout
-    for step in ("data", "teacher", "distill", "blockwise-4-frozen", "blockwise-4-finetuned", "fertility-nat", "nad-ad",
-                 "benchmark-"):
+    for step in (
+        "data",
+        "teacher",
+        "distill",
+        "blockwise-4-frozen",
+        "blockwise-4-finetuned",
+        "fertility-nat",
+        "nad-ad",
+        "benchmark-",
+    ):
         assert f"] {step}" in second and "done before" in second.split(f"] {step}", 1)[1].splitlines()[0]
     assert "| AR teacher, beam 4 |" in second
 
@@ -83,16 +111,25 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
 @pytest.mark.slow
 def test_frozen_blockwise_outputs_the_teachers_greedy_translations(quickstart):
     bench = os.path.join(quickstart["work"], "bench")
-    read = lambda slug: open(os.path.join(bench, f"hyp.{slug}.txt"), encoding="utf-8").read()
-    for k in (4,):  # the CPU preset's block size; exact acceptance + identity first head on a frozen teacher (Stern et al. 2018, §3)
+
+    def read(slug):
+        return open(os.path.join(bench, f"hyp.{slug}.txt"), encoding="utf-8").read()
+
+    # the CPU preset's block size; exact acceptance + identity first head on a frozen teacher (Stern et al. 2018, §3)
+    for k in (4,):
         assert read(f"blockwise-k-{k}-frozen-exact") == read("ar-teacher-greedy")
 
 
 @pytest.mark.slow
 def test_train_speed_times_every_recipe_with_its_own_options(quickstart):
     work = quickstart["work"]
-    run = subprocess.run(["bash", os.path.join(REPO_ROOT, "run_scripts", "train_speed.sh"), work, "1"],
-                         env={**os.environ, "PRESET": "cpu"}, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "run_scripts", "train_speed.sh"), work, "1"],
+        env={**os.environ, "PRESET": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     with open(os.path.join(work, "train_speed", "speed.jsonl")) as f:
         rows = [json.loads(line) for line in f]

@@ -22,8 +22,11 @@ def write_raw(raw_dir, multi30k_dir, lines=LINES):
 
 
 def prepare(raw_dir, out_dir, *extra):
-    prepare_data.main(prepare_data.get_parser().parse_args(
-        ["--raw-dir", raw_dir, "--out-dir", out_dir, "--vocab-size", "500", "--workers", "1", *extra]))
+    prepare_data.main(
+        prepare_data.get_parser().parse_args(
+            ["--raw-dir", raw_dir, "--out-dir", out_dir, "--vocab-size", "500", "--workers", "1", *extra]
+        )
+    )
 
 
 def read(path):
@@ -38,7 +41,9 @@ def test_sentencepiece_subwords_decode_to_the_raw_text(multi30k_dir, tmp_path):
     prepare(raw, out)
     sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "spm.model"))
     pieces = read(os.path.join(out, "spm", "test.de"))
-    assert [sp.decode(line.split()) for line in pieces] == [" ".join(s.split()) for s in read(os.path.join(raw, "test.de"))]
+    assert [sp.decode(line.split()) for line in pieces] == [
+        " ".join(s.split()) for s in read(os.path.join(raw, "test.de"))
+    ]
     assert read(os.path.join(out, "data-bin", "dict.en.txt")) == read(os.path.join(out, "data-bin", "dict.de.txt"))
     assert os.path.isfile(os.path.join(out, "data-bin", "test.en-de.de.bin"))
 
@@ -50,14 +55,19 @@ def test_fastbpe_subwords_join_back_to_the_raw_text(multi30k_dir, tmp_path):
     assert codes and all(len(line.split()) == 3 for line in codes)  # fastBPE's "left right count"
     segmented = read(os.path.join(out, "bpe", "train.en"))
     assert any("@@ " in line for line in segmented)  # words were split
-    assert [line.replace("@@ ", "") for line in segmented] == [" ".join(s.split()) for s in read(os.path.join(raw, "train.en"))]
+    assert [line.replace("@@ ", "") for line in segmented] == [
+        " ".join(s.split()) for s in read(os.path.join(raw, "train.en"))
+    ]
     assert os.path.isfile(os.path.join(out, "data-bin", "train.en-de.en.bin"))
 
 
-@pytest.mark.parametrize("problem, message", [
-    ("empty", r"valid\.de: line\(s\) \[3\] are empty"),
-    ("short", r"test\.(en|de).*(199|200)"),
-])
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("empty", r"valid\.de: line\(s\) \[3\] are empty"),
+        ("short", r"test\.(en|de).*(199|200)"),
+    ],
+)
 def test_bad_raw_corpus_is_named(multi30k_dir, tmp_path, problem, message):
     raw = write_raw(str(tmp_path / "in"), multi30k_dir)
     if problem == "empty":
@@ -94,8 +104,10 @@ def test_without_a_corpus_the_error_says_where_to_point_it(monkeypatch, tmp_path
 
 
 # ----- IWSLT14 de-en and WMT14 en-de releases (nat_plugins/cli/corpora.py), on tiny slices with their file layout --
-WORDS = {"de": "haus katze hund baum fluss stadt buch tisch wasser licht sonne mond weg berg".split(),
-         "en": "house cat dog tree river city book table water light sun moon way mountain".split()}
+WORDS = {
+    "de": "haus katze hund baum fluss stadt buch tisch wasser licht sonne mond weg berg".split(),
+    "en": "house cat dog tree river city book table water light sun moon way mountain".split(),
+}
 
 
 def sentence_pairs(n, seed, first=0):
@@ -129,20 +141,33 @@ def write_iwslt14(root, talks=3, per_talk=16):
     train = {"de": [], "en": []}
     for talk in range(talks):
         for lang in ("de", "en"):
-            train[lang] += [f"<url>http://www.ted.com/talks/{talk}.html</url>", f"<keywords>talks, {lang}</keywords>",
-                            f"<speaker>Speaker {talk}</speaker>", f"<talkid>{talk}</talkid>",
-                            f"<title>{WORDS[lang][talk].capitalize()}</title>",
-                            f"<description>{WORDS[lang][talk + 1]} {WORDS[lang][talk + 2]}</description>"]
-            train[lang] += [p[lang] for p in pairs[talk * per_talk:(talk + 1) * per_talk]]
+            train[lang] += [
+                f"<url>http://www.ted.com/talks/{talk}.html</url>",
+                f"<keywords>talks, {lang}</keywords>",
+                f"<speaker>Speaker {talk}</speaker>",
+                f"<talkid>{talk}</talkid>",
+                f"<title>{WORDS[lang][talk].capitalize()}</title>",
+                f"<description>{WORDS[lang][talk + 1]} {WORDS[lang][talk + 2]}</description>",
+            ]
+            train[lang] += [p[lang] for p in pairs[talk * per_talk : (talk + 1) * per_talk]]
     for lang in ("de", "en"):
         write(os.path.join(release, f"train.tags.de-en.{lang}"), train[lang])
-    for n, name in enumerate(("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
-                              "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012")):
+    for n, name in enumerate(
+        (
+            "IWSLT14.TED.dev2010",
+            "IWSLT14.TEDX.dev2012",
+            "IWSLT14.TED.tst2010",
+            "IWSLT14.TED.tst2011",
+            "IWSLT14.TED.tst2012",
+        )
+    ):
         test = sentence_pairs(3, seed=10 + n)
         test[0] = {"de": f"Tom’s Haus & {n}", "en": f"Tom’s house & {n}"}
         for lang in ("de", "en"):
-            write(os.path.join(release, f"{name}.de-en.{lang}.xml"),
-                  xml_segments([p[lang].replace("&", "&amp;") for p in test], name))
+            write(
+                os.path.join(release, f"{name}.de-en.{lang}.xml"),
+                xml_segments([p[lang].replace("&", "&amp;") for p in test], name),
+            )
     kept = [p for i, p in enumerate(pairs) if i != 5]
     titled = []  # the kept text lines in order: title, description, then the talk's sentences
     for talk in range(talks):
@@ -156,7 +181,10 @@ def test_iwslt14_release_to_data_bin(tmp_path):
     release, text = write_iwslt14(str(tmp_path))
     out = str(tmp_path / "out")
     prepare(release, out, "--corpus", "iwslt14", "-s", "de", "-t", "en", "--lowercase", "--vocab-size", "60")
-    raw = lambda split, lang: read(os.path.join(out, "raw", f"{split}.{lang}"))
+
+    def raw(split, lang):
+        return read(os.path.join(out, "raw", f"{split}.{lang}"))
+
     # metadata dropped, title/description text kept, the unbalanced pair cleaned away; valid = every 23rd pair
     expected = [{lang: line.lower() for lang, line in pair.items()} for pair in text]
     assert [dict(de=d, en=e) for d, e in zip(raw("valid", "de"), raw("valid", "en"))] == expected[22::23]
@@ -182,8 +210,10 @@ def write_wmt14(root):
     for lang in ("de", "en"):
         write(os.path.join(root, "dev", f"newstest2013.{lang}"), [p[lang] for p in valid])
         for kind in ("src", "ref"):
-            write(os.path.join(root, "test-full", f"newstest2014-deen-{kind}.{lang}.sgm"),
-                  xml_segments([p[lang] if kind == "ref" or lang == "en" else "QUELLE" for p in test], "newstest2014"))
+            write(
+                os.path.join(root, "test-full", f"newstest2014-deen-{kind}.{lang}.sgm"),
+                xml_segments([p[lang] if kind == "ref" or lang == "en" else "QUELLE" for p in test], "newstest2014"),
+            )
     return train, valid, test
 
 
@@ -191,13 +221,18 @@ def test_wmt14_release_to_data_bin(tmp_path):
     root = str(tmp_path / "wmt14")
     train, valid, test = write_wmt14(root)
     # a non-printing character is removed; a pair with a side over 250 words is dropped
-    with open(os.path.join(root, "commoncrawl.de-en.de"), "a", encoding="utf-8") as de, \
-            open(os.path.join(root, "commoncrawl.de-en.en"), "a", encoding="utf-8") as en:
+    with (
+        open(os.path.join(root, "commoncrawl.de-en.de"), "a", encoding="utf-8") as de,
+        open(os.path.join(root, "commoncrawl.de-en.en"), "a", encoding="utf-8") as en,
+    ):
         de.write("Haus\u200b katze.\n" + "haus " * 251 + "\n")
         en.write("House cat.\n" + "house " * 251 + "\n")
     out = str(tmp_path / "out")
     prepare(root, out, "--corpus", "wmt14", "--vocab-size", "60")  # en -> de
-    raw = lambda split, lang: read(os.path.join(out, "raw", f"{split}.{lang}"))
+
+    def raw(split, lang):
+        return read(os.path.join(out, "raw", f"{split}.{lang}"))
+
     train_en = [p["en"] for p in train[:40]] + ["House cat."] + [p["en"] for p in train[40:]]
     assert raw("train", "en") == train_en and "Haus katze." in raw("train", "de")
     assert raw("valid", "de") == [p["de"] for p in valid]
@@ -205,11 +240,17 @@ def test_wmt14_release_to_data_bin(tmp_path):
     assert os.path.isfile(os.path.join(out, "data-bin", "train.en-de.de.bin"))
 
 
-@pytest.mark.parametrize("problem, message", [
-    ("missing", r"missing .*IWSLT14\.TED\.tst2011\.de-en\.en\.xml: --corpus iwslt14 reads IWSLT14 de-en: .*de-en\.tgz"),
-    ("pair", r"German-English: -s/-t must be de and en \(got en, fr\)"),
-    ("no-dir", r"--corpus iwslt14 needs --raw-dir, the directory of the downloaded release"),
-])
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        (
+            "missing",
+            r"missing .*IWSLT14\.TED\.tst2011\.de-en\.en\.xml: --corpus iwslt14 reads IWSLT14 de-en: .*de-en\.tgz",
+        ),
+        ("pair", r"German-English: -s/-t must be de and en \(got en, fr\)"),
+        ("no-dir", r"--corpus iwslt14 needs --raw-dir, the directory of the downloaded release"),
+    ],
+)
 def test_iwslt14_errors_name_the_file_and_the_release(tmp_path, problem, message):
     release, _ = write_iwslt14(str(tmp_path))
     args = ["--raw-dir", release, "--corpus", "iwslt14", "-s", "de", "-t", "en"]

@@ -17,7 +17,6 @@ from fairseq.sequence_generator import SequenceGenerator
 from nat_plugins.cli import rep_mis
 from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
 from nat_plugins.generators.segment_decoding import SegmentDecoder
-from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask, segments_string
 from nat_plugins.modules.segments import (
     DEL_SYMBOL,
     add_segment_symbols,
@@ -30,9 +29,17 @@ from nat_plugins.modules.segments import (
     step_major,
     word_boundary_tables,
 )
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask, segments_string
 
-from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, interactive_lines, train_model,
-                    with_task_options)
+from .utils import (
+    SYNTHETIC_MODEL_SIZE,
+    TINY_TRANSFORMER,
+    generate_lines,
+    hypotheses,
+    interactive_lines,
+    train_model,
+    with_task_options,
+)
 
 TINY_RECOVER_SAT = ["--arch", "recover_sat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 16
@@ -40,16 +47,19 @@ NUM_SENTENCES = 16
 
 @pytest.fixture(scope="module")
 def teacher(dummy_data_bin, tiny_teacher):
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([tiny_teacher],
-                                                                       arg_overrides={"data": dummy_data_bin})
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [tiny_teacher], arg_overrides={"data": dummy_data_bin}
+    )
     task.load_dataset("test")
     return models[0].eval(), task
 
 
 def build_recover_sat(data_bin, task, num_segments, extra=()):
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [data_bin, "--task", "translation_nat", "--num-segments",
-                                                str(num_segments)] + TINY_RECOVER_SAT + list(extra))
+    args = options.parse_args_and_arch(
+        parser,
+        [data_bin, "--task", "translation_nat", "--num-segments", str(num_segments)] + TINY_RECOVER_SAT + list(extra),
+    )
     return task.build_model(args).eval()
 
 
@@ -59,8 +69,9 @@ def batch(task, indices):
 
 
 def decode(model, task, sample, length_margin=10, **gen_args):
-    decoder = SegmentDecoder([model], with_task_options(task, segment_length_margin=length_margin),
-                             Namespace(beam=1, **gen_args))
+    decoder = SegmentDecoder(
+        [model], with_task_options(task, segment_length_margin=length_margin), Namespace(beam=1, **gen_args)
+    )
     return decoder.generate([model], sample)
 
 
@@ -86,8 +97,9 @@ def test_equal_split_points_on_known_lengths():
 def test_split_points_never_cut_a_word():
     spm = word_dictionary(["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer", "s", "."])
     bpe = word_dictionary(["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"])
-    spm_tokens = [spm.index(s) for s in ["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer",
-                                          "s", "."]]
+    spm_tokens = [
+        spm.index(s) for s in ["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer", "s", "."]
+    ]
     bpe_tokens = [bpe.index(s) for s in ["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"]]
     assert allowed_split_points(spm_tokens, *word_boundary_tables(spm)) == [1, 2, 4, 5]
     assert allowed_split_points(bpe_tokens, *word_boundary_tables(bpe)) == [1, 2, 4, 5]
@@ -140,7 +152,11 @@ def test_injection_builds_the_papers_example():
     criterion.boundary_tables = word_boundary_tables(dictionary)
     segments, flags = criterion.segment_sentence(tokens, 4, 1.0, 1.0, FixedDraws())
     assert [[dictionary[t] for t in s] for s in segments] == [
-        ["there", "are"], ["lots", "of", "farmers"], ["lots", "of"], ["doing", "this", "today"]]
+        ["there", "are"],
+        ["lots", "of", "farmers"],
+        ["lots", "of"],
+        ["doing", "this", "today"],
+    ]
     assert flags == [False, False, True, False]
 
     eos, pad = dictionary.eos(), dictionary.pad()
@@ -152,8 +168,12 @@ def test_injection_builds_the_papers_example():
     assert per_segment[3].tolist() == tokens[5:8] + [eos]
     assert per_segment[1].tolist() == tokens[2:5] + [eos]
     assert inputs[0].view(4, 4).t()[2].tolist() == [eos] + tokens[2:4] + [pad]
-    assert targets[1].view(4, 4).t().tolist() == [[eos, pad, pad, pad], [tokens[0], eos, pad, pad],
-                                                   [eos, pad, pad, pad], [eos, pad, pad, pad]]  # empty: BOS -> EOS
+    assert targets[1].view(4, 4).t().tolist() == [
+        [eos, pad, pad, pad],
+        [tokens[0], eos, pad, pad],
+        [eos, pad, pad, pad],
+        [eos, pad, pad, pad],
+    ]  # empty: BOS -> EOS
     assert torch.equal(step_major(torch.arange(6).view(1, 2, 3)), torch.tensor([[0, 3, 1, 4, 2, 5]]))
 
 
@@ -178,7 +198,7 @@ def test_segment_embeddings_on_the_token_scale(dummy_data_bin, teacher):
     x = inputs[0][:, 0]  # T x C: step 0 of segments 0, 1, 2, all fed BOS
     segments = decoder.embed_scale * decoder.embed_segments.weight.detach()
     assert torch.allclose(x[1:] - x[:1], segments[1:], atol=1e-5)
-    tokens = decoder.embed_scale * decoder.embed_tokens.weight.detach()[task.target_dictionary.nspecial:]
+    tokens = decoder.embed_scale * decoder.embed_tokens.weight.detach()[task.target_dictionary.nspecial :]
     ratio = segments[1:].norm(dim=1).mean() / tokens.norm(dim=1).mean()
     assert 0.7 < ratio < 1.4, ratio
 
@@ -187,7 +207,7 @@ def test_model_sees_steps_up_to_its_own_in_every_segment(dummy_data_bin, teacher
     _, task = teacher
     model = build_recover_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher])
     with torch.no_grad():
-        model.decoder.embed_segments.weight.normal_(std=32 ** -0.5)  # segment 0 too (scaled by sqrt(d) in forward)
+        model.decoder.embed_segments.weight.normal_(std=32**-0.5)  # segment 0 too (scaled by sqrt(d) in forward)
     sample = batch(task, range(2))
     src = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
     inputs = torch.tensor([[2, 2, 2, 10, 11, 12, 13, 1, 14]] * 2)  # 3 steps of K=3; segment 1 ended after step 1
@@ -252,8 +272,18 @@ def test_criterion_and_annealing(dummy_data_bin, teacher):
 
 def test_annealing_continues_after_restore(dummy_data_bin, tiny_teacher, tmp_path, monkeypatch):
     save_dir = str(tmp_path / "restore")
-    args = TINY_RECOVER_SAT + ["--task", "translation_nat", "--criterion", "recover_sat_loss", "--num-segments", "2",
-                               "--anneal-steps", "8", "--init-from-ar", tiny_teacher]
+    args = TINY_RECOVER_SAT + [
+        "--task",
+        "translation_nat",
+        "--criterion",
+        "recover_sat_loss",
+        "--num-segments",
+        "2",
+        "--anneal-steps",
+        "8",
+        "--init-from-ar",
+        tiny_teacher,
+    ]
     train_model(dummy_data_bin, save_dir, args, max_update=4)
     seen = []
     build_segments = RecoverSATLoss.build_segments
@@ -275,8 +305,9 @@ def test_k1_is_ar_greedy(dummy_data_bin, teacher, tiny_teacher, max_len_b):
     """Same weights, K=1: the training forward and fairseq's greedy output, token for token (incl. max length)."""
     _, task = teacher
     # a teacher with its own dictionary (building recover_sat adds DEL to the module task's)
-    models, _cfg, ar_task = checkpoint_utils.load_model_ensemble_and_task([tiny_teacher],
-                                                                          arg_overrides={"data": dummy_data_bin})
+    models, _cfg, ar_task = checkpoint_utils.load_model_ensemble_and_task(
+        [tiny_teacher], arg_overrides={"data": dummy_data_bin}
+    )
     model = models[0].eval()
     recover = build_recover_sat(dummy_data_bin, task, 1, ["--init-from-ar", tiny_teacher])
     sample = batch(task, range(NUM_SENTENCES))
@@ -285,7 +316,8 @@ def test_k1_is_ar_greedy(dummy_data_bin, teacher, tiny_teacher, max_len_b):
     real = sample["target"].ne(task.target_dictionary.pad())
     assert torch.allclose(recover(**sample["net_input"])[0][..., :vocab][real], model(**sample["net_input"])[0][real])
     expected = SequenceGenerator([model], ar_task.target_dictionary, beam_size=1, max_len_b=max_len_b).generate(
-        [model], sample)
+        [model], sample
+    )
     got = decode(recover, task, sample, length_margin=1000, max_len_b=max_len_b)
     for ref, hyp in zip(expected, got):
         assert hyp[0]["tokens"].tolist() == ref[0]["tokens"].tolist()
@@ -309,7 +341,7 @@ def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher,
         inputs = torch.cat([torch.full((1, num_segments), eos), segment_tokens[:-1]])
         inputs = inputs.masked_fill(inputs.eq(eos) & (torch.arange(len(inputs)) > 0).unsqueeze(1), pad)
         inputs = inputs.masked_fill(inputs.eq(del_index), pad)
-        one = {k: v[i:i + 1] for k, v in sample["net_input"].items()}
+        one = {k: v[i : i + 1] for k, v in sample["net_input"].items()}
         src_len = int(one["src_lengths"])
         logits, extra = recover(one["src_tokens"][:, -src_len:], one["src_lengths"], inputs.reshape(1, -1))
         logits[:, ::num_segments, del_index] = -math.inf  # segment 0 never emits DEL
@@ -345,8 +377,8 @@ def test_post_processing_drops_del_segments_and_eos(dummy_data_bin, teacher):
     assert hyp["positional_scores"][:3].tolist() == [-1.0, -4.0, -3.0]
     assert hyp["positional_scores"].sum().item() == pytest.approx(scores.sum().item())
     assert segments_string(decoder.tgt_dict, hyp["segments"]) == " | ".join(
-        [f"{decoder.tgt_dict[10]} {decoder.tgt_dict[11]}", f"{decoder.tgt_dict[10]} {DEL_SYMBOL}",
-         decoder.tgt_dict[12]])
+        [f"{decoder.tgt_dict[10]} {decoder.tgt_dict[11]}", f"{decoder.tgt_dict[10]} {DEL_SYMBOL}", decoder.tgt_dict[12]]
+    )
 
 
 # ----- (d) Rep / Mis ------------------------------------------------------------------------------------------
@@ -360,10 +392,15 @@ def test_rep_mis_on_fixed_sentences(tmp_path):
     references = ["a b c d", "x y z"]
     ar = ["a b a c d", "x y"]  # 1 repeated of 7 tokens; 1 missing ("z") of 7 reference tokens
     hyp = ["a a b b c d", "x"]  # 2 repeated of 7; 2 missing ("y", "z")
-    assert rep_mis.repeated_ratio(ar) == pytest.approx(100 / 7) and rep_mis.missing_ratio(ar, references) == \
-        pytest.approx(100 / 7)
-    expected = {"rep": pytest.approx(100.0), "mis": pytest.approx(100.0), "rep_ratio": pytest.approx(200 / 7),
-                "mis_ratio": pytest.approx(200 / 7)}
+    assert rep_mis.repeated_ratio(ar) == pytest.approx(100 / 7) and rep_mis.missing_ratio(
+        ar, references
+    ) == pytest.approx(100 / 7)
+    expected = {
+        "rep": pytest.approx(100.0),
+        "mis": pytest.approx(100.0),
+        "rep_ratio": pytest.approx(200 / 7),
+        "mis_ratio": pytest.approx(200 / 7),
+    }
     assert rep_mis.rep_mis(hyp, references, ar) == expected
     assert rep_mis.rep_mis(ar, references, ar)["rep"] == 0.0 and rep_mis.rep_mis(ar, references, ar)["mis"] == 0.0
     assert rep_mis.rep_mis(references, references, ar)["mis"] == pytest.approx(-100.0)  # drops less than the AR
@@ -372,10 +409,22 @@ def test_rep_mis_on_fixed_sentences(tmp_path):
     (tmp_path / "ref.txt").write_text("\n".join(references) + "\n")
     (tmp_path / "ar.txt").write_text("\n".join(ar) + "\n")
     (tmp_path / "sys.gen").write_text(
-        f"S-1\tx\nH-1\t-0.1\t{hyp[1]}\nD-1\t-0.1\t{hyp[1]}\nS-0\ty\nH-0\t-0.2\t{hyp[0]}\nD-0\t-0.2\t{hyp[0]}\n")
+        f"S-1\tx\nH-1\t-0.1\t{hyp[1]}\nD-1\t-0.1\t{hyp[1]}\nS-0\ty\nH-0\t-0.2\t{hyp[0]}\nD-0\t-0.2\t{hyp[0]}\n"
+    )
     assert rep_mis.read_translations(str(tmp_path / "sys.gen"), "D") == hyp
-    assert rep_mis.main(["--references", str(tmp_path / "ref.txt"), "--ar-output", str(tmp_path / "ar.txt"),
-                         "--hypotheses", str(tmp_path / "sys.gen")]) == expected
+    assert (
+        rep_mis.main(
+            [
+                "--references",
+                str(tmp_path / "ref.txt"),
+                "--ar-output",
+                str(tmp_path / "ar.txt"),
+                "--hypotheses",
+                str(tmp_path / "sys.gen"),
+            ]
+        )
+        == expected
+    )
     with pytest.raises(ValueError, match="must translate the same sentences"):
         rep_mis.rep_mis(hyp, references[:1], ar)
     with pytest.raises(ValueError, match="window must be >= 1"):
@@ -384,12 +433,29 @@ def test_rep_mis_on_fixed_sentences(tmp_path):
 
 # ----- (e) end to end -----------------------------------------------------------------------------------------
 def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
-    checkpoint = train_model(dummy_data_bin, str(tmp_path / "recover_sat"), TINY_RECOVER_SAT + [
-        "--task", "translation_nat", "--criterion", "recover_sat_loss", "--label-smoothing", "0.15",
-        "--num-segments", "3", "--anneal-steps", "10", "--init-from-ar", tiny_teacher,
-    ], max_update=8)
-    lines = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--print-step",
-                                                        "--print-segments"])
+    checkpoint = train_model(
+        dummy_data_bin,
+        str(tmp_path / "recover_sat"),
+        TINY_RECOVER_SAT
+        + [
+            "--task",
+            "translation_nat",
+            "--criterion",
+            "recover_sat_loss",
+            "--label-smoothing",
+            "0.15",
+            "--num-segments",
+            "3",
+            "--anneal-steps",
+            "10",
+            "--init-from-ar",
+            tiny_teacher,
+        ],
+        max_update=8,
+    )
+    lines = generate_lines(
+        dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1", "--print-step", "--print-segments"]
+    )
     hyps = hypotheses(lines)
     assert sorted(hyps) == list(range(40))
     assert DEL_SYMBOL not in " ".join(hyps.values())
@@ -402,19 +468,45 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
         sources = [next(f).strip() for _ in range(3)]
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(sources) + "\n")
-    inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
-                                         ["--task", "translation_nat", "--beam", "1"]))
+    inter = hypotheses(
+        interactive_lines(dummy_data_bin, checkpoint, str(input_file), ["--task", "translation_nat", "--beam", "1"])
+    )
     assert [inter[i] for i in range(3)] == [hyps[i] for i in range(3)]
 
 
 # ----- (f) learning ---------------------------------------------------------------------------------------------
 LEARNING_UPDATES = 150
-LEARNING_ARGS = ["--arch", "recover_sat"] + SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--use-distilled", "target", "--criterion", "recover_sat_loss",
-    "--label-smoothing", "0.1", "--num-segments", "2", "--anneal-steps", "0", "--pseudo-rep-prob", "0.5",
-    "--lr", "0.002", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--max-tokens", "2000",
-    "--dropout", "0.1", "--disable-validation",
-]
+LEARNING_ARGS = (
+    ["--arch", "recover_sat"]
+    + SYNTHETIC_MODEL_SIZE
+    + [
+        "--task",
+        "translation_nat",
+        "--use-distilled",
+        "target",
+        "--criterion",
+        "recover_sat_loss",
+        "--label-smoothing",
+        "0.1",
+        "--num-segments",
+        "2",
+        "--anneal-steps",
+        "0",
+        "--pseudo-rep-prob",
+        "0.5",
+        "--lr",
+        "0.002",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "10",
+        "--max-tokens",
+        "2000",
+        "--dropout",
+        "0.1",
+        "--disable-validation",
+    ]
+)
 
 
 def decode_split(checkpoint, data_bin, split="test"):

@@ -17,26 +17,84 @@ from .utils import TINY_TRANSFORMER, USER_DIR
 UPDATES, SAVE_EVERY, KILL_AFTER_SAVE_AT = 16, 4, 8
 TIMEOUT_S = 300
 SYSTEMS = {
-    "recover_sat": ["--arch", "recover_sat", "--criterion", "recover_sat_loss", "--num-segments", "2",
-                    "--anneal-steps", str(UPDATES), "--pseudo-rep-prob", "0.5"],
-    "blockwise": ["--arch", "blockwise_transformer", "--criterion", "blockwise_loss", "--block-size", "3",
-                  "--head-sampling", "random"],
+    "recover_sat": [
+        "--arch",
+        "recover_sat",
+        "--criterion",
+        "recover_sat_loss",
+        "--num-segments",
+        "2",
+        "--anneal-steps",
+        str(UPDATES),
+        "--pseudo-rep-prob",
+        "0.5",
+    ],
+    "blockwise": [
+        "--arch",
+        "blockwise_transformer",
+        "--criterion",
+        "blockwise_loss",
+        "--block-size",
+        "3",
+        "--head-sampling",
+        "random",
+    ],
 }
 
 
 def train_command(data_bin, save_dir, system):
     model = [a for a in TINY_TRANSFORMER if a not in ("--arch", "transformer")]
-    return [sys.executable, "-u", "-m", "fairseq_cli.train", data_bin, "--user-dir", USER_DIR, "--task",
-            "translation_nat", "--save-dir", save_dir, "--cpu", "--num-workers", "0", "--seed", "1",
-            "--optimizer", "adam", "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5",
-            "--max-tokens", "500", "--dropout", "0.1", "--label-smoothing", "0.1", "--max-update", str(UPDATES),
-            "--save-interval-updates", str(SAVE_EVERY), "--no-epoch-checkpoints", "--disable-validation",
-            "--no-progress-bar", "--log-interval", "1"] + model + SYSTEMS[system]
+    return (
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "fairseq_cli.train",
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation_nat",
+            "--save-dir",
+            save_dir,
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--seed",
+            "1",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.003",
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            "5",
+            "--max-tokens",
+            "500",
+            "--dropout",
+            "0.1",
+            "--label-smoothing",
+            "0.1",
+            "--max-update",
+            str(UPDATES),
+            "--save-interval-updates",
+            str(SAVE_EVERY),
+            "--no-epoch-checkpoints",
+            "--disable-validation",
+            "--no-progress-bar",
+            "--log-interval",
+            "1",
+        ]
+        + model
+        + SYSTEMS[system]
+    )
 
 
 def run_to_the_end(command):
-    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout + done.stderr
 
@@ -44,8 +102,9 @@ def run_to_the_end(command):
 def kill_after_a_save(command):
     """Start the training and SIGKILL it as soon as it reports the checkpoint of update KILL_AFTER_SAVE_AT (while it
     copies that checkpoint to ``checkpoint_last.pt`` or runs the next update)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     deadline = time.monotonic() + TIMEOUT_S
     for line in process.stdout:
         if f"@ {KILL_AFTER_SAVE_AT} updates" in line and "Saved checkpoint" in line:
@@ -91,20 +150,25 @@ def test_sigkill_then_the_same_command_continues_the_schedules(system, dummy_dat
     assert saved["extra_state"]["train_iterator"] == same_update["extra_state"]["train_iterator"]
 
     log = run_to_the_end(train_command(dummy_data_bin, killed_dir, system))
-    assert f"Loaded checkpoint {os.path.join(killed_dir, 'checkpoint_last.pt')} (epoch 2 @ {KILL_AFTER_SAVE_AT} " \
-           "updates)" in log
+    assert (
+        f"Loaded checkpoint {os.path.join(killed_dir, 'checkpoint_last.pt')} (epoch 2 @ {KILL_AFTER_SAVE_AT} "
+        "updates)" in log
+    )
     resumed = per_update_log(log)
     assert sorted(resumed) == list(range(KILL_AFTER_SAVE_AT + 1, UPDATES + 1))
     schedule = {"lr", "anneal_p", "pseudo_rep_rate", "wpb", "bsz"}
     for update, fields in resumed.items():
         # (a head not scored in this update logs its accuracy as None, or not at all after the restart)
         kept = {k: v for k, v in fields.items() if (k in schedule or k.startswith("acc_h")) and v != "None"}
-        expected = {k: v for k, v in reference[update].items()
-                    if (k in schedule or k.startswith("acc_h")) and v != "None"}
+        expected = {
+            k: v for k, v in reference[update].items() if (k in schedule or k.startswith("acc_h")) and v != "None"
+        }
         assert kept.keys() == expected.keys(), f"{system}, update {update}: {sorted(kept)} vs {sorted(expected)}"
         for key in kept.keys() & schedule:
             assert kept[key] == expected[key], f"{system}, update {update}: {key} {kept[key]} vs {expected[key]}"
     final, final_reference = (checkpoint(os.path.join(d, "checkpoint_last.pt")) for d in (killed_dir, reference_dir))
     assert final["optimizer_history"][-1]["num_updates"] == UPDATES
-    assert final["optimizer_history"][-1]["lr_scheduler_state"] == \
-        final_reference["optimizer_history"][-1]["lr_scheduler_state"]
+    assert (
+        final["optimizer_history"][-1]["lr_scheduler_state"]
+        == final_reference["optimizer_history"][-1]["lr_scheduler_state"]
+    )

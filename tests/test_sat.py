@@ -17,8 +17,15 @@ from fairseq.sequence_scorer import SequenceScorer
 from nat_plugins.generators.group_decoding import GroupDecoder
 from nat_plugins.modules.sat_masks import relaxed_causal_mask
 
-from .utils import (SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, USER_DIR, generate_lines, hypotheses, interactive_lines,
-                    train_model)
+from .utils import (
+    SYNTHETIC_MODEL_SIZE,
+    TINY_TRANSFORMER,
+    USER_DIR,
+    generate_lines,
+    hypotheses,
+    interactive_lines,
+    train_model,
+)
 
 TINY_SAT = ["--arch", "sat_transformer"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 16
@@ -26,8 +33,9 @@ NUM_SENTENCES = 16
 
 @pytest.fixture(scope="module")
 def teacher(dummy_data_bin, tiny_teacher):
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([tiny_teacher],
-                                                                       arg_overrides={"data": dummy_data_bin})
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [tiny_teacher], arg_overrides={"data": dummy_data_bin}
+    )
     task.load_dataset("test")
     return models[0].eval(), task
 
@@ -35,8 +43,9 @@ def teacher(dummy_data_bin, tiny_teacher):
 def build_sat(data_bin, task, group_size, extra=()):
     """A tiny SAT model built through the task, as fairseq-train builds it."""
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [data_bin, "--task", "translation_nat", "--group-size",
-                                                str(group_size)] + TINY_SAT + list(extra))
+    args = options.parse_args_and_arch(
+        parser, [data_bin, "--task", "translation_nat", "--group-size", str(group_size)] + TINY_SAT + list(extra)
+    )
     return task.build_model(args).eval()
 
 
@@ -108,8 +117,9 @@ def test_bad_options_are_refused(dummy_data_bin, teacher):
 def test_init_from_ar_copies_the_teacher(dummy_data_bin, teacher, tiny_teacher):
     model, task = teacher
     full = build_sat(dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher]).state_dict()
-    partial = build_sat(dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher,
-                                                  "--init-from-ar-parts", "encoder-embeddings"]).state_dict()
+    partial = build_sat(
+        dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher, "--init-from-ar-parts", "encoder-embeddings"]
+    ).state_dict()
     for name, tensor in model.state_dict().items():
         assert torch.equal(full[name], tensor), name
         assert torch.equal(partial[name], tensor) != name.startswith(("decoder.layers.", "decoder.layer_norm")), name
@@ -149,8 +159,9 @@ def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher,
     best = [hyps[0] for hyps in hypos]
     target = data_utils.collate_tokens([h["tokens"] for h in best], pad)
     prev = data_utils.collate_tokens([h["tokens"] for h in best], pad, eos, move_eos_to_beginning=True)
-    lprobs = sat.get_normalized_probs(sat(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"],
-                                          prev), log_probs=True)
+    lprobs = sat.get_normalized_probs(
+        sat(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], prev), log_probs=True
+    )
     full_scores = lprobs.gather(2, target.unsqueeze(2)).squeeze(2)
     for i, h in enumerate(best):
         length = len(h["tokens"])
@@ -208,13 +219,28 @@ def test_eos_inside_a_group_ends_the_hypothesis(dummy_data_bin, teacher, tiny_te
 
 @pytest.mark.parametrize("group_size", [1, 2, 3])
 def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path, group_size):
-    checkpoint = train_model(dummy_data_bin, str(tmp_path / "sat"), TINY_SAT + [
-        "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--group-size", str(group_size), "--init-from-ar", tiny_teacher,
-    ], max_update=8)
+    checkpoint = train_model(
+        dummy_data_bin,
+        str(tmp_path / "sat"),
+        TINY_SAT
+        + [
+            "--task",
+            "translation_nat",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--group-size",
+            str(group_size),
+            "--init-from-ar",
+            tiny_teacher,
+        ],
+        max_update=8,
+    )
     for beam in (1, 2):
-        lines = generate_lines(dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", str(beam),
-                                                            "--print-step"])
+        lines = generate_lines(
+            dummy_data_bin, checkpoint, ["--task", "translation_nat", "--beam", str(beam), "--print-step"]
+        )
         hyps = hypotheses(lines)
         assert sorted(hyps) == list(range(40))
         steps = {int(line.split("\t")[0][2:]): int(line.split("\t")[1]) for line in lines if line.startswith("I-")}
@@ -225,8 +251,9 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
         sources = [next(f).strip() for _ in range(3)]
     input_file = tmp_path / "input.txt"
     input_file.write_text("\n".join(sources) + "\n")
-    inter = hypotheses(interactive_lines(dummy_data_bin, checkpoint, str(input_file),
-                                         ["--task", "translation_nat", "--beam", "2"]))
+    inter = hypotheses(
+        interactive_lines(dummy_data_bin, checkpoint, str(input_file), ["--task", "translation_nat", "--beam", "2"])
+    )
     assert [inter[i] for i in range(3)] == [hyps[i] for i in range(3)]
 
 
@@ -234,19 +261,45 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
 SAT_LEARNING_UPDATES = 600
 # the recipe of the learning test: from the teacher (every matching parameter, the default), on its distilled
 # targets, small batches (the number of updates matters more than their size), lr 3e-3 decayed linearly to 0
-SAT_LEARNING_ARGS = ["--arch", "sat_transformer", "--group-size", "2"] + SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--use-distilled", "target", "--criterion", "label_smoothed_cross_entropy",
-    "--label-smoothing", "0.1", "--dropout", "0", "--max-tokens", "500", "--adam-betas", "(0.9, 0.98)",
-    "--lr", "0.003", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "10",
-    "--total-num-update", str(SAT_LEARNING_UPDATES), "--disable-validation",
-]
+SAT_LEARNING_ARGS = (
+    ["--arch", "sat_transformer", "--group-size", "2"]
+    + SYNTHETIC_MODEL_SIZE
+    + [
+        "--task",
+        "translation_nat",
+        "--use-distilled",
+        "target",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--dropout",
+        "0",
+        "--max-tokens",
+        "500",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        "0.003",
+        "--lr-scheduler",
+        "polynomial_decay",
+        "--warmup-updates",
+        "10",
+        "--total-num-update",
+        str(SAT_LEARNING_UPDATES),
+        "--disable-validation",
+    ]
+)
 
 
 def repeated_group_rate(lines, group_size):
     """Fraction of the complete groups (output positions [iK, iK + K)) whose K tokens are all the same token:
     the SAT stutter ("t16 t16 t24 t24"); ~0.03 in the synthetic references (a source word repeated)."""
-    groups = [words[i: i + group_size] for words in (line.split() for line in lines)
-              for i in range(0, len(words) - group_size + 1, group_size)]
+    groups = [
+        words[i : i + group_size]
+        for words in (line.split() for line in lines)
+        for i in range(0, len(words) - group_size + 1, group_size)
+    ]
     return sum(len(set(group)) == 1 for group in groups) / len(groups)
 
 
@@ -262,9 +315,20 @@ def corpus_bleu(lines, references):
 
 def untrained_sat_lines(data_bin, teacher, split="test"):
     """Greedy group decoding of ``split`` by a SAT K=2 just initialised from ``teacher`` (no training)."""
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        data_bin, "--user-dir", USER_DIR, "--task", "translation_nat", "--init-from-ar", teacher,
-    ] + SAT_LEARNING_ARGS[:4] + SYNTHETIC_MODEL_SIZE)
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation_nat",
+            "--init-from-ar",
+            teacher,
+        ]
+        + SAT_LEARNING_ARGS[:4]
+        + SYNTHETIC_MODEL_SIZE,
+    )
     task = tasks.setup_task(args)
     task.load_dataset(split)
     model = task.build_model(args).eval()
@@ -294,8 +358,12 @@ def test_sat_k2_learns_from_the_teacher_without_stuttering(synthetic_teacher, tm
     references = {int(key): text for key, text in references.items()}
     ids = sorted(references)
     teacher_bleu = corpus_bleu([hypotheses(teacher_lines)[i] for i in ids], [references[i] for i in ids])
-    checkpoint = train_model(data_bin, str(tmp_path / "sat"), SAT_LEARNING_ARGS + ["--init-from-ar", teacher],
-                             max_update=SAT_LEARNING_UPDATES)
+    checkpoint = train_model(
+        data_bin,
+        str(tmp_path / "sat"),
+        SAT_LEARNING_ARGS + ["--init-from-ar", teacher],
+        max_update=SAT_LEARNING_UPDATES,
+    )
     sat = hypotheses(generate_lines(data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1"]))
     sat_lines = [sat[i] for i in ids]
     sat_bleu = corpus_bleu(sat_lines, [references[i] for i in ids])

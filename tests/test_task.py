@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 from fairseq.models.transformer import TransformerModel
-from fairseq.utils import strip_pad
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from fairseq.utils import strip_pad
 
 from nat_plugins.cli.distill import merge_shards
 from nat_plugins.models.plugin_model import NATPluginModel
@@ -28,8 +28,15 @@ def data_bin(dummy_data_bin, tmp_path):
 
 
 def make_task(data_bin, **overrides):
-    cfg = TranslationNATConfig(data=data_bin, source_lang="src", target_lang="tgt", train_subset="train",
-                               dataset_impl=None, required_seq_len_multiple=1, **overrides)
+    cfg = TranslationNATConfig(
+        data=data_bin,
+        source_lang="src",
+        target_lang="tgt",
+        train_subset="train",
+        dataset_impl=None,
+        required_seq_len_multiple=1,
+        **overrides,
+    )
     return TranslationNATTask.setup_task(cfg)
 
 
@@ -66,8 +73,12 @@ def test_import_registers_task_and_prints_nothing():
 
 
 def test_fairseq_generate_help_lists_task_options():
-    run = subprocess.run([console_script("fairseq-generate"), "--help", "--user-dir", USER_DIR, "--task", "translation_nat"],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
+    run = subprocess.run(
+        [console_script("fairseq-generate"), "--help", "--user-dir", USER_DIR, "--task", "translation_nat"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     assert run.returncode == 0, run.stderr
     assert "--use-distilled" in run.stdout
 
@@ -103,14 +114,17 @@ def test_fertility_batches_align_with_left_padded_source(data_bin):
         assert fert[b].sum() == (batch["target"][b] != pad).sum() - 1  # sums to target length w/o EOS
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda rows: [r + [1] for r in rows], "fertilities for a source of"),
-    (lambda rows: [[r[0] + 1] + r[1:] for r in rows], "fertilities sum to"),
-    (lambda rows: rows[:-1], "has 39 lines but its split has 40"),
-    (lambda rows: rows + [[1]], "has more lines than"),
-    (lambda rows: [["x"] + r[1:] for r in rows], "must be integers"),
-    (lambda rows: [[-1, 2] + r[2:] if len(r) > 1 else r for r in rows], "must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda rows: [r + [1] for r in rows], "fertilities for a source of"),
+        (lambda rows: [[r[0] + 1] + r[1:] for r in rows], "fertilities sum to"),
+        (lambda rows: rows[:-1], "has 39 lines but its split has 40"),
+        (lambda rows: rows + [[1]], "has more lines than"),
+        (lambda rows: [["x"] + r[1:] for r in rows], "must be integers"),
+        (lambda rows: [[-1, 2] + r[2:] if len(r) > 1 else r for r in rows], "must be >= 0"),
+    ],
+)
 def test_bad_fertility_file_is_named_in_the_error(data_bin, mutate, message):
     task = make_task(data_bin)
     task.load_dataset("valid")
@@ -217,10 +231,17 @@ def tiny_transformer_args():
     from fairseq.models.transformer import base_architecture
 
     args = argparse.Namespace(
-        encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16,
-        encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
-        share_all_embeddings=True, max_source_positions=64, max_target_positions=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_embed_dim=16,
+        decoder_embed_dim=16,
+        encoder_ffn_embed_dim=32,
+        decoder_ffn_embed_dim=32,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        share_all_embeddings=True,
+        max_source_positions=64,
+        max_target_positions=64,
     )
     base_architecture(args)
     return args
-

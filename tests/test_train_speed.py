@@ -11,17 +11,39 @@ from .utils import TINY_TRANSFORMER, USER_DIR
 
 
 def train_options(data_bin, save_dir, max_tokens="200"):
-    return [data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "translation_nat", *TINY_TRANSFORMER,
-            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", max_tokens, "--criterion", "cross_entropy",
-            "--num-workers", "0", "--seed", "1", "--save-dir", save_dir]
+    return [
+        data_bin,
+        "--user-dir",
+        USER_DIR,
+        "--cpu",
+        "--task",
+        "translation_nat",
+        *TINY_TRANSFORMER,
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        max_tokens,
+        "--criterion",
+        "cross_entropy",
+        "--num-workers",
+        "0",
+        "--seed",
+        "1",
+        "--save-dir",
+        save_dir,
+    ]
 
 
 def test_times_the_updates_of_a_fairseq_train_command_and_saves_nothing(dummy_data_bin, tmp_path):
     output = tmp_path / "speed.jsonl"
     save_dir = tmp_path / "checkpoints"
     for label in ("first", "second"):
-        train_speed.main(["--label", label, "--updates", "3", "--warmup", "1", "--output", str(output), "--"]
-                         + train_options(dummy_data_bin, str(save_dir)))
+        train_speed.main(
+            ["--label", label, "--updates", "3", "--warmup", "1", "--output", str(output), "--"]
+            + train_options(dummy_data_bin, str(save_dir))
+        )
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["label"] for row in rows] == ["first", "second"]  # appended, one line per run
     for row in rows:
@@ -36,12 +58,16 @@ def test_bad_invocations_say_what_to_do(dummy_data_bin, tmp_path):
     with pytest.raises(SystemExit, match="after '--'"):
         train_speed.main(["--label", "x", "--output", output])
     with pytest.raises(SystemExit):
-        train_speed.main(["--label", "x", "--updates", "0", "--output", output, "--"]
-                         + train_options(dummy_data_bin, str(tmp_path / "ckpt")))
+        train_speed.main(
+            ["--label", "x", "--updates", "0", "--output", output, "--"]
+            + train_options(dummy_data_bin, str(tmp_path / "ckpt"))
+        )
 
 
 def test_a_small_training_set_is_cycled_through_epochs(dummy_data_bin, tmp_path):
     output = tmp_path / "speed.jsonl"  # 4000 tokens a batch: the toy training set is a couple of batches
-    train_speed.main(["--label", "x", "--updates", "6", "--warmup", "0", "--output", str(output), "--"]
-                     + train_options(dummy_data_bin, str(tmp_path / "ckpt"), max_tokens="4000"))
+    train_speed.main(
+        ["--label", "x", "--updates", "6", "--warmup", "0", "--output", str(output), "--"]
+        + train_options(dummy_data_bin, str(tmp_path / "ckpt"), max_tokens="4000")
+    )
     assert json.loads(output.read_text())["updates"] == 6

@@ -18,35 +18,91 @@ MULTI30K_DIR = os.environ.get("MULTI30K_DIR") or os.path.join(os.path.dirname(RE
 
 TINY_TEACHER_UPDATES = 150  # enough for the toy task: validation BLEU ~48
 TINY_TRANSFORMER = [
-    "--arch", "transformer", "--share-all-embeddings",
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--arch",
+    "transformer",
+    "--share-all-embeddings",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 
 
 # the tiny teacher of tests/conftest.py: AR Transformer under translation_nat, checkpoints selected by BLEU
 TINY_TEACHER_ARGS = TINY_TRANSFORMER + [
-    "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--best-checkpoint-metric", "bleu",
-    "--maximize-best-checkpoint-metric", "--lr", "0.005",
+    "--task",
+    "translation_nat",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--label-smoothing",
+    "0.1",
+    "--eval-bleu",
+    "--eval-bleu-args",
+    '{"beam": 1}',
+    "--best-checkpoint-metric",
+    "bleu",
+    "--maximize-best-checkpoint-metric",
+    "--lr",
+    "0.005",
 ]
 
 
 # the teacher of the learning tests (tests/conftest.py: synthetic_teacher), 2 x 64-d
 SYNTHETIC_TEACHER_UPDATES = 300
 SYNTHETIC_MODEL_SIZE = [
-    "--share-all-embeddings", "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-    "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--share-all-embeddings",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "64",
+    "--decoder-embed-dim",
+    "64",
+    "--encoder-ffn-embed-dim",
+    "128",
+    "--decoder-ffn-embed-dim",
+    "128",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
 ]
-SYNTHETIC_TEACHER_ARGS = ["--arch", "transformer"] + SYNTHETIC_MODEL_SIZE + [
-    "--task", "translation_nat", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--max-tokens", "2000",
-    "--dropout", "0.1", "--disable-validation",
-]
+SYNTHETIC_TEACHER_ARGS = (
+    ["--arch", "transformer"]
+    + SYNTHETIC_MODEL_SIZE
+    + [
+        "--task",
+        "translation_nat",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--lr",
+        "0.003",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "50",
+        "--max-tokens",
+        "2000",
+        "--dropout",
+        "0.1",
+        "--disable-validation",
+    ]
+)
 
 
 def with_task_options(task, **options):
@@ -120,11 +176,25 @@ def write_synthetic_parallel(raw_dir, n_train=3000, n_valid=100, n_test=100, see
 
 def binarize(raw_dir, dest_dir, src="src", tgt="tgt"):
     parser = options.get_preprocessing_parser()
-    args = parser.parse_args([
-        "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", os.path.join(raw_dir, "train"), "--validpref", os.path.join(raw_dir, "valid"),
-        "--testpref", os.path.join(raw_dir, "test"), "--destdir", dest_dir, "--joined-dictionary", "--workers", "1",
-    ])
+    args = parser.parse_args(
+        [
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            os.path.join(raw_dir, "train"),
+            "--validpref",
+            os.path.join(raw_dir, "valid"),
+            "--testpref",
+            os.path.join(raw_dir, "test"),
+            "--destdir",
+            dest_dir,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ]
+    )
     preprocess.main(args)
     return dest_dir
 
@@ -132,11 +202,34 @@ def binarize(raw_dir, dest_dir, src="src", tgt="tgt"):
 def train_model(data_bin, save_dir, extra_args, max_update=20):
     """``fairseq-train`` in-process on CPU with the plugin loaded."""
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        data_bin, "--user-dir", USER_DIR, "--save-dir", save_dir, "--cpu", "--num-workers", "0",
-        "--optimizer", "adam", "--lr", "0.003", "--max-tokens", "1000", "--max-update", str(max_update),
-        "--no-progress-bar", "--log-interval", "10", "--no-epoch-checkpoints", "--seed", "1",
-    ] + list(extra_args))
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--save-dir",
+            save_dir,
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.003",
+            "--max-tokens",
+            "1000",
+            "--max-update",
+            str(max_update),
+            "--no-progress-bar",
+            "--log-interval",
+            "10",
+            "--no-epoch-checkpoints",
+            "--seed",
+            "1",
+        ]
+        + list(extra_args),
+    )
     train.main(args)
     return os.path.join(save_dir, "checkpoint_last.pt")
 
@@ -144,10 +237,23 @@ def train_model(data_bin, save_dir, extra_args, max_update=20):
 def generate_lines(data_bin, checkpoint, extra_args=()):
     """``fairseq-generate`` in-process; returns the lines it printed."""
     parser = options.get_generation_parser()
-    args = options.parse_args_and_arch(parser, [
-        data_bin, "--path", checkpoint, "--user-dir", USER_DIR, "--cpu", "--batch-size", "16",
-        "--num-workers", "0", "--no-progress-bar",
-    ] + list(extra_args))
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            data_bin,
+            "--path",
+            checkpoint,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--batch-size",
+            "16",
+            "--num-workers",
+            "0",
+            "--no-progress-bar",
+        ]
+        + list(extra_args),
+    )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         generate.main(args)
@@ -157,9 +263,20 @@ def generate_lines(data_bin, checkpoint, extra_args=()):
 def interactive_lines(data_bin, checkpoint, input_file, extra_args=()):
     """``fairseq-interactive`` in-process reading ``input_file``; returns the lines it printed."""
     parser = options.get_interactive_generation_parser()
-    args = options.parse_args_and_arch(parser, [
-        data_bin, "--path", checkpoint, "--user-dir", USER_DIR, "--cpu", "--input", input_file,
-    ] + list(extra_args))
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            data_bin,
+            "--path",
+            checkpoint,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--input",
+            input_file,
+        ]
+        + list(extra_args),
+    )
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         interactive.main(args)
@@ -172,5 +289,5 @@ def hypotheses(lines, prefix="H-"):
     for line in lines:
         if line.startswith(prefix):
             key, _score, text = line.split("\t", 2)
-            result[int(key[len(prefix):])] = text
+            result[int(key[len(prefix) :])] = text
     return result

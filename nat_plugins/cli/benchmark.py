@@ -50,12 +50,27 @@ import torch
 from fairseq import utils
 
 import nat_plugins
-from nat_plugins.cli.bench.analysis import (add_length_buckets, add_rep_mis, bucket_counts, compare, paired_bootstrap,
-                                           parse_length_buckets)
+from nat_plugins.cli.bench.analysis import (
+    add_length_buckets,
+    add_rep_mis,
+    bucket_counts,
+    compare,
+    paired_bootstrap,
+    parse_length_buckets,
+)
 from nat_plugins.cli.bench.measure import generation_cfg, load_split, measure_row, source_lengths
 from nat_plugins.cli.bench.report import markdown_table, run_metadata, write_report
-from nat_plugins.cli.bench.rows import (CTRANSLATE2_ROLES, ROLES, SYSTEM, BenchmarkError, RowSpec, ctranslate2_specs,
-                                        parse_paired_tests, parse_system_spec, teacher_specs)
+from nat_plugins.cli.bench.rows import (
+    CTRANSLATE2_ROLES,
+    ROLES,
+    SYSTEM,
+    BenchmarkError,
+    RowSpec,
+    ctranslate2_specs,
+    parse_paired_tests,
+    parse_system_spec,
+    teacher_specs,
+)
 from nat_plugins.cli.ctranslate2_rows import ctranslate2_rows
 
 
@@ -70,12 +85,16 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("data_bin", help="fairseq data-bin directory (output of fairseq-preprocess)")
     parser.add_argument("--teacher", required=True, help="AR teacher checkpoint (a fairseq transformer)")
     parser.add_argument(
-        "--reference", required=True,
+        "--reference",
+        required=True,
         help="raw (untokenized) reference file of the split, one line per sentence in data-bin order",
     )
     parser.add_argument("--out-dir", required=True, help="directory for results.md, results.json, the plot, hyps")
     parser.add_argument(
-        "--system", action="append", default=[], metavar="'NAME=CHECKPOINT::ARGS'",
+        "--system",
+        action="append",
+        default=[],
+        metavar="'NAME=CHECKPOINT::ARGS'",
         help="a plugin row: display name, checkpoint (':'-separated for an ensemble) and extra fairseq-generate "
         "arguments, which may override the defaults '--task translation_nat --user-dir <nat_plugins>'; "
         "repeat for more rows",
@@ -86,51 +105,72 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpu", action="store_true", help="decode on CPU even if CUDA is available")
     parser.add_argument("--fp16", action="store_true", help="decode in half precision (model.half())")
     parser.add_argument(
-        "--latency-sentences", type=int, default=None, metavar="N",
+        "--latency-sentences",
+        type=int,
+        default=None,
+        metavar="N",
         help="time batch-1 latency on the first N sentences of the split, warm-up included (default: all)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=10,
+        "--warmup",
+        type=int,
+        default=10,
         help="leading batch-1 sentences decoded but left out of the latency and decoder-call statistics (default: 10)",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch for throughput (default: 64)")
     parser.add_argument(
-        "--post-process", default="sentencepiece",
+        "--post-process",
+        default="sentencepiece",
         help="fairseq --post-process applied to hypotheses before scoring; 'none' for word-level data "
         "(default: sentencepiece)",
     )
     parser.add_argument(
-        "--user-dir", default=os.path.dirname(os.path.abspath(nat_plugins.__file__)),
+        "--user-dir",
+        default=os.path.dirname(os.path.abspath(nat_plugins.__file__)),
         help="fairseq --user-dir for every row (default: the installed nat_plugins package)",
     )
     parser.add_argument(
-        "--generate-args", default="", metavar="'ARGS'",
+        "--generate-args",
+        default="",
+        metavar="'ARGS'",
         help="fairseq-generate arguments given to every row, teacher rows included, before the row's own "
         "(e.g. the same length limit for all: '--max-len-a 1.2 --max-len-b 10')",
     )
     parser.add_argument("--teacher-beam", type=int, default=4, help="beam size of the teacher's beam row (default: 4)")
     parser.add_argument(
-        "--paired-test", action="append", default=[], metavar="'BASELINE::SYSTEM'",
+        "--paired-test",
+        action="append",
+        default=[],
+        metavar="'BASELINE::SYSTEM'",
         help="sacreBLEU's paired bootstrap resampling test (1000 resamples) of SYSTEM's BLEU against BASELINE's "
         "(two row names); repeat for more pairs",
     )
     parser.add_argument(
-        "--ctranslate2", action="store_true",
+        "--ctranslate2",
+        action="store_true",
         help="add rows for the teacher decoded by CTranslate2 (beam and greedy): converted once into "
         "OUT_DIR/ctranslate2-teacher, same device, threads, precision and length limit",
     )
     parser.add_argument(
-        "--distilled-targets", default=None, metavar="FILE",
+        "--distilled-targets",
+        default=None,
+        metavar="FILE",
         help="the students' distilled training targets (subword text, e.g. DATA_BIN/train.kd.de.txt): their rate "
         "of immediately repeated subwords goes into the report (a teacher that stutters teaches stuttering)",
     )
     parser.add_argument(
-        "--length-buckets", default="10,20,30", metavar="N,N,...",
+        "--length-buckets",
+        default="10,20,30",
+        metavar="N,N,...",
         help="upper bounds of the source-length buckets (subwords, EOS excluded) of the by-length table and plot "
         "(default: 10,20,30 = 1-10, 11-20, 21-30, 31+)",
     )
     parser.add_argument(
-        "--length-plot-rows", action="extend", nargs="+", default=None, metavar="NAME",
+        "--length-plot-rows",
+        action="extend",
+        nargs="+",
+        default=None,
+        metavar="NAME",
         help="row names drawn in by_length.png (default: every row but the CTranslate2 ones); the table has all",
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
@@ -142,8 +182,9 @@ def check_inputs(args, specs: List[RowSpec]) -> List[str]:
     """Fail fast on missing files and bad numbers; returns the reference lines."""
     if not os.path.isdir(args.data_bin):
         raise BenchmarkError(f"DATA_BIN {args.data_bin!r} is not a directory")
-    checkpoints = [("--teacher", args.teacher)] + [(f"--system {s.name!r}", s.checkpoint) for s in specs
-                                                   if s.role == SYSTEM]
+    checkpoints = [("--teacher", args.teacher)] + [
+        (f"--system {s.name!r}", s.checkpoint) for s in specs if s.role == SYSTEM
+    ]
     for option, checkpoint in checkpoints:
         for path in utils.split_paths(checkpoint):
             if not os.path.isfile(path):
@@ -156,8 +197,10 @@ def check_inputs(args, specs: List[RowSpec]) -> List[str]:
     if not os.path.isfile(args.reference):
         raise BenchmarkError(f"--reference {args.reference!r} does not exist")
     if args.distilled_targets is not None and not os.path.isfile(args.distilled_targets):
-        raise BenchmarkError(f"--distilled-targets {args.distilled_targets!r} does not exist (run_scripts/distill.sh "
-                             "writes DATA_BIN/train.kd.TGT.txt)")
+        raise BenchmarkError(
+            f"--distilled-targets {args.distilled_targets!r} does not exist (run_scripts/distill.sh "
+            "writes DATA_BIN/train.kd.TGT.txt)"
+        )
     with open(args.reference, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
@@ -185,8 +228,10 @@ def main(args) -> dict:
     plot_rows = length_plot_rows(args, specs + ct2_specs)
     task, dataset = load_split(cfgs[0], specs[0].name)  # the teacher's view of the split
     if len(dataset) != len(references):
-        raise BenchmarkError(f"--reference {args.reference!r} has {len(references)} lines but split "
-                             f"{args.gen_subset!r} of {args.data_bin!r} has {len(dataset)} sentences")
+        raise BenchmarkError(
+            f"--reference {args.reference!r} has {len(references)} lines but split "
+            f"{args.gen_subset!r} of {args.data_bin!r} has {len(dataset)} sentences"
+        )
     num_latency = len(dataset) if args.latency_sentences is None else min(args.latency_sentences, len(dataset))
     if num_latency <= args.warmup:
         raise BenchmarkError(f"--warmup {args.warmup} leaves none of the {num_latency} latency sentences to time")

@@ -43,14 +43,19 @@ class DataError(ValueError):
 CORPORA = ("iwslt14", "wmt14")
 WHERE = {
     "iwslt14": "IWSLT14 de-en: the IWSLT 2014 evaluation campaign's de-en.tgz (TED talks; the file fairseq's "
-               "examples/translation/prepare-iwslt14.sh downloads), extracted: --raw-dir .../de-en",
+    "examples/translation/prepare-iwslt14.sh downloads), extracted: --raw-dir .../de-en",
     "wmt14": "WMT14 en-de: training-parallel-europarl-v7.tgz, training-parallel-commoncrawl.tgz, "
-             "training-parallel-nc-v9.tgz, dev.tgz and test-full.tgz from the WMT14 translation task (the files "
-             "fairseq's examples/translation/prepare-wmt14en2de.sh downloads), extracted into one directory: "
-             "--raw-dir DIR",
+    "training-parallel-nc-v9.tgz, dev.tgz and test-full.tgz from the WMT14 translation task (the files "
+    "fairseq's examples/translation/prepare-wmt14en2de.sh downloads), extracted into one directory: "
+    "--raw-dir DIR",
 }
-IWSLT14_TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
-                     "IWSLT14.TED.tst2012")
+IWSLT14_TEST_SETS = (
+    "IWSLT14.TED.dev2010",
+    "IWSLT14.TEDX.dev2012",
+    "IWSLT14.TED.tst2010",
+    "IWSLT14.TED.tst2011",
+    "IWSLT14.TED.tst2012",
+)
 IWSLT14_TEXT_TAGS = ("title", "description")  # metadata lines whose text is kept
 WMT14_TRAIN = ("europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v*.de-en")
 TAG_LINE = re.compile(r"^\s*<(/?)([A-Za-z]+)[^>]*>")
@@ -113,9 +118,16 @@ def check_pair(corpus, src, tgt):
 
 def read_iwslt14(release_dir, src, tgt):
     check_pair("iwslt14", src, tgt)
-    text = aligned({lang: [iwslt14_text_line(line) for line in
-                           read_lines(require(os.path.join(release_dir, f"train.tags.de-en.{lang}"), "iwslt14"))]
-                    for lang in (src, tgt)}, os.path.join(release_dir, "train.tags.de-en.{de,en}"))
+    text = aligned(
+        {
+            lang: [
+                iwslt14_text_line(line)
+                for line in read_lines(require(os.path.join(release_dir, f"train.tags.de-en.{lang}"), "iwslt14"))
+            ]
+            for lang in (src, tgt)
+        },
+        os.path.join(release_dir, "train.tags.de-en.{de,en}"),
+    )
     if any((s is None) != (t is None) for s, t in zip(text[src], text[tgt])):
         raise DataError(f"{release_dir}/train.tags.de-en.{{de,en}}: the metadata lines of the two sides differ")
     kept = [(s, t) for s, t in zip(text[src], text[tgt]) if s is not None]
@@ -126,8 +138,10 @@ def read_iwslt14(release_dir, src, tgt):
         "test": {src: [], tgt: []},
     }
     for name in IWSLT14_TEST_SETS:
-        test_set = {lang: segments(require(os.path.join(release_dir, f"{name}.de-en.{lang}.xml"), "iwslt14"))
-                    for lang in (src, tgt)}
+        test_set = {
+            lang: segments(require(os.path.join(release_dir, f"{name}.de-en.{lang}.xml"), "iwslt14"))
+            for lang in (src, tgt)
+        }
         aligned(test_set, os.path.join(release_dir, f"{name}.de-en.{{de,en}}.xml"))
         for lang, lines in test_set.items():
             corpus["test"][lang] += lines
@@ -147,18 +161,33 @@ def read_wmt14(release_dir, src, tgt):
     check_pair("wmt14", src, tgt)
     train = {src: [], tgt: []}
     for name in WMT14_TRAIN:
-        part = {lang: [without_non_printing(line).strip()
-                       for line in read_lines(find_one(release_dir, f"{name}.{lang}", "wmt14"))]
-                for lang in (src, tgt)}
+        part = {
+            lang: [
+                without_non_printing(line).strip()
+                for line in read_lines(find_one(release_dir, f"{name}.{lang}", "wmt14"))
+            ]
+            for lang in (src, tgt)
+        }
         aligned(part, os.path.join(release_dir, f"{name}.{{de,en}}"))
         for lang in (src, tgt):
             train[lang] += part[lang]
     train[src], train[tgt] = clean_pairs(train[src], train[tgt], max_words=250)
-    valid = aligned({lang: [line.strip() for line in read_lines(find_one(release_dir, f"newstest2013.{lang}", "wmt14"))]
-                     for lang in (src, tgt)}, "newstest2013.{de,en}")
-    test = aligned({lang: segments(find_one(release_dir, f"newstest2014-deen-{'src' if lang == src else 'ref'}.{lang}.sgm",
-                                            "wmt14"))
-                    for lang in (src, tgt)}, "newstest2014-deen-{src,ref}.sgm")
+    valid = aligned(
+        {
+            lang: [line.strip() for line in read_lines(find_one(release_dir, f"newstest2013.{lang}", "wmt14"))]
+            for lang in (src, tgt)
+        },
+        "newstest2013.{de,en}",
+    )
+    test = aligned(
+        {
+            lang: segments(
+                find_one(release_dir, f"newstest2014-deen-{'src' if lang == src else 'ref'}.{lang}.sgm", "wmt14")
+            )
+            for lang in (src, tgt)
+        },
+        "newstest2014-deen-{src,ref}.sgm",
+    )
     return {"train": train, "valid": valid, "test": test}
 
 

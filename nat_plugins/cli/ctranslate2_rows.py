@@ -75,14 +75,14 @@ class CTranslate2Teacher:
         device = "cuda" if use_cuda else "cpu"
         compute_type = "float16" if fp16 else "float32"
         threads = 1 if use_cuda else torch.get_num_threads()
-        self.translator = ctranslate2.Translator(model_dir, device=device, compute_type=compute_type,
-                                                 inter_threads=1, intra_threads=threads)
+        self.translator = ctranslate2.Translator(
+            model_dir, device=device, compute_type=compute_type, inter_threads=1, intra_threads=threads
+        )
         self.tgt_dict = tgt_dict
         self.post_process = post_process
         self.max_len_a, self.max_len_b = length_limits(generate_args)
         special = {src_dict.eos(), src_dict.pad(), src_dict.bos()}
-        self.sources = [[src_dict[t] for t in dataset.src[i].tolist() if t not in special]
-                        for i in range(len(dataset))]
+        self.sources = [[src_dict[t] for t in dataset.src[i].tolist() if t not in special] for i in range(len(dataset))]
         self.source_lengths = [len(dataset.src[i]) for i in range(len(dataset))]  # EOS included, as fairseq's
 
     def translate(self, indices, beam):
@@ -91,8 +91,11 @@ class CTranslate2Teacher:
         max_length = max(1, int(self.max_len_a * longest + self.max_len_b))
         start = time.perf_counter()
         results = self.translator.translate_batch(
-            [self.sources[i] for i in indices], beam_size=beam, max_decoding_length=max_length,
-            length_penalty=1.0, return_scores=False,
+            [self.sources[i] for i in indices],
+            beam_size=beam,
+            max_decoding_length=max_length,
+            length_penalty=1.0,
+            return_scores=False,
         )
         seconds = time.perf_counter() - start
         texts = []
@@ -113,7 +116,7 @@ class CTranslate2Teacher:
         order = sorted(range(len(self.sources)), key=lambda i: self.source_lengths[i])
         hyps, total = [None] * len(order), 0.0
         for start in progress(range(0, len(order), batch_size), f"{desc}: throughput"):
-            indices = order[start:start + batch_size]
+            indices = order[start : start + batch_size]
             texts, seconds = self.translate(indices, beam)
             total += seconds
             for i, text in zip(indices, texts):
@@ -124,16 +127,34 @@ class CTranslate2Teacher:
 def ctranslate2_rows(args, task, dataset, references, num_latency, use_cuda):
     """The teacher's beam and greedy rows decoded by CTranslate2 on the split ``dataset`` of the teacher's ``task``."""
     try:
-        model_dir = convert_teacher(args.teacher, args.data_bin, args.out_dir, args.user_dir,
-                                    task.cfg.source_lang, task.cfg.target_lang)
+        model_dir = convert_teacher(
+            args.teacher, args.data_bin, args.out_dir, args.user_dir, task.cfg.source_lang, task.cfg.target_lang
+        )
     except CTranslate2Unavailable as err:
         raise BenchmarkError(str(err)) from err
-    decoder = CTranslate2Teacher(model_dir, dataset, task.source_dictionary, task.target_dictionary,
-                                 args.post_process, use_cuda, args.fp16, args.generate_args)
+    decoder = CTranslate2Teacher(
+        model_dir,
+        dataset,
+        task.source_dictionary,
+        task.target_dictionary,
+        args.post_process,
+        use_cuda,
+        args.fp16,
+        args.generate_args,
+    )
     rows = []
     for spec in ctranslate2_specs(args.teacher, args.teacher_beam):
         beam = args.teacher_beam if spec.role == CT2_BEAM else 1
         hyps, seconds, batch1 = decoder.measure(beam, num_latency, args.warmup, args.batch_size, spec.name)
-        rows.append(make_row(spec, hyps, references, seconds, batch1, "ctranslate2.Translator",
-                             length_limit(decoder.max_len_a, decoder.max_len_b)))
+        rows.append(
+            make_row(
+                spec,
+                hyps,
+                references,
+                seconds,
+                batch1,
+                "ctranslate2.Translator",
+                length_limit(decoder.max_len_a, decoder.max_len_b),
+            )
+        )
     return rows

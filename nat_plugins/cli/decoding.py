@@ -61,8 +61,9 @@ class Generation:
         """``task.inference_step`` on one batch (``--prefix-size`` target tokens forced, as fairseq-generate)."""
         size = self.cfg.generation.prefix_size
         prefix_tokens = sample["target"][:, :size] if size > 0 else None
-        return self.task.inference_step(self.generator, self.models, sample, prefix_tokens=prefix_tokens,
-                                        constraints=sample.get("constraints"))
+        return self.task.inference_step(
+            self.generator, self.models, sample, prefix_tokens=prefix_tokens, constraints=sample.get("constraints")
+        )
 
 
 def load_generation(cfg, task) -> Generation:
@@ -90,8 +91,13 @@ def progress(iterable: Iterable, prefix: str, common_cfg=None) -> Iterator:
     log_format = getattr(common_cfg, "log_format", None)
     quiet = getattr(common_cfg, "no_progress_bar", False)
     interval = getattr(common_cfg, "log_interval", 100)
-    bar = progress_bar.progress_bar(iterable, log_format=log_format, log_interval=interval, prefix=prefix,
-                                    default_log_format="simple" if quiet else "tqdm")
+    bar = progress_bar.progress_bar(
+        iterable,
+        log_format=log_format,
+        log_interval=interval,
+        prefix=prefix,
+        default_log_format="simple" if quiet else "tqdm",
+    )
     for done, item in enumerate(bar, 1):
         yield item
         bar.log({"done": done})

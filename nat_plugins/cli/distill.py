@@ -29,12 +29,15 @@ logger = logging.getLogger("nat_plugins.cli.distill")
 
 def add_distill_args(parser):
     group = parser.add_argument_group("distillation")
-    group.add_argument("--shard-dir", default=None,
-                       help="where shard outputs go (default: DATA_BIN/kd-shards)")
-    group.add_argument("--no-merge", action="store_true",
-                       help="only decode this shard; merge later with --merge-only once all shards are done")
-    group.add_argument("--merge-only", action="store_true",
-                       help="do not decode: merge the --num-shards shard files and binarize them")
+    group.add_argument("--shard-dir", default=None, help="where shard outputs go (default: DATA_BIN/kd-shards)")
+    group.add_argument(
+        "--no-merge",
+        action="store_true",
+        help="only decode this shard; merge later with --merge-only once all shards are done",
+    )
+    group.add_argument(
+        "--merge-only", action="store_true", help="do not decode: merge the --num-shards shard files and binarize them"
+    )
     return parser
 
 
@@ -73,9 +76,13 @@ def merge_shards(shard_files, num_sentences, text_out, tgt_dict, bin_prefix):
                 sample_id, _, text = line.rstrip("\n").partition("\t")
                 sample_id = int(sample_id)
                 if not 0 <= sample_id < num_sentences:
-                    raise ValueError(f"{path}:{line_no}: sentence id {sample_id} is outside the split (0..{num_sentences - 1})")
+                    raise ValueError(
+                        f"{path}:{line_no}: sentence id {sample_id} is outside the split (0..{num_sentences - 1})"
+                    )
                 if targets[sample_id] is not None:
-                    raise ValueError(f"{path}:{line_no}: sentence {sample_id} was distilled twice (overlapping shards?)")
+                    raise ValueError(
+                        f"{path}:{line_no}: sentence {sample_id} was distilled twice (overlapping shards?)"
+                    )
                 targets[sample_id] = text
     missing = [i for i, t in enumerate(targets) if t is None]
     if missing:

@@ -12,7 +12,8 @@ subword.
   on (``--use-distilled target``). Validation/test use the real targets (needed for gold-fertility evaluation and
   the validation loss).
 * Aligners: ``eflomal`` (GPLv3, the package's optional ``eflomal`` extra, installed separately and called as a
-  separate library through its Python API; all splits are aligned together in one run, since alignment is unsupervised and more text helps);
+  separate library through its Python API; all splits are aligned together in one run, since alignment is
+  unsupervised and more text helps);
   ``links``: Pharaoh ``i-j`` files ``{links_dir}/{split}.links`` (i = source subword, j = target subword, 0-based,
   EOS excluded); ``monotone``: target position t copies source position floor(t * n / T) (uniform copy,
   a clearly labelled fallback, *not* an alignment).
@@ -39,10 +40,12 @@ from ..modules.options import DEFAULT_MAX_FERTILITY
 
 logger = logging.getLogger("nat_plugins.cli.fertility")
 
-EFLOMAL_MISSING = ("the eflomal word aligner (GPLv3, the optional `eflomal` extra) is not installed: run "
-                   "`pip install -e '.[eflomal]'` in the nat-plugins checkout (or `NAT_SETUP_EXTRAS=eflomal bash "
-                   "run_scripts/setup_env.sh`, the set-up's default); or pass --aligner links --links-dir DIR with "
-                   "your own alignments")
+EFLOMAL_MISSING = (
+    "the eflomal word aligner (GPLv3, the optional `eflomal` extra) is not installed: run "
+    "`pip install -e '.[eflomal]'` in the nat-plugins checkout (or `NAT_SETUP_EXTRAS=eflomal bash "
+    "run_scripts/setup_env.sh`, the set-up's default); or pass --aligner links --links-dir DIR with "
+    "your own alignments"
+)
 
 
 class FertilityError(ValueError):
@@ -62,8 +65,10 @@ def parse_links(line, src_len, tgt_len, where="links"):
         except ValueError:
             raise FertilityError(f"{where}: malformed link {link!r} (expected 'i-j' with integer positions)") from None
         if not (0 <= i < src_len and 0 <= j < tgt_len):
-            raise FertilityError(f"{where}: link {link!r} is outside the sentence pair ({src_len} source, {tgt_len} "
-                                 "target subwords, 0-based, EOS excluded): were the links made from this data?")
+            raise FertilityError(
+                f"{where}: link {link!r} is outside the sentence pair ({src_len} source, {tgt_len} "
+                "target subwords, 0-based, EOS excluded): were the links made from this data?"
+            )
         if alignment[j] is None or i < alignment[j]:
             alignment[j] = i
     return alignment
@@ -101,8 +106,10 @@ def clamp_fertility(fertility, max_value):
     fertility = list(fertility)
     n = len(fertility)
     if sum(fertility) > max_value * n:
-        raise FertilityError(f"a target of {sum(fertility)} subwords cannot be spread over {n} source subwords with "
-                             f"fertilities <= {max_value}: raise --max-fertility")
+        raise FertilityError(
+            f"a target of {sum(fertility)} subwords cannot be spread over {n} source subwords with "
+            f"fertilities <= {max_value}: raise --max-fertility"
+        )
     for i in range(n):
         excess = fertility[i] - max_value
         if excess <= 0:
@@ -137,8 +144,10 @@ def alignment_to_fertility(alignment, src_len, max_fertility):
 def infer_languages(data_bin):
     pairs = {os.path.basename(p).split(".")[1] for p in glob.glob(os.path.join(data_bin, "train.*-*.*.idx"))}
     if len(pairs) != 1:
-        raise FertilityError(f"cannot tell the language pair of {data_bin} (found {sorted(pairs) or 'no train.*-*.*.idx'}):"
-                             " pass --source-lang and --target-lang")
+        raise FertilityError(
+            f"cannot tell the language pair of {data_bin} (found {sorted(pairs) or 'no train.*-*.*.idx'}):"
+            " pass --source-lang and --target-lang"
+        )
     src, tgt = pairs.pop().split("-")
     return src, tgt
 
@@ -148,8 +157,10 @@ def split_prefix(data_bin, split, src, tgt, lang):
         prefix = os.path.join(data_bin, f"{split}.{pair}.{lang}")
         if os.path.exists(prefix + ".idx"):
             return prefix
-    raise FertilityError(f"{os.path.join(data_bin, f'{split}.{src}-{tgt}.{lang}')}.bin/.idx is missing: is "
-                         f"{data_bin} a fairseq-preprocess data-bin with split '{split}'?")
+    raise FertilityError(
+        f"{os.path.join(data_bin, f'{split}.{src}-{tgt}.{lang}')}.bin/.idx is missing: is "
+        f"{data_bin} a fairseq-preprocess data-bin with split '{split}'?"
+    )
 
 
 def read_indexed(prefix, dictionary):
@@ -204,8 +215,9 @@ def read_links_file(path, pairs):
         lines = f.read().splitlines()
     if len(lines) != len(pairs):
         raise FertilityError(f"{path} has {len(lines)} lines but the split has {len(pairs)} sentence pairs")
-    return [parse_links(line, len(s), len(t), where=f"{path}:{n + 1}")
-            for n, (line, (s, t)) in enumerate(zip(lines, pairs))]
+    return [
+        parse_links(line, len(s), len(t), where=f"{path}:{n + 1}") for n, (line, (s, t)) in enumerate(zip(lines, pairs))
+    ]
 
 
 def eflomal_alignments(pairs, model=3, save_links=None):
@@ -243,9 +255,18 @@ def write_fertility_file(path, fertilities):
     os.replace(f.name, path)
 
 
-def make_fertilities(data_bin, splits=("train", "valid", "test"), src=None, tgt=None, aligner="eflomal",
-                     links_dir=None, max_fertility=DEFAULT_MAX_FERTILITY, target="auto", eflomal_model=3,
-                     save_links=None):
+def make_fertilities(
+    data_bin,
+    splits=("train", "valid", "test"),
+    src=None,
+    tgt=None,
+    aligner="eflomal",
+    links_dir=None,
+    max_fertility=DEFAULT_MAX_FERTILITY,
+    target="auto",
+    eflomal_model=3,
+    save_links=None,
+):
     """Run the pipeline (module docstring); returns {split: path written}."""
     if max_fertility < 2:
         raise FertilityError(f"--max-fertility must be >= 2, got {max_fertility}")
@@ -266,15 +287,21 @@ def make_fertilities(data_bin, splits=("train", "valid", "test"), src=None, tgt=
         flat = eflomal_alignments(corpus, model=eflomal_model, save_links=links_out)
         alignments, start = {}, 0
         for split in splits:
-            alignments[split] = flat[start: start + len(data[split])]
+            alignments[split] = flat[start : start + len(data[split])]
             start += len(data[split])
     elif aligner == "links":
-        alignments = {split: read_links_file(os.path.join(links_dir, f"{split}.links"), data[split]) for split in splits}
+        alignments = {
+            split: read_links_file(os.path.join(links_dir, f"{split}.links"), data[split]) for split in splits
+        }
     elif aligner == "monotone":
-        logger.warning("--aligner monotone: target subwords are spread uniformly over the source (a fallback, "
-                       "NOT a word alignment)")
-        alignments = {split: [monotone_alignment(len(s), len(t)) if s else [None] * len(t) for s, t in data[split]]
-                      for split in splits}
+        logger.warning(
+            "--aligner monotone: target subwords are spread uniformly over the source (a fallback, "
+            "NOT a word alignment)"
+        )
+        alignments = {
+            split: [monotone_alignment(len(s), len(t)) if s else [None] * len(t) for s, t in data[split]]
+            for split in splits
+        }
     else:
         raise FertilityError(f"unknown --aligner {aligner!r} (eflomal, links, monotone)")
 
@@ -294,46 +321,80 @@ def make_fertilities(data_bin, splits=("train", "valid", "test"), src=None, tgt=
         write_fertility_file(path, rows)
         read_fertility_file(path, [len(s) + 1 for s, _ in data[split]], [len(t) + 1 for _, t in data[split]])
         largest = max((max(r) for r in rows if r), default=0)
-        logger.info(f"wrote {path}: {100 * unaligned / max(target_tokens, 1):.2f}% target subwords unaligned "
-                    f"(attached to a neighbour's source), {clamped} source subwords clamped to {max_fertility - 1}, "
-                    f"largest fertility {largest}")
+        logger.info(
+            f"wrote {path}: {100 * unaligned / max(target_tokens, 1):.2f}% target subwords unaligned "
+            f"(attached to a neighbour's source), {clamped} source subwords clamped to {max_fertility - 1}, "
+            f"largest fertility {largest}"
+        )
         written[split] = path
     return written
 
 
 def get_parser():
-    parser = argparse.ArgumentParser(prog="nat-fertility", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="nat-fertility", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("data_bin", help="fairseq-preprocess output directory (the fertility files are written there)")
     parser.add_argument("--source-lang", "-s", default=None, help="source language (default: from the file names)")
     parser.add_argument("--target-lang", "-t", default=None, help="target language (default: from the file names)")
     parser.add_argument("--splits", nargs="+", default=["train", "valid", "test"], help="splits to process")
-    parser.add_argument("--aligner", choices=["eflomal", "links", "monotone"], default="eflomal",
-                        help="eflomal (default; optional GPLv3 extra), links (your Pharaoh files) or monotone "
-                             "(uniform spread: a fallback, not an alignment)")
-    parser.add_argument("--links-dir", default=None, help="--aligner links: directory of {split}.links Pharaoh files "
-                        "(i-j = source i, target j, 0-based subword positions, EOS excluded)")
-    parser.add_argument("--max-fertility", type=int, default=DEFAULT_MAX_FERTILITY,
-                        help="the model's --max-fertility L: fertilities are clamped to L-1, the overflow moved to "
-                             f"neighbours (default {DEFAULT_MAX_FERTILITY})")
-    parser.add_argument("--target", choices=["auto", "distilled", "real"], default="auto",
-                        help="training split's target: the distilled train.kd.TGT when it exists (auto), or forced")
-    parser.add_argument("--eflomal-model", type=int, choices=[1, 2, 3], default=3,
-                        help="eflomal's model: 1 = IBM1, 2 = + HMM, 3 = + fertility (default)")
+    parser.add_argument(
+        "--aligner",
+        choices=["eflomal", "links", "monotone"],
+        default="eflomal",
+        help="eflomal (default; optional GPLv3 extra), links (your Pharaoh files) or monotone "
+        "(uniform spread: a fallback, not an alignment)",
+    )
+    parser.add_argument(
+        "--links-dir",
+        default=None,
+        help="--aligner links: directory of {split}.links Pharaoh files "
+        "(i-j = source i, target j, 0-based subword positions, EOS excluded)",
+    )
+    parser.add_argument(
+        "--max-fertility",
+        type=int,
+        default=DEFAULT_MAX_FERTILITY,
+        help="the model's --max-fertility L: fertilities are clamped to L-1, the overflow moved to "
+        f"neighbours (default {DEFAULT_MAX_FERTILITY})",
+    )
+    parser.add_argument(
+        "--target",
+        choices=["auto", "distilled", "real"],
+        default="auto",
+        help="training split's target: the distilled train.kd.TGT when it exists (auto), or forced",
+    )
+    parser.add_argument(
+        "--eflomal-model",
+        type=int,
+        choices=[1, 2, 3],
+        default=3,
+        help="eflomal's model: 1 = IBM1, 2 = + HMM, 3 = + fertility (default)",
+    )
     parser.add_argument("--save-links", default=None, help="also keep eflomal's forward links in this directory")
     return parser
 
 
 def cli_main(argv=None):
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO,
-                        stream=sys.stderr)
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr
+    )
     args = get_parser().parse_args(argv)
     if args.save_links:
         os.makedirs(args.save_links, exist_ok=True)
     try:
-        make_fertilities(args.data_bin, splits=args.splits, src=args.source_lang, tgt=args.target_lang,
-                         aligner=args.aligner, links_dir=args.links_dir, max_fertility=args.max_fertility,
-                         target=args.target, eflomal_model=args.eflomal_model, save_links=args.save_links)
+        make_fertilities(
+            args.data_bin,
+            splits=args.splits,
+            src=args.source_lang,
+            tgt=args.target_lang,
+            aligner=args.aligner,
+            links_dir=args.links_dir,
+            max_fertility=args.max_fertility,
+            target=args.target,
+            eflomal_model=args.eflomal_model,
+            save_links=args.save_links,
+        )
     except FertilityError as err:
         sys.exit(f"nat-fertility: error: {err}")
 

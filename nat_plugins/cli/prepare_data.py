@@ -72,8 +72,10 @@ def resolve_raw_dir(raw_dir, langs, download_dir):
     for candidate, name in ((raw_dir, "--raw-dir"), (os.environ.get("MULTI30K_DIR"), "MULTI30K_DIR")):
         if candidate:
             if not os.path.isdir(candidate):
-                raise DataError(f"{name} {candidate} does not exist: point it at a directory with "
-                                f"{{train,valid,test}}.{{{','.join(langs)}}}")
+                raise DataError(
+                    f"{name} {candidate} does not exist: point it at a directory with "
+                    f"{{train,valid,test}}.{{{','.join(langs)}}}"
+                )
             return candidate
     return download_multi30k(download_dir, langs)
 
@@ -105,10 +107,19 @@ def train_sentencepiece(train_files, model_prefix, vocab_size, sample=0):
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
-        input=",".join(train_files), model_prefix=model_prefix, vocab_size=vocab_size, model_type="bpe",
-        character_coverage=1.0, minloglevel=2, input_sentence_size=sample, shuffle_input_sentence=sample > 0,
+        input=",".join(train_files),
+        model_prefix=model_prefix,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        minloglevel=2,
+        input_sentence_size=sample,
+        shuffle_input_sentence=sample > 0,
         # fairseq's dictionary adds its own <s>, <pad>, </s>, <unk>
-        bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1,
+        bos_id=-1,
+        eos_id=-1,
+        unk_id=0,
+        pad_id=-1,
     )
     return spm.SentencePieceProcessor(model_file=model_prefix + ".model")
 
@@ -141,17 +152,31 @@ def binarize(subword_dir, dest_dir, src, tgt, workers):
     from fairseq_cli import preprocess
 
     parser = options.get_preprocessing_parser()
-    args = parser.parse_args([
-        "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", os.path.join(subword_dir, "train"), "--validpref", os.path.join(subword_dir, "valid"),
-        "--testpref", os.path.join(subword_dir, "test"), "--destdir", dest_dir,
-        "--joined-dictionary", "--workers", str(workers),
-    ])
+    args = parser.parse_args(
+        [
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            os.path.join(subword_dir, "train"),
+            "--validpref",
+            os.path.join(subword_dir, "valid"),
+            "--testpref",
+            os.path.join(subword_dir, "test"),
+            "--destdir",
+            dest_dir,
+            "--joined-dictionary",
+            "--workers",
+            str(workers),
+        ]
+    )
     preprocess.main(args)
 
 
 def read_input(args):
-    """``{split: {lang: lines}}`` of the raw corpus ``--corpus``/``--raw-dir`` name (``--max-lines``, ``--lowercase``)."""
+    """``{split: {lang: lines}}`` of the raw corpus ``--corpus``/``--raw-dir`` name (``--max-lines``,
+    ``--lowercase``)."""
     src, tgt = args.source_lang, args.target_lang
     if args.corpus == "plain":
         raw_in = resolve_raw_dir(args.raw_dir, (src, tgt), os.path.join(args.out_dir, "download"))
@@ -161,11 +186,15 @@ def read_input(args):
         logger.info(f"raw corpus: {args.corpus} release in {args.raw_dir}")
         corpus = read_corpus(args.corpus, args.raw_dir, src, tgt)
         if args.max_lines:
-            corpus = {split: {lang: lines[:args.max_lines] for lang, lines in sides.items()}
-                      for split, sides in corpus.items()}
+            corpus = {
+                split: {lang: lines[: args.max_lines] for lang, lines in sides.items()}
+                for split, sides in corpus.items()
+            }
     if args.lowercase:
-        corpus = {split: {lang: [line.lower() for line in lines] for lang, lines in sides.items()}
-                  for split, sides in corpus.items()}
+        corpus = {
+            split: {lang: [line.lower() for line in lines] for lang, lines in sides.items()}
+            for split, sides in corpus.items()
+        }
     return corpus
 
 
@@ -186,7 +215,10 @@ def main(args):
     if args.subword == "sentencepiece":
         subword_model = os.path.join(args.out_dir, "spm.model")
         sp = train_sentencepiece(train_files, os.path.join(args.out_dir, "spm"), args.vocab_size, args.spm_sample)
-        segment = lambda lines: [" ".join(pieces) for pieces in sp.encode(lines, out_type=str)]
+
+        def segment(lines):
+            return [" ".join(pieces) for pieces in sp.encode(lines, out_type=str)]
+
     else:
         subword_model = os.path.join(args.out_dir, "bpe.codes")
         segment = learn_fastbpe(train_files, subword_model, args.vocab_size).apply
@@ -194,7 +226,7 @@ def main(args):
         for lang, lines in sides.items():
             with open(os.path.join(subword_dir, f"{split}.{lang}"), "w", encoding="utf-8") as f:
                 for start in range(0, len(lines), SEGMENT_CHUNK):  # millions of lines (WMT14): a chunk at a time
-                    f.writelines(line + "\n" for line in segment(lines[start:start + SEGMENT_CHUNK]))
+                    f.writelines(line + "\n" for line in segment(lines[start : start + SEGMENT_CHUNK]))
 
     dest = os.path.join(args.out_dir, "data-bin")
     if os.path.exists(dest):
@@ -205,28 +237,49 @@ def main(args):
 
 def get_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--raw-dir", help="raw corpus directory: for --corpus plain {train,valid,test}.{src,tgt} "
-                        "(default: the environment variable MULTI30K_DIR, else Multi30k task 1 downloaded into "
-                        "OUT_DIR/download); for iwslt14/wmt14 the downloaded release (see nat_plugins.cli.corpora)")
-    parser.add_argument("--corpus", choices=("plain",) + CORPORA, default="plain",
-                        help="layout of --raw-dir: plain {train,valid,test}.{src,tgt} files (default), or the "
-                        "IWSLT14 de-en / WMT14 en-de release, split as fairseq's preparation scripts split it")
-    parser.add_argument("--lowercase", action="store_true",
-                        help="lowercase every split (fairseq's IWSLT14 recipe does; scores are then case-insensitive)")
-    parser.add_argument("--out-dir", required=True,
-                        help="output directory (raw/, spm.model + spm/ or bpe.codes + bpe/, data-bin/)")
+    parser.add_argument(
+        "--raw-dir",
+        help="raw corpus directory: for --corpus plain {train,valid,test}.{src,tgt} "
+        "(default: the environment variable MULTI30K_DIR, else Multi30k task 1 downloaded into "
+        "OUT_DIR/download); for iwslt14/wmt14 the downloaded release (see nat_plugins.cli.corpora)",
+    )
+    parser.add_argument(
+        "--corpus",
+        choices=("plain",) + CORPORA,
+        default="plain",
+        help="layout of --raw-dir: plain {train,valid,test}.{src,tgt} files (default), or the "
+        "IWSLT14 de-en / WMT14 en-de release, split as fairseq's preparation scripts split it",
+    )
+    parser.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="lowercase every split (fairseq's IWSLT14 recipe does; scores are then case-insensitive)",
+    )
+    parser.add_argument(
+        "--out-dir", required=True, help="output directory (raw/, spm.model + spm/ or bpe.codes + bpe/, data-bin/)"
+    )
     parser.add_argument("-s", "--source-lang", default="en", help="source language suffix")
     parser.add_argument("-t", "--target-lang", default="de", help="target language suffix")
-    parser.add_argument("--subword", choices=("sentencepiece", "fastbpe"), default="sentencepiece",
-                        help="subword model: sentencepiece BPE (default) or BPE codes learnt by subword-nmt and "
-                        "applied by fastBPE (decode with --post-process subword_nmt)")
-    parser.add_argument("--vocab-size", type=int, default=8000,
-                        help="joint sentencepiece vocabulary size, or number of fastBPE merges")
-    parser.add_argument("--spm-sample", type=int, default=0,
-                        help="train sentencepiece on this many randomly sampled training sentences (0: all; "
-                        "millions of sentences, e.g. WMT14, need a sample)")
-    parser.add_argument("--max-lines", type=int, default=None,
-                        help="use only the first N lines of each split (smoke tests)")
+    parser.add_argument(
+        "--subword",
+        choices=("sentencepiece", "fastbpe"),
+        default="sentencepiece",
+        help="subword model: sentencepiece BPE (default) or BPE codes learnt by subword-nmt and "
+        "applied by fastBPE (decode with --post-process subword_nmt)",
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=8000, help="joint sentencepiece vocabulary size, or number of fastBPE merges"
+    )
+    parser.add_argument(
+        "--spm-sample",
+        type=int,
+        default=0,
+        help="train sentencepiece on this many randomly sampled training sentences (0: all; "
+        "millions of sentences, e.g. WMT14, need a sample)",
+    )
+    parser.add_argument(
+        "--max-lines", type=int, default=None, help="use only the first N lines of each split (smoke tests)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="fairseq-preprocess worker processes")
     return parser
 

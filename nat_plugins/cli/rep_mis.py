@@ -48,7 +48,9 @@ def read_translations(path, field="H"):
             parts = line.split("\t", 2)
             by_id.setdefault(int(match.group(2)), parts[2] if len(parts) == 3 else "")  # best hypothesis first
     if not by_id:
-        raise ValueError(f"{path}: fairseq output without {field}-<id> lines (try --field {'H' if field == 'D' else 'D'})")
+        raise ValueError(
+            f"{path}: fairseq output without {field}-<id> lines (try --field {'H' if field == 'D' else 'D'})"
+        )
     return [by_id[i] for i in sorted(by_id)]
 
 
@@ -56,7 +58,7 @@ def repeated_tokens(tokens, window=DEFAULT_WINDOW):
     """Number of tokens equal to one of the ``window`` tokens before them."""
     if window < 1:
         raise ValueError(f"the repetition window must be >= 1, got {window}")
-    return sum(token in tokens[max(0, j - window): j] for j, token in enumerate(tokens))
+    return sum(token in tokens[max(0, j - window) : j] for j, token in enumerate(tokens))
 
 
 def missing_tokens(hypothesis, reference):
@@ -74,8 +76,9 @@ def repeated_ratio(translations, window=DEFAULT_WINDOW):
 def missing_ratio(translations, references):
     """m(Y, Y*): reference tokens missing from the aligned ``translations``, in % of all reference tokens."""
     if len(translations) != len(references):
-        raise ValueError(f"{len(translations)} translations but {len(references)} references: they must translate "
-                         "the same sentences")
+        raise ValueError(
+            f"{len(translations)} translations but {len(references)} references: they must translate the same sentences"
+        )
     pairs = [(t.split(), r.split()) for t, r in zip(translations, references)]
     return 100.0 * sum(missing_tokens(t, r) for t, r in pairs) / max(sum(len(r) for _, r in pairs), 1)
 
@@ -89,8 +92,10 @@ def rep_mis(hypotheses, references, ar_outputs, window=DEFAULT_WINDOW):
     """{"rep", "mis"}: Rep and Mis (%, relative to the AR model; module docstring) of aligned lists of translations,
     and the system's absolute ratios {"rep_ratio", "mis_ratio"} (%)."""
     if not len(hypotheses) == len(references) == len(ar_outputs):
-        raise ValueError(f"{len(hypotheses)} hypotheses, {len(references)} references and {len(ar_outputs)} AR "
-                         "outputs: they must translate the same sentences")
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses, {len(references)} references and {len(ar_outputs)} AR "
+            "outputs: they must translate the same sentences"
+        )
     rep_ratio, mis_ratio = repeated_ratio(hypotheses, window), missing_ratio(hypotheses, references)
     return {
         "rep": relative_increment(rep_ratio, repeated_ratio(ar_outputs, window)),
@@ -102,16 +107,37 @@ def rep_mis(hypotheses, references, ar_outputs, window=DEFAULT_WINDOW):
 
 def get_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--references", required=True, metavar="FILE",
-                        help="reference translations (plain text, one per line; tokenized like the hypotheses)")
-    parser.add_argument("--ar-output", required=True, metavar="FILE",
-                        help="the AR model's translations of the same sources (text or fairseq-generate output)")
-    parser.add_argument("--hypotheses", required=True, metavar="FILE",
-                        help="the system's translations (text or fairseq-generate output)")
-    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
-                        help="a token is repeated when it equals one of the N tokens before it")
-    parser.add_argument("--field", choices=("H", "D"), default="H",
-                        help="which lines of fairseq output to read: H (hypothesis) or D (detokenized)")
+    parser.add_argument(
+        "--references",
+        required=True,
+        metavar="FILE",
+        help="reference translations (plain text, one per line; tokenized like the hypotheses)",
+    )
+    parser.add_argument(
+        "--ar-output",
+        required=True,
+        metavar="FILE",
+        help="the AR model's translations of the same sources (text or fairseq-generate output)",
+    )
+    parser.add_argument(
+        "--hypotheses",
+        required=True,
+        metavar="FILE",
+        help="the system's translations (text or fairseq-generate output)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=DEFAULT_WINDOW,
+        metavar="N",
+        help="a token is repeated when it equals one of the N tokens before it",
+    )
+    parser.add_argument(
+        "--field",
+        choices=("H", "D"),
+        default="H",
+        help="which lines of fairseq output to read: H (hypothesis) or D (detokenized)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the result as a JSON object")
     return parser
 
@@ -122,10 +148,16 @@ def _fmt(value):
 
 def main(argv=None):
     args = get_parser().parse_args(argv)
-    scores = rep_mis(read_translations(args.hypotheses, args.field), read_translations(args.references),
-                     read_translations(args.ar_output, args.field), args.window)
-    print(f"Rep {_fmt(scores['rep'])}\tMis {_fmt(scores['mis'])}\t"
-          f"rep% {_fmt(scores['rep_ratio'])}\tmis% {_fmt(scores['mis_ratio'])}")
+    scores = rep_mis(
+        read_translations(args.hypotheses, args.field),
+        read_translations(args.references),
+        read_translations(args.ar_output, args.field),
+        args.window,
+    )
+    print(
+        f"Rep {_fmt(scores['rep'])}\tMis {_fmt(scores['mis'])}\t"
+        f"rep% {_fmt(scores['rep_ratio'])}\tmis% {_fmt(scores['mis_ratio'])}"
+    )
     if args.json:
         print(json.dumps(scores))
     return scores

@@ -30,6 +30,7 @@ class Target:
 
 def share_of_teacher(name: str, minimum: float, min_speedup: float = 0.0) -> Target:
     """BLEU >= ``minimum`` of the teacher's beam BLEU (and batch-1 latency >= ``min_speedup`` x the teacher beam)."""
+
     def check(rows):
         if name not in rows or TEACHER_BEAM not in rows:
             return None
@@ -37,29 +38,37 @@ def share_of_teacher(name: str, minimum: float, min_speedup: float = 0.0) -> Tar
         share = row["bleu"] / rows[TEACHER_BEAM]["bleu"]
         speedup = row.get("latency_speedup_vs_ar_beam") or 0.0
         return f"{100 * share:.1f}% at {speedup:.2f}x", share >= minimum and speedup >= min_speedup
+
     at = f" at >= {min_speedup}x vs the teacher's beam" if min_speedup else ""
     return Target(f"{name}: BLEU >= {100 * minimum:.0f}% of the teacher's beam{at}", check)
 
 
-def exact_blockwise(name: str, min_block: float, max_bleu_loss: Optional[float] = None,
-                    min_speedup: float = 0.0, hyp_dir: str = "") -> Target:
+def exact_blockwise(
+    name: str, min_block: float, max_bleu_loss: Optional[float] = None, min_speedup: float = 0.0, hyp_dir: str = ""
+) -> Target:
     """Exact acceptance: the teacher's greedy output (or, fine-tuned, its BLEU minus ``max_bleu_loss``), a mean
     accepted block >= ``min_block`` and a batch-1 speedup over greedy >= ``min_speedup``."""
+
     def check(rows):
         if name not in rows or TEACHER_GREEDY not in rows:
             return None
         row, greedy = rows[name], rows[TEACHER_GREEDY]
         block, speedup = row.get("tokens_per_call") or 0.0, row.get("latency_speedup_vs_ar_greedy") or 0.0
         if max_bleu_loss is None:
-            with open(os.path.join(hyp_dir, row["hyp_file"]), encoding="utf-8") as a, \
-                    open(os.path.join(hyp_dir, greedy["hyp_file"]), encoding="utf-8") as b:
+            with (
+                open(os.path.join(hyp_dir, row["hyp_file"]), encoding="utf-8") as a,
+                open(os.path.join(hyp_dir, greedy["hyp_file"]), encoding="utf-8") as b,
+            ):
                 identical = a.read() == b.read()
             quality, ok = ("identical to greedy" if identical else "differs from greedy"), identical
         else:
             loss = greedy["bleu"] - row["bleu"]
             quality, ok = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})", loss <= max_bleu_loss
-        return (f"{quality}, block {block:.2f}, {speedup:.2f}x vs greedy",
-                ok and block >= min_block and speedup >= min_speedup)
+        return (
+            f"{quality}, block {block:.2f}, {speedup:.2f}x vs greedy",
+            ok and block >= min_block and speedup >= min_speedup,
+        )
+
     quality = "= the teacher's greedy output" if max_bleu_loss is None else f"BLEU >= greedy - {max_bleu_loss}"
     at = f", >= {min_speedup}x vs greedy" if min_speedup else ""
     return Target(f"{name}: {quality}, mean accepted block >= {min_block}{at}", check)
@@ -67,6 +76,7 @@ def exact_blockwise(name: str, min_block: float, max_bleu_loss: Optional[float] 
 
 def nad_ad_gain(minimum: float, paired: List[dict], max_slowdown: Optional[float] = None) -> Target:
     """Encoder-NAD-AD's BLEU gain over its same-updates AR baseline (paired bootstrap p-value shown)."""
+
     def check(rows):
         if NAD_AD not in rows or NAD_AD_BASELINE not in rows:
             return None
@@ -75,12 +85,14 @@ def nad_ad_gain(minimum: float, paired: List[dict], max_slowdown: Optional[float
         slower = rows[NAD_AD]["latency_ms_median"] / rows[NAD_AD_BASELINE]["latency_ms_median"] - 1
         text = f"{delta:+.2f} BLEU" + (f" (p = {test['p_value']:.3f})" if test else "") + f", {100 * slower:+.0f}% time"
         return text, delta >= minimum and (max_slowdown is None or slower <= max_slowdown)
+
     limit = f" at <= {100 * max_slowdown:.0f}% slower" if max_slowdown is not None else ""
     return Target(f"{NAD_AD} vs {NAD_AD_BASELINE}: >= {minimum:+} BLEU{limit}", check)
 
 
 def above_fairseq(both: bool) -> Target:
     """Every plugin row above fairseq's own NAT and CMLM on BLEU or on batch-1 speed (``both``: on both, vs NAT)."""
+
     def check(rows):
         theirs = [rows[n] for n in FAIRSEQ_ROWS if n in rows]
         if not theirs:
@@ -93,46 +105,73 @@ def above_fairseq(both: bool) -> Target:
             better_bleu = all(row["bleu"] > t["bleu"] for t in theirs)
             faster = all(row["latency_ms_median"] < t["latency_ms_median"] for t in theirs)
             ok &= (better_bleu and faster) if both else (better_bleu or faster)
-            verdicts.append(f"{row['name']}: " + ("BLEU and speed" if better_bleu and faster else
-                                                  "BLEU" if better_bleu else "speed" if faster else "neither"))
+            verdicts.append(
+                f"{row['name']}: "
+                + (
+                    "BLEU and speed"
+                    if better_bleu and faster
+                    else "BLEU"
+                    if better_bleu
+                    else "speed"
+                    if faster
+                    else "neither"
+                )
+            )
         return "; ".join(verdicts), ok
-    return Target("every plugin row above fairseq's NAT/CMLM " + ("on BLEU and speed (vs NAT)" if both else
-                                                                  "on BLEU or on speed"), check)
+
+    return Target(
+        "every plugin row above fairseq's NAT/CMLM "
+        + ("on BLEU and speed (vs NAT)" if both else "on BLEU or on speed"),
+        check,
+    )
 
 
 def targets(preset: str, paired: List[dict], hyp_dir: str) -> List[Target]:
-    """The quality bars of the quality runs: ``cpu-long`` on 2-layer models, ``gpu`` on ``transformer_iwslt_de_en``-sized
+    """The quality bars of the quality runs: ``cpu-long`` on 2-layer models, ``gpu`` on
+    ``transformer_iwslt_de_en``-sized
     ones (the smoke-sized ``cpu`` quickstart has none)."""
     if preset == "cpu":
         return []
     if preset == "gpu":
         return [
-            share_of_teacher("SAT K=2, beam 4", 0.97, 1.5), share_of_teacher("SAT K=6, greedy", 0.85, 4.0),
-            share_of_teacher("RecoverSAT K=2", 0.98, 1.8), share_of_teacher("RecoverSAT K=6", 0.93, 3.0),
+            share_of_teacher("SAT K=2, beam 4", 0.97, 1.5),
+            share_of_teacher("SAT K=6, greedy", 0.85, 4.0),
+            share_of_teacher("RecoverSAT K=2", 0.98, 1.8),
+            share_of_teacher("RecoverSAT K=6", 0.93, 3.0),
             exact_blockwise("Blockwise k=8 frozen, exact", 1.0, min_speedup=1.4, hyp_dir=hyp_dir),
             exact_blockwise("Blockwise k=8 fine-tuned, exact", 3.5, 1.0, min_speedup=2.5, hyp_dir=hyp_dir),
-            share_of_teacher("NAT, argmax fertility", 0.80, 8.0), share_of_teacher("NAT, NPD S=10", 0.88, 3.0),
-            nad_ad_gain(0.5, paired, max_slowdown=0.10), above_fairseq(both=True),
+            share_of_teacher("NAT, argmax fertility", 0.80, 8.0),
+            share_of_teacher("NAT, NPD S=10", 0.88, 3.0),
+            nad_ad_gain(0.5, paired, max_slowdown=0.10),
+            above_fairseq(both=True),
         ]
     return [
-        share_of_teacher("SAT K=2, beam 4", 0.95), share_of_teacher("SAT K=4, greedy", 0.80),
+        share_of_teacher("SAT K=2, beam 4", 0.95),
+        share_of_teacher("SAT K=4, greedy", 0.80),
         share_of_teacher("RecoverSAT K=2", 0.93),
         exact_blockwise("Blockwise k=4 frozen, exact", 1.5, hyp_dir=hyp_dir),
         exact_blockwise("Blockwise k=4 fine-tuned, exact", 2.0, 1.0, hyp_dir=hyp_dir),
-        share_of_teacher("NAT, argmax fertility", 0.70), share_of_teacher("NAT, NPD S=10", 0.78),
-        nad_ad_gain(0.3, paired), above_fairseq(both=False),
+        share_of_teacher("NAT, argmax fertility", 0.70),
+        share_of_teacher("NAT, NPD S=10", 0.78),
+        nad_ad_gain(0.3, paired),
+        above_fairseq(both=False),
     ]
 
 
 def teacher_curve(log_path: str) -> List[tuple]:
     """(updates, validation loss, nll, ppl) at each validation of the teacher's training log."""
-    pattern = re.compile(r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*"
-                         r"num_updates (\d+)")
+    pattern = re.compile(
+        r"valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+).*"
+        r"num_updates (\d+)"
+    )
     if not os.path.exists(log_path):
         return []
     with open(log_path, encoding="utf-8", errors="replace") as f:
-        return [(int(m.group(4)), float(m.group(1)), float(m.group(2)), float(m.group(3)))
-                for m in map(pattern.search, f) if m]
+        return [
+            (int(m.group(4)), float(m.group(1)), float(m.group(2)), float(m.group(3)))
+            for m in map(pattern.search, f)
+            if m
+        ]
 
 
 def step_times(path: str) -> List[tuple]:
@@ -155,21 +194,31 @@ def build_report(work: str, preset: str, image_prefix: str = "") -> str:
     with open(os.path.join(bench, "results.md"), encoding="utf-8") as f:
         tables = f.read().split("\n", 1)[1].strip()  # without its own title
     meta, rows = results["meta"], {r["name"]: r for r in results["rows"]}
-    lines = [f"Command: `PRESET={preset} bash run_scripts/quickstart.sh` (WORK `{work}`); {meta['date']}; "
-             f"{meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, nat_plugins {meta['nat_plugins']}; "
-             f"{meta['precision']}.", ""]
+    lines = [
+        f"Command: `PRESET={preset} bash run_scripts/quickstart.sh` (WORK `{work}`); {meta['date']}; "
+        f"{meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, nat_plugins {meta['nat_plugins']}; "
+        f"{meta['precision']}.",
+        "",
+    ]
     curve = teacher_curve(os.path.join(work, "logs", "teacher.log"))
     if curve:
-        lines += ["Teacher's validation (the run's own log): "
-                  + ", ".join(f"{u} updates: loss {loss:.3f} / ppl {ppl:.2f}" for u, loss, _, ppl in curve) + ".",
-                  ""]
+        lines += [
+            "Teacher's validation (the run's own log): "
+            + ", ".join(f"{u} updates: loss {loss:.3f} / ppl {ppl:.2f}" for u, loss, _, ppl in curve)
+            + ".",
+            "",
+        ]
     checked = [(t.what, t.check(rows)) for t in targets(preset, results.get("paired_tests", []), bench)]
     if any(result for _, result in checked):
         lines += ["| target | measured | met |", "|---|---|---|"]
-        lines += [f"| {what} | {result[0]} | {'yes' if result[1] else '**no**'} |" for what, result in checked if result]
+        lines += [
+            f"| {what} | {result[0]} | {'yes' if result[1] else '**no**'} |" for what, result in checked if result
+        ]
     times = step_times(os.path.join(work, "logs", "steps.tsv"))
     if times:
-        lines += ["", "| step | wall time |", "|---|---:|"] + [f"| {n} | {s // 60} min {s % 60:02d} s |" for n, s in times]
+        lines += ["", "| step | wall time |", "|---|---:|"] + [
+            f"| {n} | {s // 60} min {s % 60:02d} s |" for n, s in times
+        ]
         total = sum(s for _, s in times)
         lines += [f"| all steps | {total // 60} min {total % 60:02d} s |"]
     plots = sorted(p for p in os.listdir(bench) if p.endswith(".png"))
@@ -183,7 +232,7 @@ def replace_section(doc_path: str, preset: str, body: str):
     text = open(doc_path, encoding="utf-8").read() if os.path.exists(doc_path) else "# Results\n"
     block = f"{begin}\n{body}{end}"
     if begin in text and end in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip("\n") + f"\n\n## Quickstart `PRESET={preset}` (generated by the run)\n\n{block}\n"
     with open(doc_path, "w", encoding="utf-8") as f:
@@ -194,8 +243,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("work", help="the quickstart's WORK folder (with bench/ and logs/)")
     parser.add_argument("--preset", required=True, choices=["cpu", "cpu-long", "gpu"])
-    parser.add_argument("--docs", help="also replace this preset's section of this markdown file (e.g. "
-                                       "docs/results.md) and copy the plots into img/ beside it")
+    parser.add_argument(
+        "--docs",
+        help="also replace this preset's section of this markdown file (e.g. "
+        "docs/results.md) and copy the plots into img/ beside it",
+    )
     args = parser.parse_args(argv)
     if not os.path.exists(os.path.join(args.work, "bench", "results.json")):
         parser.error(f"{args.work}/bench/results.json does not exist: run the benchmark step first")

@@ -6,7 +6,8 @@
 Takes exactly fairseq-train's options after ``--`` and builds what fairseq-train builds (task, model with its
 ``--init-from-ar``/``--finetune-from-model`` initialisation, criterion, optimizer, fairseq's ``Trainer``), then
 runs ``Trainer.train_step`` — fairseq-train's own update — on the first ``--warmup + --updates`` batches
-(epoch 1's, then epoch 2's when it has fewer) and times the last ``--updates`` of them (nothing is saved). Batches depend only on the data, the
+(epoch 1's, then epoch 2's when it has fewer) and times the last ``--updates`` of them (nothing is saved). Batches
+depend only on the data, the
 batching options and ``--seed``, so commands that share them time the same batches (students trained on the
 distilled targets batch by those targets' lengths). One JSON line per run is appended to ``--output``;
 ``run_scripts/train_speed.sh`` runs every recipe through it (``FAIRSEQ_TRAIN``) and writes the table.
@@ -40,7 +41,7 @@ def parse(argv):
     args = parser.parse_args(argv[:split])
     if args.updates < 1 or args.warmup < 0:
         parser.error(f"--updates must be >= 1 and --warmup >= 0 (got {args.updates}, {args.warmup})")
-    train_args = options.parse_args_and_arch(options.get_training_parser(), argv[split + 1:])
+    train_args = options.parse_args_and_arch(options.get_training_parser(), argv[split + 1 :])
     return args, convert_namespace_to_omegaconf(train_args)
 
 
@@ -54,8 +55,9 @@ def measure(cfg, updates, warmup, label):
     criterion = task.build_criterion(cfg.criterion)
     trainer = Trainer(cfg, task, model, criterion)
     if cfg.checkpoint.finetune_from_model:  # --finetune-from-model: the weights fairseq-train would start from
-        trainer.load_checkpoint(cfg.checkpoint.finetune_from_model, reset_optimizer=True, reset_lr_scheduler=True,
-                                reset_meters=True)
+        trainer.load_checkpoint(
+            cfg.checkpoint.finetune_from_model, reset_optimizer=True, reset_lr_scheduler=True, reset_meters=True
+        )
     samples, epoch = [], 1
     while len(samples) < warmup + updates:  # epoch 1's batches, then epoch 2's, ... (a small training set)
         batches = trainer.get_train_iterator(epoch=epoch, load_dataset=False).next_epoch_itr(shuffle=True)
@@ -78,9 +80,14 @@ def main(argv=None):
     seconds, tokens = measure(cfg, args.updates, args.warmup, args.label)
     device = "cpu" if cfg.common.cpu or not torch.cuda.is_available() else torch.cuda.get_device_name()
     result = {
-        "label": args.label, "updates": args.updates, "seconds": round(seconds, 3),
-        "updates_per_s": round(args.updates / seconds, 4), "target_tokens_per_s": round(tokens / seconds, 1),
-        "device": device, "threads": torch.get_num_threads(), "arch": cfg.model._name,
+        "label": args.label,
+        "updates": args.updates,
+        "seconds": round(seconds, 3),
+        "updates_per_s": round(args.updates / seconds, 4),
+        "target_tokens_per_s": round(tokens / seconds, 1),
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "arch": cfg.model._name,
         "criterion": cfg.criterion._name,
     }
     with open(args.output, "a") as f:

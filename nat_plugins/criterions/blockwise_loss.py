@@ -49,10 +49,10 @@ from fairseq.dataclass.configs import GenerationConfig
 from fairseq.logging import metrics
 from omegaconf import II
 
-from ._metrics import log_bits, log_loss_and_nll, summed
 from ..generators.verify_accept import VerifyAcceptGenerator
 from ..modules.block_heads import block_targets
 from ..modules.options import check_label_smoothing
+from ._metrics import log_bits, log_loss_and_nll, summed
 
 logger = logging.getLogger(__name__)
 
@@ -68,21 +68,25 @@ class BlockwiseLossConfig(FairseqDataclass):
     )
     head_sampling: HEAD_SAMPLING = field(
         default="mean",
-        metadata={"help": "heads scored per update, among the trainable ones: 'mean' all (the loss is their "
-                          "weighted mean); 'first-plus-random' head 1 and one other drawn from the update number; "
-                          "'random' one head drawn from the update number (the paper; when the base trains, head 1 "
-                          "then learns in 1/k of the updates and fine-tuning collapses). With 'first-plus-random' or "
-                          "'random' and several workers use --ddp-backend pytorch_ddp --find-unused-parameters, so "
-                          "unscored heads stay without a gradient"},
+        metadata={
+            "help": "heads scored per update, among the trainable ones: 'mean' all (the loss is their "
+            "weighted mean); 'first-plus-random' head 1 and one other drawn from the update number; "
+            "'random' one head drawn from the update number (the paper; when the base trains, head 1 "
+            "then learns in 1/k of the updates and fine-tuning collapses). With 'first-plus-random' or "
+            "'random' and several workers use --ddp-backend pytorch_ddp --find-unused-parameters, so "
+            "unscored heads stay without a gradient"
+        },
     )
     other_heads_weight: float = field(
         default=0.1,
-        metadata={"help": "weight w of the losses of heads 2..k relative to head 1's when the base trains: the loss is "
-                          "(L_1 + w·sum of the other scored heads' losses) / (n_1 + w·their token counts). Adam "
-                          "normalises each parameter's gradient, so w mostly sets how far the shared trunk moves "
-                          "toward serving heads 2..k rather than head 1, whose output decoding keeps (0.1 kept the "
-                          "teacher's BLEU when fine-tuning, 1 (the plain mean) lost 17 BLEU; no effect with "
-                          "--freeze-base --identity-first-head, where head 1 is not scored)"},
+        metadata={
+            "help": "weight w of the losses of heads 2..k relative to head 1's when the base trains: the loss is "
+            "(L_1 + w·sum of the other scored heads' losses) / (n_1 + w·their token counts). Adam "
+            "normalises each parameter's gradient, so w mostly sets how far the shared trunk moves "
+            "toward serving heads 2..k rather than head 1, whose output decoding keeps (0.1 kept the "
+            "teacher's BLEU when fine-tuning, 1 (the plain mean) lost 17 BLEU; no effect with "
+            "--freeze-base --identity-first-head, where head 1 is not scored)"
+        },
     )
     sentence_avg: bool = II("optimization.sentence_avg")
     seed: int = II("common.seed")
@@ -93,13 +97,25 @@ class BlockwiseLossConfig(FairseqDataclass):
 
 @register_criterion("blockwise_loss", dataclass=BlockwiseLossConfig)
 class BlockwiseLoss(FairseqCriterion):
-    def __init__(self, task, label_smoothing, head_sampling, sentence_avg, seed, other_heads_weight=0.1,
-                 distributed_world_size=1, ddp_backend="pytorch_ddp", find_unused_parameters=False):
+    def __init__(
+        self,
+        task,
+        label_smoothing,
+        head_sampling,
+        sentence_avg,
+        seed,
+        other_heads_weight=0.1,
+        distributed_world_size=1,
+        ddp_backend="pytorch_ddp",
+        find_unused_parameters=False,
+    ):
         super().__init__(task)
         if not other_heads_weight > 0:
             raise ValueError(f"--other-heads-weight must be positive, got {other_heads_weight}")
-        if head_sampling != "mean" and distributed_world_size > 1 and not (
-            ddp_backend in UNUSED_SAFE_DDP_BACKENDS and find_unused_parameters
+        if (
+            head_sampling != "mean"
+            and distributed_world_size > 1
+            and not (ddp_backend in UNUSED_SAFE_DDP_BACKENDS and find_unused_parameters)
         ):
             raise ValueError(
                 f"--head-sampling {head_sampling} leaves the unscored heads' output layers unused in an update: with "
@@ -126,8 +142,10 @@ class BlockwiseLoss(FairseqCriterion):
         rng = random.Random(self.seed * 1_000_003 + model.num_updates)
         if self.head_sampling == "random":
             if not model.base_frozen and not self.warned:
-                logger.warning("--head-sampling random with a trainable base trains head 1 in 1/k of the updates "
-                               "while the other heads pull the trunk: fine-tuning tends to collapse (use mean)")
+                logger.warning(
+                    "--head-sampling random with a trainable base trains head 1 in 1/k of the updates "
+                    "while the other heads pull the trunk: fine-tuning tends to collapse (use mean)"
+                )
                 self.warned = True
             return [rng.choice(heads)]
         # first-plus-random: head 1 (when trainable) and one of the others
@@ -191,8 +209,14 @@ class BlockwiseLoss(FairseqCriterion):
     def reduce_metrics(logging_outputs) -> None:
         total = summed(logging_outputs)
         log_loss_and_nll(total, total("sample_size"), total("predicted"))
-        heads = sorted({int(key[1:-len("_ntokens")]) for log in logging_outputs for key in log
-                        if key.startswith("h") and key.endswith("_ntokens")})
+        heads = sorted(
+            {
+                int(key[1 : -len("_ntokens")])
+                for log in logging_outputs
+                for key in log
+                if key.startswith("h") and key.endswith("_ntokens")
+            }
+        )
         for head in heads:
             ntokens = total(f"h{head}_ntokens")
             if ntokens > 0:

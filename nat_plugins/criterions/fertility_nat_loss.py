@@ -23,8 +23,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
-from ._metrics import log_bits, log_loss_and_nll, summed
 from ..modules.options import check_label_smoothing
+from ._metrics import log_bits, log_loss_and_nll, summed
 
 
 @dataclass
@@ -71,14 +71,17 @@ class FertilityNATLoss(FairseqCriterion):
         """Summed translation loss/NLL, fertility NLL and counts for ``sample`` (the model is run when
         ``net_output`` is not given); also returns the net output (``nat_rkl_finetune`` reuses it)."""
         if "fertility" not in sample:
-            raise ValueError("fertility_nat_loss needs sample['fertility']: the task loads it from {split}.fert.{src} "
-                             "(make it with nat_plugins.cli.fertility)")
+            raise ValueError(
+                "fertility_nat_loss needs sample['fertility']: the task loads it from {split}.fert.{src} "
+                "(make it with nat_plugins.cli.fertility)"
+            )
         net_input = sample["net_input"]
         if net_output is None:
             net_output = model(net_input["src_tokens"], net_input["src_lengths"], sample["fertility"])
         word = net_output["word_ins"]
-        target, _lengths = targets_without_eos(sample["target"], sample["fertility"], self.padding_idx,
-                                               length=word["out"].size(1))
+        target, _lengths = targets_without_eos(
+            sample["target"], sample["fertility"], self.padding_idx, length=word["out"].size(1)
+        )
         mask = word["mask"] & target.ne(self.padding_idx)
         lprobs = model.get_normalized_probs((word["out"][mask], None), log_probs=True)  # no log-softmax on padding
         word_loss, word_nll = label_smoothed_nll_loss(lprobs, target[mask], self.eps, reduce=True)
@@ -90,8 +93,12 @@ class FertilityNATLoss(FairseqCriterion):
         fert_nll = -fert_lprobs[fert_mask].gather(-1, fert_target[fert_mask].unsqueeze(-1)).sum()
         fert_correct = fert_lprobs[fert_mask].argmax(dim=-1).eq(fert_target[fert_mask]).sum()
         return {
-            "word_loss": word_loss, "word_nll": word_nll, "fertility_nll": fert_nll,
-            "fertility_correct": fert_correct, "ntarget": int(mask.sum()), "nsource": int(fert_mask.sum()),
+            "word_loss": word_loss,
+            "word_nll": word_nll,
+            "fertility_nll": fert_nll,
+            "fertility_correct": fert_correct,
+            "ntarget": int(mask.sum()),
+            "nsource": int(fert_mask.sum()),
         }, net_output
 
     def forward(self, model, sample, reduce=True):
@@ -104,10 +111,16 @@ class FertilityNATLoss(FairseqCriterion):
     @staticmethod
     def logging_output(loss, terms, nsentences, sample_size, ntokens):
         return {
-            "loss": loss.data, "nll_loss": terms["word_nll"].data, "word_ins_loss": terms["word_loss"].data,
-            "fertility_loss": terms["fertility_nll"].data, "fertility_correct": terms["fertility_correct"].data,
-            "ntarget": terms["ntarget"], "nsource": terms["nsource"], "ntokens": ntokens,
-            "nsentences": nsentences, "sample_size": sample_size,
+            "loss": loss.data,
+            "nll_loss": terms["word_nll"].data,
+            "word_ins_loss": terms["word_loss"].data,
+            "fertility_loss": terms["fertility_nll"].data,
+            "fertility_correct": terms["fertility_correct"].data,
+            "ntarget": terms["ntarget"],
+            "nsource": terms["nsource"],
+            "ntokens": ntokens,
+            "nsentences": nsentences,
+            "sample_size": sample_size,
         }
 
     @staticmethod

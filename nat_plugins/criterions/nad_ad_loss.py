@@ -28,8 +28,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
-from ._metrics import log_bits, summed
 from ..modules.options import check_label_smoothing
+from ._metrics import log_bits, summed
 
 LOGGED_TERMS = ("ad_loss", "nad_loss", "length_loss", "fertility_loss", "nll_loss", "nad_nll_loss")
 
@@ -64,8 +64,9 @@ class NADADLoss(FairseqCriterion):
     def __init__(self, task, label_smoothing, nad_weight, length_loss_weight):
         super().__init__(task)
         if nad_weight < 0 or length_loss_weight < 0:
-            raise ValueError(f"--nad-weight and --length-loss-weight must be >= 0, got {nad_weight}, "
-                             f"{length_loss_weight}")
+            raise ValueError(
+                f"--nad-weight and --length-loss-weight must be >= 0, got {nad_weight}, {length_loss_weight}"
+            )
         use_distilled = getattr(task.cfg, "use_distilled", None)
         if use_distilled != "side":
             raise ValueError(
@@ -87,27 +88,40 @@ class NADADLoss(FairseqCriterion):
 
     def forward(self, model, sample, reduce=True):
         if "kd_target" not in sample:
-            raise ValueError("nad_ad_loss needs sample['kd_target']: train with --use-distilled side and the "
-                             "{split}.kd.{tgt}.bin/.idx side files (nat_plugins.cli.distill)")
+            raise ValueError(
+                "nad_ad_loss needs sample['kd_target']: train with --use-distilled side and the "
+                "{split}.kd.{tgt}.bin/.idx side files (nat_plugins.cli.distill)"
+            )
         net_input = sample["net_input"]
         kd_target = sample["kd_target"]
         kd_lengths = kd_target.ne(self.padding_idx).long().sum(dim=1) - 1
         fertility_mode = model.encoder.input_copy == "fertility"
         if fertility_mode and "fertility" not in sample:
-            raise ValueError("--nad-input-copy fertility needs sample['fertility'] ({split}.fert.{src} side files "
-                             "computed on the distilled targets)")
+            raise ValueError(
+                "--nad-input-copy fertility needs sample['fertility'] ({split}.fert.{src} side files "
+                "computed on the distilled targets)"
+            )
         target = sample["target"]
         scored = target.ne(self.padding_idx)  # logits of the scored positions only (packed, N x V)
-        logits, extra = model(net_input["src_tokens"], net_input["src_lengths"], net_input["prev_output_tokens"],
-                              nad_lengths=None if fertility_mode else kd_lengths,
-                              nad_fertility=sample["fertility"] if fertility_mode else None, logits_at=scored)
+        logits, extra = model(
+            net_input["src_tokens"],
+            net_input["src_lengths"],
+            net_input["prev_output_tokens"],
+            nad_lengths=None if fertility_mode else kd_lengths,
+            nad_fertility=sample["fertility"] if fertility_mode else None,
+            logits_at=scored,
+        )
 
         ad_loss, ad_nll, ad_tokens = self.smoothed_nll(logits, target[scored], model, extra)
         nad_padding = extra["nad_padding_mask"]  # the NAD logits come at its unpadded positions
         targets, _ = nad_targets(kd_target, self.padding_idx, nad_padding.size(1))
         nad_loss, nad_nll, nad_tokens = self.smoothed_nll(extra["nad_logits"], targets[~nad_padding], model, {})
-        logging_output = {"ad_loss": ad_loss.data, "nad_loss": nad_loss.data, "nll_loss": ad_nll.data,
-                          "nad_nll_loss": nad_nll.data}
+        logging_output = {
+            "ad_loss": ad_loss.data,
+            "nad_loss": nad_loss.data,
+            "nll_loss": ad_nll.data,
+            "nad_nll_loss": nad_nll.data,
+        }
         loss = ad_loss + self.nad_weight * nad_loss
         if fertility_mode:
             fert_logits = extra["nad_fertility_logits"]
@@ -121,10 +135,15 @@ class NADADLoss(FairseqCriterion):
             logging_output["length_loss"] = predictor_loss.data
         loss = loss + self.length_loss_weight * predictor_loss
 
-        logging_output.update({
-            "loss": loss.data, "ntokens": ad_tokens, "nad_ntokens": nad_tokens,
-            "nsentences": sample["target"].size(0), "sample_size": 1,
-        })
+        logging_output.update(
+            {
+                "loss": loss.data,
+                "ntokens": ad_tokens,
+                "nad_ntokens": nad_tokens,
+                "nsentences": sample["target"].size(0),
+                "sample_size": 1,
+            }
+        )
         return loss, 1, logging_output
 
     @staticmethod

@@ -68,13 +68,19 @@ class NATRKLFinetuneConfig(FertilityNATLossConfig):
     )
     rkl_weight: float = field(default=0.25, metadata={"help": "λ of Gu et al. eq. 11 (the paper: 0.25)"})
     rkl_max_len_a: float = field(
-        default=2.0, metadata={"help": "sampled/average fertilities are cut to at most a * source length + b target "
-                               "tokens (an untrained predictor samples very long outputs)"}
+        default=2.0,
+        metadata={
+            "help": "sampled/average fertilities are cut to at most a * source length + b target "
+            "tokens (an untrained predictor samples very long outputs)"
+        },
     )
     rkl_max_len_b: int = field(default=10, metadata={"help": "see --rkl-max-len-a"})
     rkl_form: RKL_FORMS = field(
-        default="kl", metadata={"help": "'kl': reverse KL sum p_NA (log p_NA - log p_AR); 'ce': the paper's eq. 10 "
-                                "cross-entropy form -sum p_NA log p_AR"}
+        default="kl",
+        metadata={
+            "help": "'kl': reverse KL sum p_NA (log p_NA - log p_AR); 'ce': the paper's eq. 10 "
+            "cross-entropy form -sum p_NA log p_AR"
+        },
     )
 
 
@@ -104,8 +110,18 @@ def without_dropout(model):
 
 @register_criterion("nat_rkl_finetune", dataclass=NATRKLFinetuneConfig)
 class NATRKLFinetune(FertilityNATLoss):
-    def __init__(self, task, teacher_path=None, rkl_weight=0.25, rkl_form="kl", rkl_max_len_a=2.0, rkl_max_len_b=10,
-                 label_smoothing=0.0, fertility_loss_weight=1.0, sentence_avg=False):
+    def __init__(
+        self,
+        task,
+        teacher_path=None,
+        rkl_weight=0.25,
+        rkl_form="kl",
+        rkl_max_len_a=2.0,
+        rkl_max_len_b=10,
+        label_smoothing=0.0,
+        fertility_loss_weight=1.0,
+        sentence_avg=False,
+    ):
         super().__init__(task, label_smoothing, fertility_loss_weight, sentence_avg)
         if not 0.0 <= rkl_weight <= 1.0:
             raise ValueError(f"--rkl-weight must be in [0, 1], got {rkl_weight}")
@@ -120,10 +136,14 @@ class NATRKLFinetune(FertilityNATLoss):
         bsz = sample["net_input"]["src_tokens"].size(0)
         sample_size = bsz if self.sentence_avg else terms["ntarget"]
         logging_output = self.logging_output(loss, terms, bsz, sample_size, sample["ntokens"])
-        logging_output.update({
-            "rkl_gold": terms["rkl_gold"].detach().sum(), "rkl_sampled": terms["rkl_sampled"].sum(),
-            "rkl_baseline": terms["rkl_baseline"].sum(), "reinforce_loss": terms["reinforce"].detach(),
-        })
+        logging_output.update(
+            {
+                "rkl_gold": terms["rkl_gold"].detach().sum(),
+                "rkl_sampled": terms["rkl_sampled"].sum(),
+                "rkl_baseline": terms["rkl_baseline"].sum(),
+                "reinforce_loss": terms["reinforce"].detach(),
+            }
+        )
         return loss, sample_size, logging_output
 
     def losses(self, model, sample):
@@ -136,7 +156,9 @@ class NATRKLFinetune(FertilityNATLoss):
         src_tokens, src_lengths = net_input["src_tokens"], net_input["src_lengths"]
         gold = sample["fertility"] if "fertility" in sample else None
         if gold is None:
-            raise ValueError("nat_rkl_finetune needs sample['fertility'] ({split}.fert.{src}, nat_plugins.cli.fertility)")
+            raise ValueError(
+                "nat_rkl_finetune needs sample['fertility'] ({split}.fert.{src}, nat_plugins.cli.fertility)"
+            )
         bsz = src_tokens.size(0)
 
         # the gold-fertility pass with gradient, shared by L_KD and the backprop term L_RKL(f_gold)
@@ -156,8 +178,9 @@ class NATRKLFinetune(FertilityNATLoss):
         noisy_src = torch.cat([src_tokens, src_tokens])
         max_length = (src_lengths.double() * self.max_len_a + self.max_len_b).long().repeat(2).to(noisy.device)
         limit = min(model.max_decoder_positions(), self.teacher.model.max_decoder_positions() - 1)
-        noisy = ensure_nonempty(noisy, fert_lprobs.detach().repeat(2, 1, 1), copyable.repeat(2, 1),
-                                noisy_src.ne(self.padding_idx))
+        noisy = ensure_nonempty(
+            noisy, fert_lprobs.detach().repeat(2, 1, 1), copyable.repeat(2, 1), noisy_src.ne(self.padding_idx)
+        )
         noisy = cap_total(noisy, max_length.clamp(min=1, max=limit))
 
         # gold, sampled and average fertilities decoded without gradient or dropout, as the generator would
@@ -168,15 +191,27 @@ class NATRKLFinetune(FertilityNATLoss):
 
         # the teacher on those outputs: one teacher-forced pass over the 3B rows
         self.teacher.to(gold_logits)  # the student's device/dtype (moved once)
-        teacher_lprobs, _target = self.teacher.score(src_tokens, src_lengths, tokens, lengths,
-                                                     order=torch.arange(bsz, device=src_tokens.device).repeat(3))
-        rkl_gold = reverse_kl(gold_logits, teacher_lprobs[:bsz, :gold_logits.size(1)], gold_mask, self.rkl_form)
+        teacher_lprobs, _target = self.teacher.score(
+            src_tokens, src_lengths, tokens, lengths, order=torch.arange(bsz, device=src_tokens.device).repeat(3)
+        )
+        rkl_gold = reverse_kl(gold_logits, teacher_lprobs[:bsz, : gold_logits.size(1)], gold_mask, self.rkl_form)
         with torch.no_grad():
             width = decoded["out"].size(1)
-            rkl_noisy = reverse_kl(decoded["out"][bsz:], teacher_lprobs[bsz:, :width], decoded["mask"][bsz:],
-                                   self.rkl_form)
+            rkl_noisy = reverse_kl(
+                decoded["out"][bsz:], teacher_lprobs[bsz:, :width], decoded["mask"][bsz:], self.rkl_form
+            )
         rkl_sampled, rkl_baseline = rkl_noisy[:bsz], rkl_noisy[bsz:]
         reinforce = ((rkl_sampled - rkl_baseline) * sample_lprob).sum()  # rewards are -L_RKL: a lower loss is better
-        return dict(terms, kd=kd_loss, rkl_gold=rkl_gold, reinforce=reinforce, rkl_sampled=rkl_sampled,
-                    rkl_baseline=rkl_baseline, sampled=sampled, sample_lprob=sample_lprob, fertility=fertility,
-                    tokens=tokens, lengths=lengths)
+        return dict(
+            terms,
+            kd=kd_loss,
+            rkl_gold=rkl_gold,
+            reinforce=reinforce,
+            rkl_sampled=rkl_sampled,
+            rkl_baseline=rkl_baseline,
+            sampled=sampled,
+            sample_lprob=sample_lprob,
+            fertility=fertility,
+            tokens=tokens,
+            lengths=lengths,
+        )

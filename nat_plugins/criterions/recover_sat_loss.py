@@ -26,7 +26,6 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
-from ._metrics import log_loss_and_nll, summed
 from ..modules.options import check_label_smoothing
 from ..modules.segments import (
     DEL_SYMBOL,
@@ -38,6 +37,7 @@ from ..modules.segments import (
     split_at,
     word_boundary_tables,
 )
+from ._metrics import log_loss_and_nll, summed
 
 
 @dataclass
@@ -45,8 +45,10 @@ class RecoverSATLossConfig(FairseqDataclass):
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon (the paper: 0.15)"})
     anneal_steps: int = field(
         default=10000,
-        metadata={"help": "updates over which p (probability of RAND rather than EQUAL split points) goes "
-                          "linearly from 1 to 0; 0 means p = 0 throughout (always EQUAL)"},
+        metadata={
+            "help": "updates over which p (probability of RAND rather than EQUAL split points) goes "
+            "linearly from 1 to 0; 0 means p = 0 throughout (always EQUAL)"
+        },
     )
     pseudo_rep_prob: float = field(
         default=0.5, metadata={"help": "probability q of injecting a pseudo-repetitive segment into a sentence"}

@@ -10,8 +10,15 @@ from fairseq.dataclass.configs import GenerationConfig
 
 # fairseq generation options no plugin decoder implements, with their "off" values
 UNSUPPORTED_OPTIONS = {
-    "sampling": False, "match_source_len": False, "no_repeat_ngram_size": 0, "diverse_beam_groups": -1,
-    "diversity_rate": -1.0, "prefix_size": 0, "constraints": None, "lm_path": None, "print_alignment": None,
+    "sampling": False,
+    "match_source_len": False,
+    "no_repeat_ngram_size": 0,
+    "diverse_beam_groups": -1,
+    "diversity_rate": -1.0,
+    "prefix_size": 0,
+    "constraints": None,
+    "lm_path": None,
+    "print_alignment": None,
     "score_reference": False,
 }
 
@@ -71,8 +78,10 @@ class PluginGenerator:
     def check_min_len(self, max_len):
         shortest = int(max_len.min())
         if self.min_len > shortest:
-            raise ValueError(f"--min-len {self.min_len} is larger than the maximum length {shortest} that "
-                             "--max-len-a/--max-len-b allow")
+            raise ValueError(
+                f"--min-len {self.min_len} is larger than the maximum length {shortest} that "
+                "--max-len-a/--max-len-b allow"
+            )
 
     def constrain(self, scores, position, max_len, eos_too_early=None):
         """``SequenceGenerator``'s rules, in place, on ``scores`` (... x V) of the 0-based output ``position``
@@ -98,7 +107,7 @@ class PluginGenerator:
 
     def normalized(self, total, length):
         """fairseq's length normalisation of a score: ``total / length ** --lenpen`` (length with EOS)."""
-        return total / length ** self.len_penalty
+        return total / length**self.len_penalty
 
     def hypothesis(self, tokens, positional_scores, steps, score=None, **extra):
         """One hypothesis in fairseq's format; ``tokens`` end with EOS, ``score`` defaults to the sum of
@@ -107,5 +116,12 @@ class PluginGenerator:
             score = positional_scores.sum()
             if self.normalize_scores:
                 score = self.normalized(score, tokens.numel())
-        return {"tokens": tokens, "score": score, "attention": None, "alignment": None,
-                "positional_scores": positional_scores, "steps": steps, **extra}
+        return {
+            "tokens": tokens,
+            "score": score,
+            "attention": None,
+            "alignment": None,
+            "positional_scores": positional_scores,
+            "steps": steps,
+            **extra,
+        }

@@ -83,8 +83,9 @@ class FertilityDecoder(PluginGenerator):
 
     def __init__(self, models, task, gen_args):
         super().__init__(models, task, gen_args)
-        self.require_greedy("is one parallel pass (for several candidates use --fertility-decoding npd "
-                            "--npd-samples S)")
+        self.require_greedy(
+            "is one parallel pass (for several candidates use --fertility-decoding npd --npd-samples S)"
+        )
         cfg = task.cfg
         if cfg.npd_samples < 1:
             raise ValueError(f"--npd-samples must be >= 1, got {cfg.npd_samples}")
@@ -94,12 +95,15 @@ class FertilityDecoder(PluginGenerator):
         self.teacher = None
         if self.mode == "npd":
             if not cfg.npd_teacher:
-                raise ValueError("--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
-                                 "rescores the candidates)")
+                raise ValueError(
+                    "--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
+                    "rescores the candidates)"
+                )
             self.teacher = FrozenTeacher(cfg.npd_teacher, task, "--npd-teacher")
         elif cfg.npd_teacher or cfg.npd_length_normalize:
-            raise ValueError(f"--npd-teacher and --npd-length-normalize are only used by --fertility-decoding npd "
-                             f"(got {self.mode})")
+            raise ValueError(
+                f"--npd-teacher and --npd-length-normalize are only used by --fertility-decoding npd (got {self.mode})"
+            )
 
     def output_max_lengths(self, src_lengths):
         """Target tokens (EOS excluded) allowed per sentence: max_len_a * |x| + max_len_b, capped by positions."""
@@ -111,7 +115,9 @@ class FertilityDecoder(PluginGenerator):
     def fertilities(self, fertility_lprobs, copyable):
         """B*S x S_src fertilities (S candidates per sentence, adjacent rows) for the decoding mode."""
         if self.mode == "average":
-            values = torch.arange(fertility_lprobs.size(-1), device=fertility_lprobs.device, dtype=fertility_lprobs.dtype)
+            values = torch.arange(
+                fertility_lprobs.size(-1), device=fertility_lprobs.device, dtype=fertility_lprobs.dtype
+            )
             fertility = (fertility_lprobs.exp() * values).sum(dim=-1).round().long()
         else:
             fertility = fertility_lprobs.argmax(dim=-1)
@@ -135,8 +141,9 @@ class FertilityDecoder(PluginGenerator):
         fertility = self.fertilities(fertility_lprobs.float(), model.copyable(src_tokens))
         order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(S)  # sentence of every candidate
         rows_src = src_tokens.index_select(0, order) if S > 1 else src_tokens
-        fertility = ensure_nonempty(fertility, fertility_lprobs.index_select(0, order), model.copyable(rows_src),
-                                    rows_src.ne(self.pad))
+        fertility = ensure_nonempty(
+            fertility, fertility_lprobs.index_select(0, order), model.copyable(rows_src), rows_src.ne(self.pad)
+        )
         fertility = cap_total(fertility, self.output_max_lengths(src_lengths).index_select(0, order))
         if S > 1:
             distinct = first_occurrences(fertility.view(bsz, S, -1)).view(-1)

@@ -61,8 +61,9 @@ class GroupEnsembleModel(EnsembleModel):
             self.encoder_out = self.single_model.encoder.reorder_encoder_out(self.encoder_out, self.rows)
             decoder.reorder_incremental_state_scripting(incremental_states[0], self.rows)
             self.max_len = self.max_len.index_select(0, self.rows)
-            self.lprobs = self.generator.group_lprobs(decoder.group_inputs(tokens), self.encoder_out,
-                                                      incremental_states[0], temperature)
+            self.lprobs = self.generator.group_lprobs(
+                decoder.group_inputs(tokens), self.encoder_out, incremental_states[0], temperature
+            )
             positions = torch.arange(step, step + K, device=tokens.device)
             self.generator.force_eos(self.lprobs, positions.unsqueeze(0) >= self.max_len.unsqueeze(1))
             self.rows = torch.arange(tokens.size(0), device=tokens.device)
@@ -85,10 +86,18 @@ class GroupDecoder(PluginGenerator):
         self.beam_search = None
         if self.beam_size > 1:
             self.beam_search = SequenceGenerator(
-                GroupEnsembleModel(self), self.tgt_dict, beam_size=self.beam_size, max_len_a=self.max_len_a,
-                max_len_b=self.max_len_b, max_len=self.max_len_cap + 1, min_len=self.min_len,
-                normalize_scores=self.normalize_scores, len_penalty=self.len_penalty, unk_penalty=self.unk_penalty,
-                temperature=self.temperature, search_strategy=search.BeamSearch(self.tgt_dict),
+                GroupEnsembleModel(self),
+                self.tgt_dict,
+                beam_size=self.beam_size,
+                max_len_a=self.max_len_a,
+                max_len_b=self.max_len_b,
+                max_len=self.max_len_cap + 1,
+                min_len=self.min_len,
+                normalize_scores=self.normalize_scores,
+                len_penalty=self.len_penalty,
+                unk_penalty=self.unk_penalty,
+                temperature=self.temperature,
+                search_strategy=search.BeamSearch(self.tgt_dict),
             )
 
     @torch.no_grad()
@@ -136,8 +145,8 @@ class GroupDecoder(PluginGenerator):
             lprobs = self.group_lprobs(tokens[:, : start + K], encoder_out, incremental_state, self.temperature)
             self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len.unsqueeze(1))
             scores, predictions = lprobs.max(dim=2)
-            tokens[:, K + start: 2 * K + start] = predictions
-            pos_scores[:, start: start + K] = scores
+            tokens[:, K + start : 2 * K + start] = predictions
+            pos_scores[:, start : start + K] = scores
             is_eos = predictions.eq(self.eos)
             done = is_eos.any(dim=1)
             if not done.any():

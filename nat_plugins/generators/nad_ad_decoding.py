@@ -41,8 +41,9 @@ class NADADSequenceGenerator(SequenceGenerator):
     def __init__(self, models, task, gen_args):
         if getattr(gen_args, "print_alignment", None):
             raise ValueError("--print-alignment is not supported by nad_ad_transformer decoding")
-        options = FairseqTask.build_generator(task, models, gen_args,
-                                              seq_gen_cls=lambda _models, _tgt_dict, **options: options)
+        options = FairseqTask.build_generator(
+            task, models, gen_args, seq_gen_cls=lambda _models, _tgt_dict, **options: options
+        )
         super().__init__(NADADEnsembleModel(models), task.target_dictionary, **options)
 
     @torch.no_grad()

@@ -84,14 +84,15 @@ class SegmentDecoder(PluginGenerator):
         first_segment = torch.arange(K, device=device).eq(0)
         incremental_state = {}
         for step in range(num_steps):
-            lprobs = self._step_lprobs(tokens[:, : (step + 1) * K], encoder_out, incremental_state, step, max_len,
-                                       first_segment)
+            lprobs = self._step_lprobs(
+                tokens[:, : (step + 1) * K], encoder_out, incremental_state, step, max_len, first_segment
+            )
             step_scores, predictions = lprobs.max(dim=2)
             predictions.masked_fill_(~alive, self.pad)
             outputs[:, step] = predictions
             scores[:, step] = step_scores.masked_fill(~alive, 0.0)
             alive &= predictions.ne(self.eos) & predictions.ne(self.del_index)
-            tokens[:, (step + 1) * K: (step + 2) * K] = predictions.masked_fill(~alive, self.pad)
+            tokens[:, (step + 1) * K : (step + 2) * K] = predictions.masked_fill(~alive, self.pad)
             done = ~alive.any(dim=1)
             if not done.any():
                 continue
@@ -105,19 +106,26 @@ class SegmentDecoder(PluginGenerator):
             alive, max_len = alive[keep], max_len[keep]
             self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
             encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
-        return [[self._postprocess(out_outputs[i, : steps[i]], out_scores[i, : steps[i]], int(steps[i]))]
-                for i in range(bsz)]
+        return [
+            [self._postprocess(out_outputs[i, : steps[i]], out_scores[i, : steps[i]], int(steps[i]))]
+            for i in range(bsz)
+        ]
 
     def _postprocess(self, segment_tokens, segment_scores, steps):
         """Post-processing (§3.4) of one sentence's ``steps x K`` segment outputs (padding after each end)."""
         deleted = segment_tokens.eq(self.del_index).any(dim=0)
-        kept = (segment_tokens.ne(self.pad) & segment_tokens.ne(self.eos) & segment_tokens.ne(self.del_index)
-                & ~deleted.unsqueeze(0)).t()
+        kept = (
+            segment_tokens.ne(self.pad)
+            & segment_tokens.ne(self.eos)
+            & segment_tokens.ne(self.del_index)
+            & ~deleted.unsqueeze(0)
+        ).t()
         tokens = segment_tokens.t()[kept]
         kept_scores = segment_scores.t()[kept]
         rest = segment_scores.sum() - kept_scores.sum()
         tokens = torch.cat([tokens, tokens.new_full((1,), self.eos)])
         pos_scores = torch.cat([kept_scores, rest.view(1)])
         segments = [column[column.ne(self.pad) & column.ne(self.eos)] for column in segment_tokens.t()]
-        return self.hypothesis(tokens, pos_scores, steps, segments=segments, segment_tokens=segment_tokens,
-                               segment_scores=segment_scores)
+        return self.hypothesis(
+            tokens, pos_scores, steps, segments=segments, segment_tokens=segment_tokens, segment_scores=segment_scores
+        )

@@ -79,14 +79,18 @@ class VerifyAcceptGenerator(PluginGenerator):
         if not hasattr(self.model.decoder, "block_heads"):
             raise ValueError(f"verify-accept decoding needs a blockwise_transformer, got {type(self.model).__name__}")
         if self.beam_size != 1:
-            logger.warning(f"--beam {self.beam_size} is ignored: verify-accept decoding extends greedy decoding of "
-                           "head 1 (pass --beam 1)")
+            logger.warning(
+                f"--beam {self.beam_size} is ignored: verify-accept decoding extends greedy decoding of "
+                "head 1 (pass --beam 1)"
+            )
         self.block_size = self.model.decoder.block_size
         self.top_m = parse_block_accept(task.cfg.block_accept)
         self.min_block_size = task.cfg.min_block_size
         if not 1 <= self.min_block_size <= self.block_size:
-            raise ValueError(f"--min-block-size must be between 1 and the model's --block-size ({self.block_size}), "
-                             f"got {self.min_block_size}")
+            raise ValueError(
+                f"--min-block-size must be between 1 and the model's --block-size ({self.block_size}), "
+                f"got {self.min_block_size}"
+            )
         self.use_cache = use_cache
         self.max_positions = self.model.max_decoder_positions()
 
@@ -195,6 +199,14 @@ class VerifyAcceptGenerator(PluginGenerator):
 
     def hypotheses(self, tokens, scores, lengths, steps):
         """fairseq's hypothesis format, one (best-only) list per sentence."""
-        return [[self.hypothesis(tokens[row, 1: length + 1], scores[row, 1: length + 1], num_steps,
-                                 mean_accepted_block=length / num_steps)]
-                for row, (length, num_steps) in enumerate(zip(lengths.tolist(), steps.tolist()))]
+        return [
+            [
+                self.hypothesis(
+                    tokens[row, 1 : length + 1],
+                    scores[row, 1 : length + 1],
+                    num_steps,
+                    mean_accepted_block=length / num_steps,
+                )
+            ]
+            for row, (length, num_steps) in enumerate(zip(lengths.tolist(), steps.tolist()))
+        ]

@@ -42,8 +42,10 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         cfg = TransformerConfig.from_namespace(args)
         if self.adaptive_softmax is not None:
-            raise ValueError("blockwise_transformer does not support --adaptive-softmax-cutoff: its k heads share "
-                             "one output projection")
+            raise ValueError(
+                "blockwise_transformer does not support --adaptive-softmax-cutoff: its k heads share "
+                "one output projection"
+            )
         if cfg.cross_self_attention:
             raise ValueError("blockwise_transformer does not support --cross-self-attention")
         self.block_heads = BlockHeads(
@@ -60,9 +62,21 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
     def block_size(self):
         return self.block_heads.block_size
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
-                full_context_alignment=False, alignment_layer=None, alignment_heads=None, src_lengths=None,
-                return_all_hiddens=False, heads=None, positions=None, logits_at=None):
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only=False,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+        src_lengths=None,
+        return_all_hiddens=False,
+        heads=None,
+        positions=None,
+        logits_at=None,
+    ):
         """fairseq's decoder forward with three additions.
 
         * ``heads``: distinct 0-based head indices (a ``range`` or a list); the logits come back as
@@ -76,8 +90,11 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         """
         if positions is None:
             x, extra = self.extract_features(
-                prev_output_tokens, encoder_out=encoder_out, incremental_state=incremental_state,
-                full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
+                prev_output_tokens,
+                encoder_out=encoder_out,
+                incremental_state=incremental_state,
+                full_context_alignment=full_context_alignment,
+                alignment_layer=alignment_layer,
                 alignment_heads=alignment_heads,
             )
         else:
@@ -124,8 +141,14 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         # always a tensor, so the cache stores a per-sentence key padding mask that rollback can edit
         self_attn_padding_mask = tokens.eq(self.padding_idx)
         for layer in self.layers:
-            x, _, _ = layer(x, enc, enc_padding_mask, incremental_state, self_attn_mask=self_attn_mask,
-                            self_attn_padding_mask=self_attn_padding_mask)
+            x, _, _ = layer(
+                x,
+                enc,
+                enc_padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+            )
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)
@@ -162,7 +185,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
             saved["prev_key"] = saved["prev_key"][:, :, :length]
             saved["prev_value"] = saved["prev_value"][:, :, :length]
             mask = saved["prev_key_padding_mask"][:, :length].clone()
-            mask[:, length - keep:] = mask[:, length - keep:].masked_fill(rejected, 1)
+            mask[:, length - keep :] = mask[:, length - keep :].masked_fill(rejected, 1)
             saved["prev_key_padding_mask"] = mask
             layer.self_attn._set_input_buffer(incremental_state, saved)
 
@@ -178,13 +201,22 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--block-size", type=int, metavar="K",
-                            help="number of proposal heads k; head i predicts y_{t+i} (k=1: the base model)")
-        parser.add_argument("--identity-first-head", action="store_true",
-                            help="head 1 bypasses the new feed-forward layer, so p1 is exactly the base Transformer")
-        parser.add_argument("--freeze-base", action="store_true",
-                            help="train only the new feed-forward layer (the base stays as initialised, e.g. by "
-                                 "--init-from-ar)")
+        parser.add_argument(
+            "--block-size",
+            type=int,
+            metavar="K",
+            help="number of proposal heads k; head i predicts y_{t+i} (k=1: the base model)",
+        )
+        parser.add_argument(
+            "--identity-first-head",
+            action="store_true",
+            help="head 1 bypasses the new feed-forward layer, so p1 is exactly the base Transformer",
+        )
+        parser.add_argument(
+            "--freeze-base",
+            action="store_true",
+            help="train only the new feed-forward layer (the base stays as initialised, e.g. by --init-from-ar)",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -206,23 +238,41 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
-        return BlockwiseTransformerDecoder(args, tgt_dict, embed_tokens,
-                                           no_encoder_attn=getattr(args, "no_cross_attention", False))
+        return BlockwiseTransformerDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
+        )
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=True, features_only=False,
-                alignment_layer=None, alignment_heads=None, heads=None, logits_at=None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens=True,
+        features_only=False,
+        alignment_layer=None,
+        alignment_heads=None,
+        heads=None,
+        logits_at=None,
+    ):
         """fairseq's forward; ``heads`` (0-based head indices) returns those heads' logits, (B, T, len(heads), V),
         and ``logits_at`` (B, T, len(heads) bool) only those of them, packed N x V."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
         return self.decoder(
-            prev_output_tokens, encoder_out=encoder_out, features_only=features_only,
-            alignment_layer=alignment_layer, alignment_heads=alignment_heads, src_lengths=src_lengths,
-            return_all_hiddens=return_all_hiddens, heads=heads, logits_at=logits_at,
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+            heads=heads,
+            logits_at=logits_at,
         )
 
     @property
     def trainable_heads(self):
-        """Heads whose loss reaches a trainable parameter (head 1 is frozen with --freeze-base --identity-first-head)."""
+        """Heads whose loss reaches a trainable parameter (head 1 is frozen with --freeze-base
+        --identity-first-head)."""
         first = int(self.base_frozen and self.decoder.block_heads.identity_first_head)
         return range(first, self.decoder.block_size)
 

@@ -58,8 +58,10 @@ class FertilityNATDecoder(FairseqDecoder):
         self.nad = NonAutoregressiveDecoder(cfg, cfg.decoder.layers, dictionary.pad(), mask_self_diagonal)
         embed_dim = cfg.decoder.embed_dim
         if embed_tokens.embedding_dim != embed_dim:
-            raise ValueError("fertility_nat copies source embeddings into the decoder: --encoder-embed-dim and "
-                             "--decoder-embed-dim must be equal")
+            raise ValueError(
+                "fertility_nat copies source embeddings into the decoder: --encoder-embed-dim and "
+                "--decoder-embed-dim must be equal"
+            )
         if cfg.decoder.output_dim != embed_dim:
             raise ValueError("fertility_nat does not support --decoder-output-dim different from --decoder-embed-dim")
         self.output_projection = nn.Linear(embed_dim, len(dictionary), bias=False)
@@ -67,7 +69,7 @@ class FertilityNATDecoder(FairseqDecoder):
             self.embed_tokens = embed_tokens
             self.output_projection.weight = embed_tokens.weight
         else:  # an unused embedding would be an unused parameter under DDP
-            nn.init.normal_(self.output_projection.weight, mean=0, std=embed_dim ** -0.5)
+            nn.init.normal_(self.output_projection.weight, mean=0, std=embed_dim**-0.5)
 
     def max_positions(self):
         return self.nad.max_positions()
@@ -94,17 +96,33 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--max-fertility", type=int, metavar="L",
-                            help=f"fertilities are predicted with a softmax over 0..L-1 (default {DEFAULT_MAX_FERTILITY}; "
-                                 "Gu et al. §3.3); larger training fertilities are clamped to L-1 in the fertility loss")
-        parser.add_argument("--decoder-input-copy", choices=COPY_MODES,
-                            help="decoder inputs: source embeddings copied by fertility (default) or spread uniformly "
-                                 "over the target length (length = gold length in training, sum of the decoded "
-                                 "fertilities at inference)")
-        parser.add_argument("--self-attn-mask-diagonal", dest="self_attn_mask_diagonal", action="store_true",
-                            default=None, help="decoder self-attention hides each query's own position (default on, §3.1)")
-        parser.add_argument("--no-self-attn-mask-diagonal", dest="self_attn_mask_diagonal", action="store_false",
-                            help="plain (unmasked) decoder self-attention")
+        parser.add_argument(
+            "--max-fertility",
+            type=int,
+            metavar="L",
+            help=f"fertilities are predicted with a softmax over 0..L-1 (default {DEFAULT_MAX_FERTILITY}; "
+            "Gu et al. §3.3); larger training fertilities are clamped to L-1 in the fertility loss",
+        )
+        parser.add_argument(
+            "--decoder-input-copy",
+            choices=COPY_MODES,
+            help="decoder inputs: source embeddings copied by fertility (default) or spread uniformly "
+            "over the target length (length = gold length in training, sum of the decoded "
+            "fertilities at inference)",
+        )
+        parser.add_argument(
+            "--self-attn-mask-diagonal",
+            dest="self_attn_mask_diagonal",
+            action="store_true",
+            default=None,
+            help="decoder self-attention hides each query's own position (default on, §3.1)",
+        )
+        parser.add_argument(
+            "--no-self-attn-mask-diagonal",
+            dest="self_attn_mask_diagonal",
+            action="store_false",
+            help="plain (unmasked) decoder self-attention",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -156,8 +174,10 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
 
     def forward(self, src_tokens, src_lengths, fertility=None, **kwargs):
         if fertility is None:
-            raise ValueError("fertility_nat is trained on gold fertilities: pass sample['fertility'] "
-                             "(the task loads {split}.fert.{src}; make it with nat_plugins.cli.fertility)")
+            raise ValueError(
+                "fertility_nat is trained on gold fertilities: pass sample['fertility'] "
+                "(the task loads {split}.fert.{src}; make it with nat_plugins.cli.fertility)"
+            )
         encoder_out = self.encode(src_tokens, src_lengths)
         logits, padding = self.decode(src_tokens, encoder_out, fertility)
         return {

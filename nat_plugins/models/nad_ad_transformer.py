@@ -68,8 +68,10 @@ logger = logging.getLogger(__name__)
 def nad_memory(encoder_out):
     """(NAD states T x B x C, padding mask B x T) from an ``encoder_out`` dict of :class:`NADADEncoder`."""
     if encoder_out is None or not encoder_out.get("nad_out"):
-        raise ValueError("the nad_ad_transformer decoder attends to the NAD states, but encoder_out has no 'nad_out': "
-                         "it must come from the model's NADADEncoder (model.encoder)")
+        raise ValueError(
+            "the nad_ad_transformer decoder attends to the NAD states, but encoder_out has no 'nad_out': "
+            "it must come from the model's NADADEncoder (model.encoder)"
+        )
     return encoder_out["nad_out"][0], encoder_out["nad_padding_mask"][0]
 
 
@@ -85,16 +87,31 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
         reject_normformer_options(self, "nad_ad_transformer")
         self.nad_attn = MultiheadAttention(
-            self.embed_dim, cfg.decoder.attention_heads, kdim=self.embed_dim, vdim=self.embed_dim,
-            dropout=cfg.attention_dropout, encoder_decoder_attention=True,
-            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+            self.embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=self.embed_dim,
+            vdim=self.embed_dim,
+            dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
         )
         self.nad_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
         self.nad_memory = None
 
-    def forward(self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
-                prev_self_attn_state=None, prev_attn_state=None, self_attn_mask=None, self_attn_padding_mask=None,
-                need_attn=False, need_head_weights=False):
+    def forward(
+        self,
+        x,
+        encoder_out=None,
+        encoder_padding_mask=None,
+        incremental_state=None,
+        prev_self_attn_state=None,
+        prev_attn_state=None,
+        self_attn_mask=None,
+        self_attn_padding_mask=None,
+        need_attn=False,
+        need_head_weights=False,
+    ):
         """fairseq's decoder-layer interface (``x``: T x B x C); returns (x, encoder attention, None)."""
         if prev_self_attn_state is not None or prev_attn_state is not None:
             raise NotImplementedError("nad_ad_transformer layers do not take prev_self_attn_state/prev_attn_state")
@@ -104,18 +121,38 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
         need_attn = need_attn or need_head_weights
 
         def self_attention(h):
-            return self.self_attn(query=h, key=h, value=h, key_padding_mask=self_attn_padding_mask,
-                                  incremental_state=incremental_state, need_weights=False, attn_mask=self_attn_mask)
+            return self.self_attn(
+                query=h,
+                key=h,
+                value=h,
+                key_padding_mask=self_attn_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=self_attn_mask,
+            )
 
         def nad_attention(h):  # §3.2: queries from the AD, keys/values = top NAD states (projected once, cached)
-            return self.nad_attn(query=h, key=nad_out, value=nad_out, key_padding_mask=nad_padding_mask,
-                                 incremental_state=incremental_state, static_kv=True, need_weights=False)
+            return self.nad_attn(
+                query=h,
+                key=nad_out,
+                value=nad_out,
+                key_padding_mask=nad_padding_mask,
+                incremental_state=incremental_state,
+                static_kv=True,
+                need_weights=False,
+            )
 
         def encoder_attention(h):
-            return self.encoder_attn(query=h, key=encoder_out, value=encoder_out,
-                                     key_padding_mask=encoder_padding_mask, incremental_state=incremental_state,
-                                     static_kv=True, need_weights=need_attn or (not self.training and self.need_attn),
-                                     need_head_weights=need_head_weights)
+            return self.encoder_attn(
+                query=h,
+                key=encoder_out,
+                value=encoder_out,
+                key_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state,
+                static_kv=True,
+                need_weights=need_attn or (not self.training and self.need_attn),
+                need_head_weights=need_head_weights,
+            )
 
         def feed_forward(h):
             h = self.activation_dropout_module(self.activation_fn(self.fc1(h)))
@@ -141,21 +178,31 @@ class NADADDecoder(TransformerDecoderBase):
             raise ValueError("nad_ad_transformer does not support --checkpoint-activations")
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.nad_output_projection = nn.Linear(cfg.decoder.embed_dim, len(dictionary), bias=False)
-        nn.init.normal_(self.nad_output_projection.weight, mean=0.0, std=cfg.decoder.embed_dim ** -0.5)
+        nn.init.normal_(self.nad_output_projection.weight, mean=0.0, std=cfg.decoder.embed_dim**-0.5)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return NADADDecoderLayer(cfg, no_encoder_attn=no_encoder_attn)
 
-    def extract_features_scriptable(self, prev_output_tokens, encoder_out, incremental_state=None,
-                                    full_context_alignment=False, alignment_layer=None, alignment_heads=None):
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out,
+        incremental_state=None,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+    ):
         """fairseq's decoder pass, with the NAD memory of ``encoder_out`` made visible to every layer."""
         memory = nad_memory(encoder_out)
         for layer in self.layers:
             layer.nad_memory = memory
         try:
             return super().extract_features_scriptable(
-                prev_output_tokens, encoder_out, incremental_state=incremental_state,
-                full_context_alignment=full_context_alignment, alignment_layer=alignment_layer,
+                prev_output_tokens,
+                encoder_out,
+                incremental_state=incremental_state,
+                full_context_alignment=full_context_alignment,
+                alignment_layer=alignment_layer,
                 alignment_heads=alignment_heads,
             )
         finally:
@@ -174,8 +221,10 @@ class NADADEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, nad_layers, input_copy, max_length, max_fertility):
         super().__init__(cfg, dictionary, embed_tokens)
         if cfg.encoder.embed_dim != cfg.decoder.embed_dim:
-            raise ValueError("nad_ad_transformer copies source embeddings into the NAD: --encoder-embed-dim "
-                             f"({cfg.encoder.embed_dim}) must equal --decoder-embed-dim ({cfg.decoder.embed_dim})")
+            raise ValueError(
+                "nad_ad_transformer copies source embeddings into the NAD: --encoder-embed-dim "
+                f"({cfg.encoder.embed_dim}) must equal --decoder-embed-dim ({cfg.decoder.embed_dim})"
+            )
         self.eos = dictionary.eos()
         self.input_copy = input_copy
         self.nad = NonAutoregressiveDecoder(cfg, nad_layers, dictionary.pad(), mask_self_diagonal=False)
@@ -185,12 +234,23 @@ class NADADEncoder(TransformerEncoderBase):
         else:
             self.fertility_predictor = FertilityPredictor(cfg.encoder.embed_dim, max_fertility, dropout=cfg.dropout)
 
-    def forward(self, src_tokens, src_lengths=None, return_all_hiddens=False, token_embeddings=None,
-                nad_lengths=None, nad_fertility=None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths=None,
+        return_all_hiddens=False,
+        token_embeddings=None,
+        nad_lengths=None,
+        nad_fertility=None,
+    ):
         """fairseq's encoder output plus the NAD memory. ``nad_lengths`` (B, target lengths without EOS) or
         ``nad_fertility`` (B x S) are the gold ones in training; None at inference (predicted)."""
-        encoder_out = super().forward(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
-                                      token_embeddings=token_embeddings)
+        encoder_out = super().forward(
+            src_tokens,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+            token_embeddings=token_embeddings,
+        )
         encoder_out.update(self.forward_nad(src_tokens, encoder_out, nad_lengths, nad_fertility))
         return encoder_out
 
@@ -250,16 +310,31 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--nad-layers", type=int, metavar="N",
-                            help="layers of the non-autoregressive decoder (default: --decoder-layers)")
-        parser.add_argument("--nad-input-copy", choices=COPY_MODES,
-                            help="NAD inputs: source embeddings copied uniformly over a (gold / predicted) length, "
-                                 "or by (gold from {split}.fert.{src} / predicted) fertilities; default uniform")
-        parser.add_argument("--nad-max-length", type=int, metavar="N",
-                            help="NAD length classes 0..N-1 of the length predictor (uniform copy; default 256)")
-        parser.add_argument("--max-fertility", type=int, metavar="L",
-                            help="fertility classes 0..L-1 of the fertility predictor (fertility copy; default "
-                                 f"{DEFAULT_MAX_FERTILITY})")
+        parser.add_argument(
+            "--nad-layers",
+            type=int,
+            metavar="N",
+            help="layers of the non-autoregressive decoder (default: --decoder-layers)",
+        )
+        parser.add_argument(
+            "--nad-input-copy",
+            choices=COPY_MODES,
+            help="NAD inputs: source embeddings copied uniformly over a (gold / predicted) length, "
+            "or by (gold from {split}.fert.{src} / predicted) fertilities; default uniform",
+        )
+        parser.add_argument(
+            "--nad-max-length",
+            type=int,
+            metavar="N",
+            help="NAD length classes 0..N-1 of the length predictor (uniform copy; default 256)",
+        )
+        parser.add_argument(
+            "--max-fertility",
+            type=int,
+            metavar="L",
+            help="fertility classes 0..L-1 of the fertility predictor (fertility copy; default "
+            f"{DEFAULT_MAX_FERTILITY})",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -283,19 +358,40 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
         cfg = TransformerConfig.from_namespace(cfg)
         return NADADDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, return_all_hiddens=True, features_only=False,
-                alignment_layer=None, alignment_heads=None, nad_lengths=None, nad_fertility=None, logits_at=None):
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens=True,
+        features_only=False,
+        alignment_layer=None,
+        alignment_heads=None,
+        nad_lengths=None,
+        nad_fertility=None,
+        logits_at=None,
+    ):
         """fairseq's forward (AD logits and extras); the extras also hold the NAD's ``nad_logits`` (B x T x V),
         ``nad_padding_mask`` and the length or fertility predictor's logits. ``nad_lengths`` / ``nad_fertility``:
         the gold NAD length (B, EOS excluded) or fertilities (B x S) in training. ``logits_at`` (B x T bool, the
         AD's scored positions): the AD logits of those positions only and the NAD logits of its unpadded
         positions only, each packed N x V (:func:`~nat_plugins.models.plugin_model.logits_at_positions`)."""
-        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens,
-                                   nad_lengths=nad_lengths, nad_fertility=nad_fertility)
-        x, extra = self.decoder(prev_output_tokens, encoder_out=encoder_out,
-                                features_only=features_only or logits_at is not None,
-                                alignment_layer=alignment_layer, alignment_heads=alignment_heads,
-                                src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
+        encoder_out = self.encoder(
+            src_tokens,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+            nad_lengths=nad_lengths,
+            nad_fertility=nad_fertility,
+        )
+        x, extra = self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            features_only=features_only or logits_at is not None,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+        )
         nad_padding = encoder_out["nad_padding_mask"][0]
         nad_positions = None
         if logits_at is not None:

@@ -44,9 +44,13 @@ class NATPluginModel:
     @staticmethod
     def add_init_from_ar_args(parser):
         """``--init-from-ar PATH`` (call from ``add_args``); the architecture functions default it to None."""
-        parser.add_argument("--init-from-ar", type=str, metavar="PATH",
-                            help="initialise every parameter whose name and shape match this AR Transformer "
-                                 "checkpoint when training starts (logged); never used when a checkpoint is loaded")
+        parser.add_argument(
+            "--init-from-ar",
+            type=str,
+            metavar="PATH",
+            help="initialise every parameter whose name and shape match this AR Transformer "
+            "checkpoint when training starts (logged); never used when a checkpoint is loaded",
+        )
 
     @classmethod
     def build_model(cls, args, task):

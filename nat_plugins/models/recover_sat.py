@@ -42,8 +42,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_NUM_SEGMENTS = 2
 # parameters with one row per dictionary entry: the AR teacher's rows are copied, the DEL row stays random
-VOCABULARY_PARAMETERS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-                         "decoder.output_projection.weight")
+VOCABULARY_PARAMETERS = (
+    "encoder.embed_tokens.weight",
+    "decoder.embed_tokens.weight",
+    "decoder.output_projection.weight",
+)
 
 
 class RecoverSATDecoder(GroupedTransformerDecoder):
@@ -53,7 +56,7 @@ class RecoverSATDecoder(GroupedTransformerDecoder):
     def __init__(self, cfg, dictionary, embed_tokens, num_segments, no_encoder_attn=False):
         super().__init__(cfg, dictionary, embed_tokens, num_segments, no_encoder_attn=no_encoder_attn)
         self.embed_segments = nn.Embedding(num_segments, embed_tokens.embedding_dim)  # scaled by embed_scale
-        nn.init.normal_(self.embed_segments.weight, mean=0.0, std=embed_tokens.embedding_dim ** -0.5)
+        nn.init.normal_(self.embed_segments.weight, mean=0.0, std=embed_tokens.embedding_dim**-0.5)
         nn.init.zeros_(self.embed_segments.weight[0])
 
     @property
@@ -70,8 +73,10 @@ class RecoverSATDecoder(GroupedTransformerDecoder):
         """+ the position inside the segment + the segment embedding (§3.1) of step-major inputs (B x T*K)."""
         K = self.num_segments
         if prev_output_tokens.size(1) % K != 0:
-            raise ValueError(f"recover_sat decoder inputs must hold whole steps of --num-segments {K} positions, "
-                             f"got {prev_output_tokens.size(1)} positions")
+            raise ValueError(
+                f"recover_sat decoder inputs must hold whole steps of --num-segments {K} positions, "
+                f"got {prev_output_tokens.size(1)} positions"
+            )
         if self.embed_positions is not None:
             positions = self.step_positions(prev_output_tokens.size(1) // K, prev_output_tokens)
             if incremental_state is not None:
@@ -95,9 +100,13 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--num-segments", type=int, metavar="K",
-                            help=f"segments decoded in parallel (RecoverSAT's K; default {DEFAULT_NUM_SEGMENTS}); "
-                                 "K=1 is the AR Transformer")
+        parser.add_argument(
+            "--num-segments",
+            type=int,
+            metavar="K",
+            help=f"segments decoded in parallel (RecoverSAT's K; default {DEFAULT_NUM_SEGMENTS}); "
+            "K=1 is the AR Transformer",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -110,8 +119,10 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
             add_segment_symbols(task.source_dictionary)  # joined dictionaries must stay equal
         model = super().build_model(args, task)
         if args.num_segments > model.max_decoder_positions():
-            raise ValueError(f"--num-segments {args.num_segments} is larger than the decoder's "
-                             f"{model.max_decoder_positions()} positions (--max-target-positions)")
+            raise ValueError(
+                f"--num-segments {args.num_segments} is larger than the decoder's "
+                f"{model.max_decoder_positions()} positions (--max-target-positions)"
+            )
         return model
 
     @classmethod
@@ -151,7 +162,7 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
             own, ar = own_state[name], ar_state[name]
             if ar.dim() != 2 or ar.size(1) != own.size(1) or ar.size(0) > own.size(0):
                 continue
-            rows[name] = torch.cat([ar.to(own.dtype), own[ar.size(0):]])
+            rows[name] = torch.cat([ar.to(own.dtype), own[ar.size(0) :]])
         self.load_state_dict(rows, strict=False)
         if rows:
             logger.info(f"initialised the AR dictionary rows of {', '.join(sorted(rows))} from {path}")

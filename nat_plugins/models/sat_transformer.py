@@ -51,7 +51,7 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
         if self.embed_positions is None:
             return x
         positions = self.embed_positions(prev_output_tokens)
-        return x + (positions if incremental_state is None else positions[:, -self.group_size:])
+        return x + (positions if incremental_state is None else positions[:, -self.group_size :])
 
 
 @register_model("sat_transformer")
@@ -78,15 +78,21 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        parser.add_argument("--group-size", type=int, metavar="K",
-                            help=f"tokens per decoding step (SAT's K; default {DEFAULT_GROUP_SIZE}); K=1 is the AR "
-                                 "Transformer")
+        parser.add_argument(
+            "--group-size",
+            type=int,
+            metavar="K",
+            help=f"tokens per decoding step (SAT's K; default {DEFAULT_GROUP_SIZE}); K=1 is the AR Transformer",
+        )
         cls.add_init_from_ar_args(parser)
-        parser.add_argument("--init-from-ar-parts", choices=AR_INIT_PARTS,
-                            help="with --init-from-ar: 'all' matching parameters, decoder layers included "
-                                 "(default: measured better, see the model's docstring), or only "
-                                 "'encoder-embeddings' (encoder, embeddings and output projection, as the paper's "
-                                 "released code; the decoder layers start random)")
+        parser.add_argument(
+            "--init-from-ar-parts",
+            choices=AR_INIT_PARTS,
+            help="with --init-from-ar: 'all' matching parameters, decoder layers included "
+            "(default: measured better, see the model's docstring), or only "
+            "'encoder-embeddings' (encoder, embeddings and output projection, as the paper's "
+            "released code; the decoder layers start random)",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -95,8 +101,10 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
             raise ValueError(f"--group-size must be >= 1, got {args.group_size}")
         model = super().build_model(args, task)
         if args.group_size > model.max_decoder_positions():
-            raise ValueError(f"--group-size {args.group_size} is larger than the decoder's "
-                             f"{model.max_decoder_positions()} positions (--max-target-positions)")
+            raise ValueError(
+                f"--group-size {args.group_size} is larger than the decoder's "
+                f"{model.max_decoder_positions()} positions (--max-target-positions)"
+            )
         model.init_decoder_layers_from_ar = args.init_from_ar_parts == "all"
         return model
 
@@ -117,7 +125,6 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         if not self.init_decoder_layers_from_ar and name.startswith(("decoder.layers.", "decoder.layer_norm.")):
             return None
         return name
-
 
 
 @register_model_architecture("sat_transformer", "sat_transformer")

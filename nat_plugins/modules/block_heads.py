@@ -25,8 +25,9 @@ class BlockHeads(nn.Module):
     them.
     """
 
-    def __init__(self, embed_dim, ffn_dim, block_size, identity_first_head, dropout, activation_dropout,
-                 activation_fn="relu"):
+    def __init__(
+        self, embed_dim, ffn_dim, block_size, identity_first_head, dropout, activation_dropout, activation_fn="relu"
+    ):
         super().__init__()
         if block_size < 1:
             raise ValueError(f"--block-size must be at least 1, got {block_size}")
@@ -36,8 +37,9 @@ class BlockHeads(nn.Module):
         self.num_ffn_heads = block_size - int(identity_first_head)
         if self.num_ffn_heads > 0:
             self.fc1 = nn.Linear(embed_dim, self.num_ffn_heads * ffn_dim)
-            self.fc2 = nn.ModuleList(nn.Linear(self.num_ffn_heads * ffn_dim, embed_dim)
-                                     for _ in range(self.num_ffn_heads))
+            self.fc2 = nn.ModuleList(
+                nn.Linear(self.num_ffn_heads * ffn_dim, embed_dim) for _ in range(self.num_ffn_heads)
+            )
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
         self.activation_dropout_module = FairseqDropout(activation_dropout, module_name=type(self).__name__)

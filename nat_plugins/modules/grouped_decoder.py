@@ -50,7 +50,7 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         if encoder_out is not None and encoder_out["encoder_padding_mask"]:
             padding_mask = encoder_out["encoder_padding_mask"][0]
 
-        tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size:]
+        tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size :]
         x = self.embed_scale * self.embed_tokens(tokens.contiguous())
         if self.quant_noise is not None:
             x = self.quant_noise(x)
@@ -72,9 +72,14 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         inner_states = [x]
         for idx, layer in enumerate(self.layers):
             x, layer_attn, _ = layer(
-                x, enc, padding_mask, incremental_state,
-                self_attn_mask=self_attn_mask, self_attn_padding_mask=self_attn_padding_mask,
-                need_attn=idx == alignment_layer, need_head_weights=idx == alignment_layer,
+                x,
+                enc,
+                padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=idx == alignment_layer,
+                need_head_weights=idx == alignment_layer,
             )
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:

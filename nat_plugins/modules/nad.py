@@ -45,7 +45,7 @@ def ar_decoder_parameter_name(name, nad_prefix):
     unchanged."""
     if not name.startswith(nad_prefix):
         return name
-    local = name[len(nad_prefix):]
+    local = name[len(nad_prefix) :]
     match = AR_DECODER_SUBLAYER.match(local)
     if match:
         return f"decoder.layers.{match[1]}.{match[2]}"
@@ -137,8 +137,10 @@ def reject_normformer_options(layer, who):
     """Fail on fairseq's NormFormer/scale sublayers (``--scale-attn`` etc.), which these layers' forward skips."""
     for extra in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid"):
         if getattr(layer, extra, None) is not None:
-            raise ValueError(f"{who} does not support fairseq's '{extra}' (NormFormer/scale options): leave "
-                             "--scale-attn/--scale-heads/--scale-fc/--scale-resids off")
+            raise ValueError(
+                f"{who} does not support fairseq's '{extra}' (NormFormer/scale options): leave "
+                "--scale-attn/--scale-heads/--scale-fc/--scale-resids off"
+            )
 
 
 def residual_sublayer(layer, x, layer_norm, fn):
@@ -168,16 +170,19 @@ class NADLayer(TransformerDecoderLayerBase):
         """``x``, ``positions``: T x B x C; ``encoder_out``: S x B x C; masks as fairseq's (True = padding)."""
 
         def self_attention(h):
-            return self.self_attn(query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask,
-                                  need_weights=False)
+            return self.self_attn(
+                query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask, need_weights=False
+            )
 
         def positional_attention(h):
-            return self.pos_attn(query=positions, key=positions, value=h, key_padding_mask=padding_mask,
-                                 need_weights=False)
+            return self.pos_attn(
+                query=positions, key=positions, value=h, key_padding_mask=padding_mask, need_weights=False
+            )
 
         def encoder_attention(h):
-            return self.encoder_attn(query=h, key=encoder_out, value=encoder_out,
-                                     key_padding_mask=encoder_padding_mask, need_weights=False)
+            return self.encoder_attn(
+                query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask, need_weights=False
+            )
 
         def feed_forward(h):
             h = self.activation_dropout_module(self.activation_fn(self.fc1(h)))
@@ -203,8 +208,9 @@ class NonAutoregressiveDecoder(nn.Module):
         embed_dim = cfg.decoder.embed_dim
         self.padding_idx = padding_idx
         self.mask_self_diagonal = mask_self_diagonal
-        self.embed_positions = PositionalEmbedding(cfg.max_target_positions, embed_dim, padding_idx,
-                                                   learned=cfg.decoder.learned_pos)
+        self.embed_positions = PositionalEmbedding(
+            cfg.max_target_positions, embed_dim, padding_idx, learned=cfg.decoder.learned_pos
+        )
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=type(self).__name__)
         self.layers = nn.ModuleList([NADLayer(cfg) for _ in range(num_layers)])
         self.layer_norm = LayerNorm(embed_dim, export=cfg.export) if cfg.decoder.normalize_before else None
@@ -222,8 +228,10 @@ class NonAutoregressiveDecoder(nn.Module):
         """States (B x T x C) of the NAD for copied ``inputs`` (B x T x C, right-padded), ``padding_mask`` (B x T)
         and fairseq's ``encoder_out`` dict; also a dict with the per-layer ``inner_states`` (T x B x C)."""
         if inputs.size(1) > self.max_positions():
-            raise ValueError(f"the non-autoregressive decoder got {inputs.size(1)} target positions, more than its "
-                             f"{self.max_positions()} (--max-target-positions)")
+            raise ValueError(
+                f"the non-autoregressive decoder got {inputs.size(1)} target positions, more than its "
+                f"{self.max_positions()} (--max-target-positions)"
+            )
         positions = self.positions(padding_mask)
         x = self.dropout_module(inputs + positions).transpose(0, 1)
         positions = positions.transpose(0, 1)

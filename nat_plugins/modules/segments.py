@@ -33,18 +33,21 @@ def word_boundary_tables(dictionary):
     ``continues_word[v]`` (no split may come right after v): sentencepiece ``▁`` and subword-nmt ``@@`` aware."""
     symbols = dictionary.symbols
     sentencepiece = any(symbol.startswith("\u2581") for symbol in symbols)
-    starts_word = torch.tensor([
-        index < dictionary.nspecial or symbol == DEL_SYMBOL or not sentencepiece or symbol.startswith("\u2581")
-        for index, symbol in enumerate(symbols)
-    ])
+    starts_word = torch.tensor(
+        [
+            index < dictionary.nspecial or symbol == DEL_SYMBOL or not sentencepiece or symbol.startswith("\u2581")
+            for index, symbol in enumerate(symbols)
+        ]
+    )
     continues_word = torch.tensor([symbol.endswith("@@") for symbol in symbols])
     return starts_word, continues_word
 
 
 def allowed_split_points(tokens, starts_word, continues_word):
     """Interior split points 1..n-1 of ``tokens`` (a list of n token ids) that do not cut a word."""
-    return [i for i in range(1, len(tokens))
-            if bool(starts_word[tokens[i]]) and not bool(continues_word[tokens[i - 1]])]
+    return [
+        i for i in range(1, len(tokens)) if bool(starts_word[tokens[i]]) and not bool(continues_word[tokens[i - 1]])
+    ]
 
 
 def equal_split_points(length, num_segments, allowed=None):
@@ -80,7 +83,7 @@ def inject_pseudo_repetition(segments, index, prefix_length):
     if not 1 <= prefix_length <= len(segments[index]):
         raise ValueError(f"prefix length {prefix_length} is not in 1..{len(segments[index])} (segment {index})")
     pseudo = segments[index][:prefix_length]
-    new_segments = segments[: index + 1] + [pseudo] + segments[index + 1:]
+    new_segments = segments[: index + 1] + [pseudo] + segments[index + 1 :]
     flags = [False] * len(new_segments)
     flags[index + 1] = True
     return new_segments, flags

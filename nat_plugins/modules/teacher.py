@@ -25,12 +25,15 @@ class FrozenTeacher:
         try:
             models, _cfg = checkpoint_utils.load_model_ensemble([path], task=task)
         except RuntimeError as err:  # state-dict size mismatch: another dictionary
-            raise ValueError(f"{option} {path!r} does not fit this data-bin (was it trained with the same "
-                             f"dictionaries?): {err}") from err
+            raise ValueError(
+                f"{option} {path!r} does not fit this data-bin (was it trained with the same dictionaries?): {err}"
+            ) from err
         model = models[0]
         if hasattr(model, "fertility_predictor") or not hasattr(model, "decoder"):
-            raise ValueError(f"{option} {path!r} must be an autoregressive encoder-decoder (the AR teacher), "
-                             f"got {type(model).__name__}")
+            raise ValueError(
+                f"{option} {path!r} must be an autoregressive encoder-decoder (the AR teacher), "
+                f"got {type(model).__name__}"
+            )
         model.eval()
         for parameter in model.parameters():
             parameter.requires_grad_(False)
@@ -49,7 +52,8 @@ class FrozenTeacher:
 
         ``tokens`` (N x T, right-padded with the dictionary's pad, no EOS) of lengths ``lengths`` (N); row n of
         ``tokens`` translates sentence ``order[n]`` of ``src_tokens`` (B x S; ``order`` None: N = B, row n = sentence
-        n). The encoder runs once per sentence, the decoder once over all N rows. Returns ``lprobs`` (N x (T+1) x V, the teacher's distributions for positions 0..T,
+        n). The encoder runs once per sentence, the decoder once over all N rows. Returns ``lprobs`` (N x (T+1) x V,
+        the teacher's distributions for positions 0..T,
         the one at ``lengths`` being that of EOS) and ``target`` (N x (T+1): tokens then EOS, padded)."""
         model = self.model
         dictionary = model.decoder.dictionary

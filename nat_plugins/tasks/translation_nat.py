@@ -1,6 +1,7 @@
 """Task ``translation_nat``: fairseq's ``translation`` plus the side inputs and generators of nat_plugins.
 
-One task serves every plugin model, so every system shares one set of side files and options. On top of :class:`fairseq.tasks.translation.TranslationTask`
+One task serves every plugin model, so every system shares one set of side files and options. On top of
+:class:`fairseq.tasks.translation.TranslationTask`
 it
 
 * loads optional per-split side files from the data directory:
@@ -72,8 +73,10 @@ class TranslationNATConfig(TranslationConfig):
     # blockwise parallel decoding (blockwise_transformer, Stern et al. 2018): verify-accept options
     block_accept: str = field(
         default="exact",
-        metadata={"help": "blockwise: accept a proposal if it is p1's argmax ('exact': output = greedy decoding of "
-                  "head 1) or among p1's top M ('topk:M')"},
+        metadata={
+            "help": "blockwise: accept a proposal if it is p1's argmax ('exact': output = greedy decoding of "
+            "head 1) or among p1's top M ('topk:M')"
+        },
     )
     min_block_size: int = field(
         default=1, metadata={"help": "blockwise: accept at least this many proposals per step (1..--block-size)"}
@@ -86,8 +89,10 @@ class TranslationNATConfig(TranslationConfig):
     # NAT with fertility (fertility_nat, Gu et al. 2018): decoding options (generators/fertility_decoding.py)
     fertility_decoding: FERTILITY_DECODING_MODES = field(
         default="argmax",
-        metadata={"help": "fertility_nat: 'argmax' fertilities, 'average' (rounded expected fertility) or 'npd' "
-                  "(noisy parallel decoding: --npd-samples candidates rescored by --npd-teacher)"},
+        metadata={
+            "help": "fertility_nat: 'argmax' fertilities, 'average' (rounded expected fertility) or 'npd' "
+            "(noisy parallel decoding: --npd-samples candidates rescored by --npd-teacher)"
+        },
     )
     npd_samples: int = field(
         default=10, metadata={"help": "fertility_nat NPD: fertility sequences per sentence (the argmax one included)"}
@@ -97,8 +102,10 @@ class TranslationNATConfig(TranslationConfig):
     )
     npd_length_normalize: bool = field(
         default=False,
-        metadata={"help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
-                  "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"},
+        metadata={
+            "help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
+            "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"
+        },
     )
 
 
@@ -231,9 +238,16 @@ class TranslationNATTask(TranslationTask):
             kd = load_distilled_targets(paths["kd_target"], self.tgt_dict, len(pair), split, required=replace_targets)
         if replace_targets:
             pair = LanguagePairDataset(
-                pair.src, pair.src_sizes, pair.src_dict, kd, kd.sizes, pair.tgt_dict,
-                left_pad_source=pair.left_pad_source, left_pad_target=pair.left_pad_target,
-                shuffle=pair.shuffle, pad_to_multiple=self.cfg.required_seq_len_multiple,
+                pair.src,
+                pair.src_sizes,
+                pair.src_dict,
+                kd,
+                kd.sizes,
+                pair.tgt_dict,
+                left_pad_source=pair.left_pad_source,
+                left_pad_target=pair.left_pad_target,
+                shuffle=pair.shuffle,
+                pad_to_multiple=self.cfg.required_seq_len_multiple,
             )
             logger.info(f"{split}: training on the distilled targets {paths['kd_target']}")
             kd = None  # the targets *are* the distilled ones now

@@ -105,13 +105,16 @@ def add_length_buckets(rows: List[Row], source_lengths: List[int], references: L
         latencies = [[] for _ in buckets]
         for length, ms in zip(row.timed_src_lengths, row.timed_latency_ms):
             latencies[bucket_of(length, buckets)].append(ms)
-        row.by_length = [{
-            "bucket": bucket.label,
-            "sentences": len(ids),
-            "bleu": corpus_bleu([row.hyps[i] for i in ids], [references[i] for i in ids])[0] if ids else None,
-            "timed_sentences": len(ms),
-            "latency_ms_median": statistics.median(ms) if ms else None,
-        } for bucket, ids, ms in zip(buckets, members, latencies)]
+        row.by_length = [
+            {
+                "bucket": bucket.label,
+                "sentences": len(ids),
+                "bleu": corpus_bleu([row.hyps[i] for i in ids], [references[i] for i in ids])[0] if ids else None,
+                "timed_sentences": len(ms),
+                "latency_ms_median": statistics.median(ms) if ms else None,
+            }
+            for bucket, ids, ms in zip(buckets, members, latencies)
+        ]
 
 
 def pareto_front(points: List[tuple]) -> List[int]:
@@ -132,14 +135,28 @@ def paired_bootstrap(pairs: List[tuple], hyps: Dict[str, List[str]], references:
     results = []
     for baseline, system in pairs:
         bleu = sacrebleu.metrics.BLEU(references=[references])
-        test = PairedTest([(baseline, hyps[baseline]), (system, hyps[system])], {"BLEU": bleu}, references=None,
-                          test_type="bs", n_samples=1000)
+        test = PairedTest(
+            [(baseline, hyps[baseline]), (system, hyps[system])],
+            {"BLEU": bleu},
+            references=None,
+            test_type="bs",
+            n_samples=1000,
+        )
         signatures, scores = test()
         base, other = scores["BLEU"]
-        results.append({
-            "baseline": baseline, "system": system, "baseline_bleu": base.score, "system_bleu": other.score,
-            "delta": other.score - base.score, "p_value": other.p_value,
-            "baseline_mean": base.mean, "baseline_ci": base.ci, "system_mean": other.mean, "system_ci": other.ci,
-            "signature": str(signatures["BLEU"]),
-        })
+        results.append(
+            {
+                "baseline": baseline,
+                "system": system,
+                "baseline_bleu": base.score,
+                "system_bleu": other.score,
+                "delta": other.score - base.score,
+                "p_value": other.p_value,
+                "baseline_mean": base.mean,
+                "baseline_ci": base.ci,
+                "system_mean": other.mean,
+                "system_ci": other.ci,
+                "signature": str(signatures["BLEU"]),
+            }
+        )
     return results

@@ -35,9 +35,21 @@ logger = logging.getLogger("nat_plugins.cli.benchmark")
 def generation_cfg(args, spec: RowSpec, use_cuda: bool):
     """Parse the row's fairseq-generate command line with fairseq's own parser into an omegaconf config."""
     argv = [
-        args.data_bin, "--path", spec.checkpoint, "--user-dir", args.user_dir, "--task", "translation_nat",
-        "--gen-subset", args.gen_subset, "--batch-size", str(args.batch_size), "--seed", str(args.seed),
-        "--post-process", args.post_process,
+        args.data_bin,
+        "--path",
+        spec.checkpoint,
+        "--user-dir",
+        args.user_dir,
+        "--task",
+        "translation_nat",
+        "--gen-subset",
+        args.gen_subset,
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--post-process",
+        args.post_process,
     ]
     argv += ["-s", args.source_lang] if args.source_lang else []
     argv += ["-t", args.target_lang] if args.target_lang else []
@@ -69,8 +81,10 @@ def source_lengths(dataset, dictionary) -> List[int]:
 
 
 def split_error(cfg, name: str, err: Exception) -> str:
-    return (f"--gen-subset {cfg.dataset.gen_subset!r}: cannot load it from data-bin {cfg.task.data!r} "
-            f"for row {name!r}: {err}")
+    return (
+        f"--gen-subset {cfg.dataset.gen_subset!r}: cannot load it from data-bin {cfg.task.data!r} "
+        f"for row {name!r}: {err}"
+    )
 
 
 @dataclass
@@ -204,8 +218,9 @@ def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
             hyps[sample_id] = decoder.to_text(hypos[i][0]["tokens"])
     size = len(generation.dataset)
     if len(hyps) != size:
-        raise BenchmarkError(f"row {desc!r}: {size - len(hyps)} sentences were not decoded (longer than the model "
-                             "allows?)")
+        raise BenchmarkError(
+            f"row {desc!r}: {size - len(hyps)} sentences were not decoded (longer than the model allows?)"
+        )
     return seconds, [hyps[i] for i in range(size)]
 
 
@@ -244,12 +259,31 @@ def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
     return f"{max_len_a:g}·|x| + {max_len_b}"
 
 
-def make_row(spec: RowSpec, hyps: List[str], references: List[str], throughput_seconds: float, batch1: Batch1,
-             generator: str, limit: str) -> Row:
+def make_row(
+    spec: RowSpec,
+    hyps: List[str],
+    references: List[str],
+    throughput_seconds: float,
+    batch1: Batch1,
+    generator: str,
+    limit: str,
+) -> Row:
     """A :class:`Row` of measurements (BLEU: sacreBLEU of ``hyps`` against ``references``)."""
     bleu, signature = corpus_bleu(hyps, references)
-    return Row(spec, hyps, bleu, signature, throughput_seconds, batch1.ids, batch1.latency_ms, generator, limit,
-               batch1.decoder_calls_per_sentence, batch1.tokens_per_call, batch1.mean_steps)
+    return Row(
+        spec,
+        hyps,
+        bleu,
+        signature,
+        throughput_seconds,
+        batch1.ids,
+        batch1.latency_ms,
+        generator,
+        limit,
+        batch1.decoder_calls_per_sentence,
+        batch1.tokens_per_call,
+        batch1.mean_steps,
+    )
 
 
 def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, warmup: int, seed: int) -> Row:
@@ -257,8 +291,10 @@ def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, war
     logger.info("row %r: %s %s", spec.name, spec.checkpoint, shlex.join(spec.args))
     decoder = load_row(cfg, spec)
     if len(decoder.generation.dataset) != len(references):
-        raise BenchmarkError(f"row {spec.name!r}: its split has {len(decoder.generation.dataset)} sentences, the "
-                             f"references {len(references)}")
+        raise BenchmarkError(
+            f"row {spec.name!r}: its split has {len(decoder.generation.dataset)} sentences, the "
+            f"references {len(references)}"
+        )
     batch1 = measure_batch1(decoder, num_latency, warmup, seed, spec.name)
     seconds, hyps = measure_throughput(decoder, seed, spec.name)
     generator = decoder.generation.generator

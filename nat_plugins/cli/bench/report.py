@@ -40,8 +40,11 @@ def distilled_targets_stats(path: Optional[str]) -> Optional[dict]:
         return None
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
-    return {"path": os.path.abspath(path), "sentences": len(lines),
-            "repeated_subwords": repeated_ratio(lines, window=1)}
+    return {
+        "path": os.path.abspath(path),
+        "sentences": len(lines),
+        "repeated_subwords": repeated_ratio(lines, window=1),
+    }
 
 
 def length_policy(rows: List[Row]) -> dict:
@@ -50,8 +53,15 @@ def length_policy(rows: List[Row]) -> dict:
     return {"limit": common, "except": {row.name: row.length_limit for row in rows if row.length_limit != common}}
 
 
-def run_metadata(args, use_cuda: bool, num_sentences: int, num_latency: int, rows: List[Row],
-                 length_buckets: List[dict], length_plot_rows: List[str]) -> dict:
+def run_metadata(
+    args,
+    use_cuda: bool,
+    num_sentences: int,
+    num_latency: int,
+    rows: List[Row],
+    length_buckets: List[dict],
+    length_plot_rows: List[str],
+) -> dict:
     """The header: what was measured, where and how."""
     return {
         "title": args.title,
@@ -122,8 +132,9 @@ def length_table(meta: dict, rows: List[Row]) -> str:
     """BLEU and median batch-1 latency of every row by source length, the buckets' sizes in the header."""
     buckets = meta["length_buckets"]
     lines = [
-        "| system | " + " | ".join(f"{b['bucket']} ({b['sentences']} sent., {b['timed_sentences']} timed)"
-                                   for b in buckets) + " |",
+        "| system | "
+        + " | ".join(f"{b['bucket']} ({b['sentences']} sent., {b['timed_sentences']} timed)" for b in buckets)
+        + " |",
         "|---|" + "---:|" * len(buckets),
     ]
     for r in rows:
@@ -158,8 +169,10 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
     ]
     kd = meta.get("distilled_targets")
     if kd:
-        header.append(f"- distilled training targets: `{kd['path']}`, {kd['sentences']} sentences, "
-                      f"{kd['repeated_subwords']:.2f}% of the subwords repeat the one before")
+        header.append(
+            f"- distilled training targets: `{kd['path']}`, {kd['sentences']} sentences, "
+            f"{kd['repeated_subwords']:.2f}% of the subwords repeat the one before"
+        )
     header += [
         "",
         markdown_table(rows, meta["teacher_beam"]),
@@ -184,9 +197,11 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
             "| baseline | system | BLEU baseline | BLEU system | Δ | p-value |",
             "|---|---|---:|---:|---:|---:|",
         ]
-        header += [f"| {t['baseline']} | {t['system']} | {t['baseline_bleu']:.2f} (± {t['baseline_ci']:.2f}) | "
-                   f"{t['system_bleu']:.2f} (± {t['system_ci']:.2f}) | {t['delta']:+.2f} | {t['p_value']:.4f} |"
-                   for t in paired]
+        header += [
+            f"| {t['baseline']} | {t['system']} | {t['baseline_bleu']:.2f} (± {t['baseline_ci']:.2f}) | "
+            f"{t['system_bleu']:.2f} (± {t['system_ci']:.2f}) | {t['delta']:+.2f} | {t['p_value']:.4f} |"
+            for t in paired
+        ]
     return "\n".join(header) + "\n"
 
 
@@ -212,8 +227,9 @@ def place_labels(ax, labels: List[tuple]):
     inside, placed = ax.get_window_extent(renderer), [legend.get_window_extent(renderer)] if legend else []
     for x, y, text, style in labels:
         for attempt, (dx, dy) in enumerate(LABEL_OFFSETS + [LABEL_OFFSETS[0]]):
-            artist = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points",
-                                 ha="left" if dx > 0 else "right", **style)
+            artist = ax.annotate(
+                text, (x, y), xytext=(dx, dy), textcoords="offset points", ha="left" if dx > 0 else "right", **style
+            )
             box = artist.get_window_extent(renderer)
             fits = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
             if attempt == len(LABEL_OFFSETS) or fits and not any(box.overlaps(other) for other in placed):
@@ -230,8 +246,14 @@ def plot_pareto(meta: dict, rows: List[Row], path: str):
     fig, ax = plt.subplots(figsize=(10, 6))
     beam = f"AR beam {meta['teacher_beam']}"
     shown = [r for r in rows if r.bleu_pct_of_teacher is not None]  # none if the teacher scored 0 BLEU
-    ax.scatter([p.speedup for p in PAPER_POINTS], [p.bleu_pct for p in PAPER_POINTS], s=40, facecolors="none",
-               edgecolors="0.55", label="paper (% of its own AR baseline, its speedup; WMT14 en-de)")
+    ax.scatter(
+        [p.speedup for p in PAPER_POINTS],
+        [p.bleu_pct for p in PAPER_POINTS],
+        s=40,
+        facecolors="none",
+        edgecolors="0.55",
+        label="paper (% of its own AR baseline, its speedup; WMT14 en-de)",
+    )
     points = [(r.latency_speedup_vs_ar_beam, r.bleu_pct_of_teacher) for r in shown]
     front = [points[i] for i in sorted(pareto_front(points), key=lambda i: points[i][0])]
     if len(front) > 1:
@@ -252,8 +274,11 @@ def plot_pareto(meta: dict, rows: List[Row], path: str):
     ax.legend(loc="lower left", fontsize=7, frameon=False)
     fig.tight_layout()
     paper_style = {"fontsize": 6, "color": "0.5"}
-    place_labels(ax, [(x, y, r.name, {"fontsize": 7}) for r, (x, y) in zip(shown, points)]
-                 + [(p.speedup, p.bleu_pct, f"paper: {p.label}", paper_style) for p in PAPER_POINTS])
+    place_labels(
+        ax,
+        [(x, y, r.name, {"fontsize": 7}) for r, (x, y) in zip(shown, points)]
+        + [(p.speedup, p.bleu_pct, f"paper: {p.label}", paper_style) for p in PAPER_POINTS],
+    )
     fig.savefig(path, dpi=150)
     plt.close(fig)
 
@@ -267,12 +292,16 @@ def plot_by_length(meta: dict, rows: List[Row], path: str):
     fig, (bleu_ax, latency_ax) = plt.subplots(1, 2, figsize=(12, 4.8))
     markers = "osD^v<>Pp*hX"
     for i, r in enumerate(shown):
-        style = dict(marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20), label=r.name, linewidth=1.2,
-                     markersize=5)
+        style = dict(
+            marker=markers[i % len(markers)], color=plt.cm.tab20(i % 20), label=r.name, linewidth=1.2, markersize=5
+        )
         xs = range(len(labels))
         bleu_ax.plot(xs, [float("nan") if b["bleu"] is None else b["bleu"] for b in r.by_length], **style)
-        latency_ax.plot(xs, [float("nan") if b["latency_ms_median"] is None else b["latency_ms_median"]
-                             for b in r.by_length], **style)
+        latency_ax.plot(
+            xs,
+            [float("nan") if b["latency_ms_median"] is None else b["latency_ms_median"] for b in r.by_length],
+            **style,
+        )
     for ax, ylabel in ((bleu_ax, "BLEU (sacreBLEU over the bucket)"), (latency_ax, "median batch-1 latency (ms)")):
         ax.set_xticks(range(len(labels)), labels, fontsize=8)
         ax.set_xlabel("source length in subwords (sentences / timed sentences)")
@@ -280,8 +309,9 @@ def plot_by_length(meta: dict, rows: List[Row], path: str):
         ax.grid(alpha=0.3)
     latency_ax.set_ylim(bottom=0)
     fig.suptitle(f"{meta['title']}: by source length\n{meta['device']}, {meta['precision']}", fontsize=9)
-    fig.legend(*bleu_ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=7,
-               frameon=False)
+    fig.legend(
+        *bleu_ax.get_legend_handles_labels(), loc="center left", bbox_to_anchor=(0.83, 0.5), fontsize=7, frameon=False
+    )
     fig.tight_layout(rect=(0, 0, 0.82, 1))
     fig.savefig(path, dpi=150)
     plt.close(fig)

@@ -13,8 +13,16 @@ import numpy as np
 
 # options the harness sets identically for every row; a --system spec may not override them
 HARNESS_OPTIONS = (
-    "--path", "--batch-size", "--max-sentences", "--max-tokens", "--gen-subset",
-    "--cpu", "--fp16", "--seed", "--post-process", "--remove-bpe",
+    "--path",
+    "--batch-size",
+    "--max-sentences",
+    "--max-tokens",
+    "--gen-subset",
+    "--cpu",
+    "--fp16",
+    "--seed",
+    "--post-process",
+    "--remove-bpe",
 )
 
 # roles, in the order the rows are reported
@@ -82,14 +90,18 @@ def split_generate_args(text: str, where: str) -> List[str]:
 def teacher_specs(teacher: str, beam: int) -> List[RowSpec]:
     """The two reference rows: the teacher with fairseq's SequenceGenerator, beam and greedy."""
     plain = ["--task", "translation"]
-    return [RowSpec(f"AR teacher, beam {beam}", teacher, plain + ["--beam", str(beam)], TEACHER_BEAM),
-            RowSpec("AR teacher, greedy", teacher, plain + ["--beam", "1"], TEACHER_GREEDY)]
+    return [
+        RowSpec(f"AR teacher, beam {beam}", teacher, plain + ["--beam", str(beam)], TEACHER_BEAM),
+        RowSpec("AR teacher, greedy", teacher, plain + ["--beam", "1"], TEACHER_GREEDY),
+    ]
 
 
 def ctranslate2_specs(teacher: str, beam: int) -> List[RowSpec]:
     """The teacher decoded by CTranslate2, beam and greedy (:mod:`nat_plugins.cli.ctranslate2_rows`)."""
-    return [RowSpec(f"AR teacher, beam {beam} (CTranslate2)", teacher, ["ctranslate2", "--beam", str(beam)], CT2_BEAM),
-            RowSpec("AR teacher, greedy (CTranslate2)", teacher, ["ctranslate2", "--beam", "1"], CT2_GREEDY)]
+    return [
+        RowSpec(f"AR teacher, beam {beam} (CTranslate2)", teacher, ["ctranslate2", "--beam", str(beam)], CT2_BEAM),
+        RowSpec("AR teacher, greedy (CTranslate2)", teacher, ["ctranslate2", "--beam", "1"], CT2_GREEDY),
+    ]
 
 
 def parse_paired_tests(texts: List[str], names: List[str]) -> List[tuple]:
@@ -188,9 +200,17 @@ class Row:
         ``hyp_file``)."""
         measured = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("spec", "hyps")}
         return {
-            "name": self.name, "slug": self.spec.slug, "role": self.role, "checkpoint": self.spec.checkpoint,
-            "args": self.spec.args, "hyp_file": self.hyp_file, "num_sentences": self.num_sentences,
-            "throughput_sent_per_s": self.throughput_sent_per_s, "latency_ms_median": self.latency_ms_median,
-            "latency_ms_p90": self.latency_ms_p90, "latency_ms_mean": self.latency_ms_mean,
-            "latency_sentences_timed": len(self.timed_latency_ms), **measured,
+            "name": self.name,
+            "slug": self.spec.slug,
+            "role": self.role,
+            "checkpoint": self.spec.checkpoint,
+            "args": self.spec.args,
+            "hyp_file": self.hyp_file,
+            "num_sentences": self.num_sentences,
+            "throughput_sent_per_s": self.throughput_sent_per_s,
+            "latency_ms_median": self.latency_ms_median,
+            "latency_ms_p90": self.latency_ms_p90,
+            "latency_ms_mean": self.latency_ms_mean,
+            "latency_sentences_timed": len(self.timed_latency_ms),
+            **measured,
         }
