@@ -225,6 +225,32 @@ def test_decoder_inputs_are_source_embeddings_copied_by_fertility(fert_data_bin,
     assert torch.allclose(seen["inputs"][0], source[0, [2, 2, 3, 3, 4]])
 
 
+@pytest.mark.parametrize("copy_mode", ["fertility", "uniform"])
+def test_candidate_rows_copy_inputs_computed_once_per_sentence(fert_data_bin, task, monkeypatch, copy_mode):
+    """NPD's candidates (``order``: the sentence of every row) decode exactly as the sentences repeated row by row,
+    but the copied source inputs are computed for the sentences only."""
+    model = build(fert_data_bin, task)
+    model.copy_mode = copy_mode
+    sample = batch(task, range(3))
+    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    encoder_out = model.encode(src_tokens, src_lengths)
+    order = torch.tensor([0, 0, 2, 1, 2, 2])
+    torch.manual_seed(0)
+    fertility = torch.randint(0, 3, (6, src_tokens.size(1))).masked_fill(~model.copyable(src_tokens)[order], 0)
+    expected = model.decode(src_tokens[order], model.encoder.reorder_encoder_out(encoder_out, order), fertility)
+    rows = []
+    source_inputs = model.source_inputs
+
+    def recorded(src_tokens, encoder_out):
+        rows.append(src_tokens.size(0))
+        return source_inputs(src_tokens, encoder_out)
+
+    monkeypatch.setattr(model, "source_inputs", recorded)
+    logits, padding = model.decode(src_tokens, encoder_out, fertility, order=order)
+    assert rows == [3]
+    assert torch.equal(padding, expected[1]) and torch.equal(logits, expected[0])
+
+
 @pytest.mark.parametrize("masked", [True, False])
 def test_self_masking_reaches_the_decoder(fert_data_bin, task, monkeypatch, masked):
     model = build(fert_data_bin, task, [] if masked else ["--no-self-attn-mask-diagonal"])
