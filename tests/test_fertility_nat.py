@@ -25,7 +25,9 @@ from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune
 from nat_plugins.generators import fertility_decoding
 from nat_plugins.generators.fertility_decoding import FertilityDecoder, cap_total, first_occurrences, nat_output
+from nat_plugins.modules.log_probs import token_log_probs
 from nat_plugins.modules.nad import NADLayer, fertility_copy_index
+from nat_plugins.modules.teacher import FrozenTeacher
 from nat_plugins.tasks.translation_nat import SideFileError
 
 from .utils import (
@@ -370,17 +372,12 @@ def test_npd_ranks_by_the_plain_teacher_log_probability(fert_data_bin, task, tin
         lambda out: spread_out.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
     )
     gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher, npd_length_normalize=normalize)
-    eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
 
     def flat_teacher(src_tokens, src_lengths, tokens, lengths, order=None):
-        target = torch.cat([tokens, tokens.new_full((tokens.size(0), 1), pad)], dim=1).scatter(
-            1, lengths.view(-1, 1), eos
-        )
-        lprobs = torch.full((*target.shape, len(task.target_dictionary)), -1.0)
-        lprobs[..., eos] = -3.0
-        return lprobs, target
+        positions = torch.arange(tokens.size(1) + 1).unsqueeze(0)  # tokens, then EOS at ``lengths``, then padding
+        return torch.where(positions < lengths.unsqueeze(1), -1.0, 0.0) - 3.0 * positions.eq(lengths.unsqueeze(1))
 
-    monkeypatch.setattr(gen.teacher, "score", flat_teacher)
+    monkeypatch.setattr(gen.teacher, "token_scores", flat_teacher)
     seen = record_teacher_scores(gen, monkeypatch)
     torch.manual_seed(0)
     hypos = gen.generate([model], sample)
@@ -404,9 +401,9 @@ def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, 
     seen = {"decoded": []}
     decode = model.decode
 
-    def recorded_decode(src_tokens, encoder_out, fertility):
+    def recorded_decode(src_tokens, encoder_out, fertility, **kwargs):
         seen["decoded"].append(fertility)
-        return decode(src_tokens, encoder_out, fertility)
+        return decode(src_tokens, encoder_out, fertility, **kwargs)
 
     def recorded_first_occurrences(fertility):
         seen["candidates"] = fertility
@@ -513,6 +510,62 @@ def test_nat_output_never_emits_pad_or_eos():
     assert tokens.tolist() == [[4, 4, pad]] and lengths.tolist() == [2] and torch.equal(logits, original)
     assert scores[0, :2].tolist() == pytest.approx(torch.log_softmax(logits[0, :2], -1)[:, 4].tolist())
     assert scores[0, 2] == 0
+
+
+def test_nat_output_on_half_precision_logits():
+    """No fp32 copy of the logits: in fp32, fp16 and bf16 the tokens are the best of the logits' values (none of
+    pad/EOS) and the scores their fp32 log-probabilities (within the half-precision log-sum-exp's error)."""
+    pad, eos, unk = 1, 2, 3
+    torch.manual_seed(0)
+    logits = (torch.rand(2, 7, 40).argsort(dim=-1) - 20) * 0.25  # distinct values per position, exact in bf16
+    logits[0, :3, pad] = logits[0, :3, eos] = 20.0  # pad and EOS best: never emitted
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1, 5:] = True
+    allowed = logits.clone()
+    allowed[..., [pad, eos]] = -float("inf")
+    expected_tokens = allowed.argmax(-1).masked_fill(padding, pad)
+    expected_scores = torch.log_softmax(logits, -1).gather(-1, expected_tokens.unsqueeze(-1)).squeeze(-1)
+    expected_scores = expected_scores.masked_fill(padding, 0.0)
+    for dtype, atol in ((torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 5e-3)):
+        tokens, scores, lengths = nat_output(logits.to(dtype), padding, pad, eos, unk)
+        assert torch.equal(tokens, expected_tokens) and lengths.tolist() == [7, 5]
+        assert scores.dtype == torch.float32
+        torch.testing.assert_close(scores, expected_scores, rtol=0, atol=atol)
+
+
+def test_token_log_probs_without_a_log_softmax():
+    """The gathered logit minus the log-sum-exp reduced in fp32 == the log-softmax at the tokens: within 1e-5 in
+    fp32; in fp16/bf16 close to the log-softmax of an fp32 copy (what fairseq's get_normalized_probs computes)."""
+    torch.manual_seed(0)
+    logits = 5 * torch.randn(4, 6, 300)
+    tokens = torch.randint(300, (4, 6))
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(token_log_probs(logits, tokens), expected, rtol=0, atol=1e-5)
+    for dtype, atol in ((torch.float16, 1e-3), (torch.bfloat16, 5e-3)):
+        half = logits.to(dtype)
+        reference = torch.log_softmax(half.float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        scores = token_log_probs(half, tokens)
+        assert scores.dtype == torch.float32
+        torch.testing.assert_close(scores, reference, rtol=0, atol=atol)
+
+
+def test_teacher_token_scores_are_its_log_softmax_at_the_targets(task, tiny_teacher):
+    """FrozenTeacher.token_scores (NPD's rescoring) == score()'s full log-probabilities (RKL fine-tuning's)
+    gathered at the targets, within 1e-5 in fp32: every token, then EOS, 0 on padding."""
+    teacher = FrozenTeacher(tiny_teacher, task, "--npd-teacher")
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    sample = batch(task, range(3))
+    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    order, lengths = torch.tensor([0, 1, 1, 2]), torch.tensor([4, 1, 3, 2])
+    torch.manual_seed(0)
+    tokens = torch.randint(4, len(task.target_dictionary), (4, 4))
+    tokens = tokens.masked_fill(torch.arange(4) >= lengths.unsqueeze(1), pad)
+    lprobs, target = teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
+    expected = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(target.eq(pad), 0.0)
+    scores = teacher.token_scores(src_tokens, src_lengths, tokens, lengths, order=order)
+    assert scores.dtype == torch.float32 and scores.shape == (4, 5)
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-5)
+    assert scores[1, 1].item() == pytest.approx(lprobs[1, 1, eos].item(), abs=1e-5) and scores[1, 2:].eq(0).all()
 
 
 def rkl_student(fert_data_bin, task, tiny_teacher):
