@@ -6,9 +6,11 @@ emits, REINFORCE sign, which parameters each term reaches, dropout-free rewards,
 teacher in the checkpoint), a tiny train -> generate -> interactive run, and learning on the synthetic task."""
 
 import faulthandler
+import json
 import os
 import shutil
 import socket
+import statistics
 import sys
 import time
 from argparse import Namespace
@@ -21,6 +23,8 @@ from fairseq.distributed import ModuleProxyWrapper
 from torch.nn.parallel import DistributedDataParallel
 
 from nat_plugins.cli import fertility as fert_cli
+from nat_plugins.cli.bench import npd_sweep
+from nat_plugins.cli.bench.rows import BenchmarkError
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune
 from nat_plugins.generators import fertility_decoding
@@ -42,6 +46,7 @@ from .utils import (
 
 TINY_FNAT = ["--arch", "fertility_nat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 12
+NUM_TEST = 40  # sentences of the dummy test split
 
 
 def has_eflomal():
@@ -760,10 +765,12 @@ def test_rkl_finetune_gradients_are_all_reduced_under_ddp(fert_data_bin, task, t
 
 
 # ----- (c) end to end --------------------------------------------------------------------------------------------
-def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, tiny_teacher, tmp_path):
-    checkpoint = train_model(
+@pytest.fixture(scope="module")
+def fnat_checkpoint(fert_data_bin, tiny_teacher, tmp_path_factory):
+    """A tiny fertility_nat trained for 10 updates from the tiny teacher."""
+    return train_model(
         fert_data_bin,
-        str(tmp_path / "fnat"),
+        str(tmp_path_factory.mktemp("fnat")),
         TINY_FNAT
         + [
             "--task",
@@ -777,6 +784,10 @@ def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, t
         ],
         max_update=10,
     )
+
+
+def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, tiny_teacher, fnat_checkpoint, tmp_path):
+    checkpoint = fnat_checkpoint
     outputs = {}
     for mode in (["argmax"], ["average"], ["npd", "--npd-samples", "4", "--npd-teacher", tiny_teacher]):
         lines = generate_lines(
@@ -831,6 +842,45 @@ def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, t
     assert not any("teacher" in key for key in state["model"]) and state.get("criterion") is None
     assert state["optimizer_history"][-1]["num_updates"] == 3  # the optimizer (and update count) was reset
     assert hypotheses(generate_lines(fert_data_bin, finetuned, ["--task", "translation_nat", "--beam", "1"]))
+
+
+def test_npd_sweep_writes_latency_and_bleu_against_samples(
+    fert_data_bin, dummy_raw, tiny_teacher, fnat_checkpoint, tmp_path
+):
+    """nat-npd-sweep: the teacher rows and one NPD row per S, decoded at batch 1 under the benchmark's protocol
+    (median/p90 over the timed sentences, BLEU over all); S=1 is argmax decoding, two decoder passes (NAT + teacher
+    rescoring) per sentence; the JSON, markdown, plot and hypotheses are written."""
+    out = tmp_path / "sweep"
+    reference = os.path.join(dummy_raw, "test.tgt")
+    argv = [fert_data_bin, "--path", fnat_checkpoint, "--teacher", tiny_teacher, "--reference", reference]
+    argv += ["--out-dir", str(out), "--cpu", "--post-process", "none", "--samples", "1,4", "--warmup", "2"]
+    results = npd_sweep.main(npd_sweep.get_parser().parse_args(argv))
+    assert json.loads((out / npd_sweep.JSON_FILE).read_text(encoding="utf-8")) == results
+    assert (out / npd_sweep.PLOT_FILE).stat().st_size > 0 and "| NPD S=4 | 4 |" in (out / "npd_sweep.md").read_text()
+    rows = results["rows"]
+    assert [(r["name"], r["samples"]) for r in rows] == [
+        ("AR teacher, beam 4", None),
+        ("AR teacher, greedy", None),
+        ("NPD S=1", 1),
+        ("NPD S=4", 4),
+    ]
+    with open(reference, encoding="utf-8") as f:
+        references = f.read().splitlines()
+    hyps = {}
+    for row in rows:
+        hyps[row["name"]] = (out / row["hyp_file"]).read_text(encoding="utf-8").splitlines()
+        assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps[row["name"]], [references]).score)
+        assert row["timed_ids"] == list(range(2, NUM_TEST)) and len(row["timed_latency_ms"]) == NUM_TEST - 2
+        assert row["latency_ms_median"] == pytest.approx(statistics.median(row["timed_latency_ms"]))
+        assert row["latency_ms_median"] <= row["latency_ms_p90"] <= max(row["timed_latency_ms"])
+        if row["samples"] is not None:
+            assert row["decoder_calls_per_sentence"] == 2
+    assert rows[1]["latency_speedup_vs_ar_greedy"] == 1.0 and results["meta"]["latency_sentences_timed"] == 38
+    argmax = hypotheses(generate_lines(fert_data_bin, fnat_checkpoint, ["--task", "translation_nat", "--beam", "1"]))
+    assert hyps["NPD S=1"] == [argmax[i] for i in range(NUM_TEST)]
+    for samples in ("0,5", "5,5", "ten"):
+        with pytest.raises(BenchmarkError, match="--samples"):
+            npd_sweep.main(npd_sweep.get_parser().parse_args(argv + ["--samples", samples]))
 
 
 # ----- (d) learning ----------------------------------------------------------------------------------------------
