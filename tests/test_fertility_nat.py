@@ -6,9 +6,11 @@ emits, REINFORCE sign, which parameters each term reaches, dropout-free rewards,
 teacher in the checkpoint), a tiny train -> generate -> interactive run, and learning on the synthetic task."""
 
 import faulthandler
+import json
 import os
 import shutil
 import socket
+import statistics
 import sys
 import time
 from argparse import Namespace
@@ -21,11 +23,15 @@ from fairseq.distributed import ModuleProxyWrapper
 from torch.nn.parallel import DistributedDataParallel
 
 from nat_plugins.cli import fertility as fert_cli
+from nat_plugins.cli.bench import npd_sweep
+from nat_plugins.cli.bench.rows import BenchmarkError
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune
 from nat_plugins.generators import fertility_decoding
 from nat_plugins.generators.fertility_decoding import FertilityDecoder, cap_total, first_occurrences, nat_output
+from nat_plugins.modules.log_probs import token_log_probs
 from nat_plugins.modules.nad import NADLayer, fertility_copy_index
+from nat_plugins.modules.teacher import FrozenTeacher
 from nat_plugins.tasks.translation_nat import SideFileError
 
 from .utils import (
@@ -40,6 +46,7 @@ from .utils import (
 
 TINY_FNAT = ["--arch", "fertility_nat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 12
+NUM_TEST = 40  # sentences of the dummy test split
 
 
 def has_eflomal():
@@ -225,6 +232,32 @@ def test_decoder_inputs_are_source_embeddings_copied_by_fertility(fert_data_bin,
     assert torch.allclose(seen["inputs"][0], source[0, [2, 2, 3, 3, 4]])
 
 
+@pytest.mark.parametrize("copy_mode", ["fertility", "uniform"])
+def test_candidate_rows_copy_inputs_computed_once_per_sentence(fert_data_bin, task, monkeypatch, copy_mode):
+    """NPD's candidates (``order``: the sentence of every row) decode exactly as the sentences repeated row by row,
+    but the copied source inputs are computed for the sentences only."""
+    model = build(fert_data_bin, task)
+    model.copy_mode = copy_mode
+    sample = batch(task, range(3))
+    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    encoder_out = model.encode(src_tokens, src_lengths)
+    order = torch.tensor([0, 0, 2, 1, 2, 2])
+    torch.manual_seed(0)
+    fertility = torch.randint(0, 3, (6, src_tokens.size(1))).masked_fill(~model.copyable(src_tokens)[order], 0)
+    expected = model.decode(src_tokens[order], model.encoder.reorder_encoder_out(encoder_out, order), fertility)
+    rows = []
+    source_inputs = model.source_inputs
+
+    def recorded(src_tokens, encoder_out):
+        rows.append(src_tokens.size(0))
+        return source_inputs(src_tokens, encoder_out)
+
+    monkeypatch.setattr(model, "source_inputs", recorded)
+    logits, padding = model.decode(src_tokens, encoder_out, fertility, order=order)
+    assert rows == [3]
+    assert torch.equal(padding, expected[1]) and torch.equal(logits, expected[0])
+
+
 @pytest.mark.parametrize("masked", [True, False])
 def test_self_masking_reaches_the_decoder(fert_data_bin, task, monkeypatch, masked):
     model = build(fert_data_bin, task, [] if masked else ["--no-self-attn-mask-diagonal"])
@@ -344,17 +377,12 @@ def test_npd_ranks_by_the_plain_teacher_log_probability(fert_data_bin, task, tin
         lambda out: spread_out.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
     )
     gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher, npd_length_normalize=normalize)
-    eos, pad = task.target_dictionary.eos(), task.target_dictionary.pad()
 
     def flat_teacher(src_tokens, src_lengths, tokens, lengths, order=None):
-        target = torch.cat([tokens, tokens.new_full((tokens.size(0), 1), pad)], dim=1).scatter(
-            1, lengths.view(-1, 1), eos
-        )
-        lprobs = torch.full((*target.shape, len(task.target_dictionary)), -1.0)
-        lprobs[..., eos] = -3.0
-        return lprobs, target
+        positions = torch.arange(tokens.size(1) + 1).unsqueeze(0)  # tokens, then EOS at ``lengths``, then padding
+        return torch.where(positions < lengths.unsqueeze(1), -1.0, 0.0) - 3.0 * positions.eq(lengths.unsqueeze(1))
 
-    monkeypatch.setattr(gen.teacher, "score", flat_teacher)
+    monkeypatch.setattr(gen.teacher, "token_scores", flat_teacher)
     seen = record_teacher_scores(gen, monkeypatch)
     torch.manual_seed(0)
     hypos = gen.generate([model], sample)
@@ -378,9 +406,9 @@ def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, 
     seen = {"decoded": []}
     decode = model.decode
 
-    def recorded_decode(src_tokens, encoder_out, fertility):
+    def recorded_decode(src_tokens, encoder_out, fertility, **kwargs):
         seen["decoded"].append(fertility)
-        return decode(src_tokens, encoder_out, fertility)
+        return decode(src_tokens, encoder_out, fertility, **kwargs)
 
     def recorded_first_occurrences(fertility):
         seen["candidates"] = fertility
@@ -487,6 +515,62 @@ def test_nat_output_never_emits_pad_or_eos():
     assert tokens.tolist() == [[4, 4, pad]] and lengths.tolist() == [2] and torch.equal(logits, original)
     assert scores[0, :2].tolist() == pytest.approx(torch.log_softmax(logits[0, :2], -1)[:, 4].tolist())
     assert scores[0, 2] == 0
+
+
+def test_nat_output_on_half_precision_logits():
+    """No fp32 copy of the logits: in fp32, fp16 and bf16 the tokens are the best of the logits' values (none of
+    pad/EOS) and the scores their fp32 log-probabilities (within the half-precision log-sum-exp's error)."""
+    pad, eos, unk = 1, 2, 3
+    torch.manual_seed(0)
+    logits = (torch.rand(2, 7, 40).argsort(dim=-1) - 20) * 0.25  # distinct values per position, exact in bf16
+    logits[0, :3, pad] = logits[0, :3, eos] = 20.0  # pad and EOS best: never emitted
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1, 5:] = True
+    allowed = logits.clone()
+    allowed[..., [pad, eos]] = -float("inf")
+    expected_tokens = allowed.argmax(-1).masked_fill(padding, pad)
+    expected_scores = torch.log_softmax(logits, -1).gather(-1, expected_tokens.unsqueeze(-1)).squeeze(-1)
+    expected_scores = expected_scores.masked_fill(padding, 0.0)
+    for dtype, atol in ((torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 5e-3)):
+        tokens, scores, lengths = nat_output(logits.to(dtype), padding, pad, eos, unk)
+        assert torch.equal(tokens, expected_tokens) and lengths.tolist() == [7, 5]
+        assert scores.dtype == torch.float32
+        torch.testing.assert_close(scores, expected_scores, rtol=0, atol=atol)
+
+
+def test_token_log_probs_without_a_log_softmax():
+    """The gathered logit minus the log-sum-exp reduced in fp32 == the log-softmax at the tokens: within 1e-5 in
+    fp32; in fp16/bf16 close to the log-softmax of an fp32 copy (what fairseq's get_normalized_probs computes)."""
+    torch.manual_seed(0)
+    logits = 5 * torch.randn(4, 6, 300)
+    tokens = torch.randint(300, (4, 6))
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(token_log_probs(logits, tokens), expected, rtol=0, atol=1e-5)
+    for dtype, atol in ((torch.float16, 1e-3), (torch.bfloat16, 5e-3)):
+        half = logits.to(dtype)
+        reference = torch.log_softmax(half.float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        scores = token_log_probs(half, tokens)
+        assert scores.dtype == torch.float32
+        torch.testing.assert_close(scores, reference, rtol=0, atol=atol)
+
+
+def test_teacher_token_scores_are_its_log_softmax_at_the_targets(task, tiny_teacher):
+    """FrozenTeacher.token_scores (NPD's rescoring) == score()'s full log-probabilities (RKL fine-tuning's)
+    gathered at the targets, within 1e-5 in fp32: every token, then EOS, 0 on padding."""
+    teacher = FrozenTeacher(tiny_teacher, task, "--npd-teacher")
+    pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
+    sample = batch(task, range(3))
+    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    order, lengths = torch.tensor([0, 1, 1, 2]), torch.tensor([4, 1, 3, 2])
+    torch.manual_seed(0)
+    tokens = torch.randint(4, len(task.target_dictionary), (4, 4))
+    tokens = tokens.masked_fill(torch.arange(4) >= lengths.unsqueeze(1), pad)
+    lprobs, target = teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
+    expected = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(target.eq(pad), 0.0)
+    scores = teacher.token_scores(src_tokens, src_lengths, tokens, lengths, order=order)
+    assert scores.dtype == torch.float32 and scores.shape == (4, 5)
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-5)
+    assert scores[1, 1].item() == pytest.approx(lprobs[1, 1, eos].item(), abs=1e-5) and scores[1, 2:].eq(0).all()
 
 
 def rkl_student(fert_data_bin, task, tiny_teacher):
@@ -681,10 +765,12 @@ def test_rkl_finetune_gradients_are_all_reduced_under_ddp(fert_data_bin, task, t
 
 
 # ----- (c) end to end --------------------------------------------------------------------------------------------
-def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, tiny_teacher, tmp_path):
-    checkpoint = train_model(
+@pytest.fixture(scope="module")
+def fnat_checkpoint(fert_data_bin, tiny_teacher, tmp_path_factory):
+    """A tiny fertility_nat trained for 10 updates from the tiny teacher."""
+    return train_model(
         fert_data_bin,
-        str(tmp_path / "fnat"),
+        str(tmp_path_factory.mktemp("fnat")),
         TINY_FNAT
         + [
             "--task",
@@ -698,6 +784,10 @@ def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, t
         ],
         max_update=10,
     )
+
+
+def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, tiny_teacher, fnat_checkpoint, tmp_path):
+    checkpoint = fnat_checkpoint
     outputs = {}
     for mode in (["argmax"], ["average"], ["npd", "--npd-samples", "4", "--npd-teacher", tiny_teacher]):
         lines = generate_lines(
@@ -752,6 +842,45 @@ def test_train_generate_interactive_and_rkl_finetune(fert_data_bin, dummy_raw, t
     assert not any("teacher" in key for key in state["model"]) and state.get("criterion") is None
     assert state["optimizer_history"][-1]["num_updates"] == 3  # the optimizer (and update count) was reset
     assert hypotheses(generate_lines(fert_data_bin, finetuned, ["--task", "translation_nat", "--beam", "1"]))
+
+
+def test_npd_sweep_writes_latency_and_bleu_against_samples(
+    fert_data_bin, dummy_raw, tiny_teacher, fnat_checkpoint, tmp_path
+):
+    """nat-npd-sweep: the teacher rows and one NPD row per S, decoded at batch 1 under the benchmark's protocol
+    (median/p90 over the timed sentences, BLEU over all); S=1 is argmax decoding, two decoder passes (NAT + teacher
+    rescoring) per sentence; the JSON, markdown, plot and hypotheses are written."""
+    out = tmp_path / "sweep"
+    reference = os.path.join(dummy_raw, "test.tgt")
+    argv = [fert_data_bin, "--path", fnat_checkpoint, "--teacher", tiny_teacher, "--reference", reference]
+    argv += ["--out-dir", str(out), "--cpu", "--post-process", "none", "--samples", "1,4", "--warmup", "2"]
+    results = npd_sweep.main(npd_sweep.get_parser().parse_args(argv))
+    assert json.loads((out / npd_sweep.JSON_FILE).read_text(encoding="utf-8")) == results
+    assert (out / npd_sweep.PLOT_FILE).stat().st_size > 0 and "| NPD S=4 | 4 |" in (out / "npd_sweep.md").read_text()
+    rows = results["rows"]
+    assert [(r["name"], r["samples"]) for r in rows] == [
+        ("AR teacher, beam 4", None),
+        ("AR teacher, greedy", None),
+        ("NPD S=1", 1),
+        ("NPD S=4", 4),
+    ]
+    with open(reference, encoding="utf-8") as f:
+        references = f.read().splitlines()
+    hyps = {}
+    for row in rows:
+        hyps[row["name"]] = (out / row["hyp_file"]).read_text(encoding="utf-8").splitlines()
+        assert row["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps[row["name"]], [references]).score)
+        assert row["timed_ids"] == list(range(2, NUM_TEST)) and len(row["timed_latency_ms"]) == NUM_TEST - 2
+        assert row["latency_ms_median"] == pytest.approx(statistics.median(row["timed_latency_ms"]))
+        assert row["latency_ms_median"] <= row["latency_ms_p90"] <= max(row["timed_latency_ms"])
+        if row["samples"] is not None:
+            assert row["decoder_calls_per_sentence"] == 2
+    assert rows[1]["latency_speedup_vs_ar_greedy"] == 1.0 and results["meta"]["latency_sentences_timed"] == 38
+    argmax = hypotheses(generate_lines(fert_data_bin, fnat_checkpoint, ["--task", "translation_nat", "--beam", "1"]))
+    assert hyps["NPD S=1"] == [argmax[i] for i in range(NUM_TEST)]
+    for samples in ("0,5", "5,5", "ten"):
+        with pytest.raises(BenchmarkError, match="--samples"):
+            npd_sweep.main(npd_sweep.get_parser().parse_args(argv + ["--samples", samples]))
 
 
 # ----- (d) learning ----------------------------------------------------------------------------------------------

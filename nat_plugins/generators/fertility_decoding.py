@@ -5,13 +5,15 @@
 * ``argmax``: f_j = argmax_f p_F(f | x, j) at every source position, then the argmax token at every target position;
 * ``average``: f_j = Round(sum_f f * p_F(f | x, j)), the rounded expected fertility (§4.1 "average decoding");
 * ``npd``: noisy parallel decoding: ``--npd-samples`` S fertility sequences per sentence (the argmax one first, S-1
-  sampled from p_F); duplicate sequences are dropped (after the length limits below, which can make samples equal),
-  the distinct ones decoded in one batched decoder pass, every candidate rescored by the AR teacher
-  (``--npd-teacher``) in one teacher-forced parallel pass, and the best candidate kept per sentence (ties: the
-  earlier candidate, so S=1 is argmax decoding). Candidates are ranked by the teacher's log-probability of the
-  tokens and the final EOS, eq. 8 of the paper; ``--npd-length-normalize`` divides it by (length + 1) ** ``--lenpen``
-  as fairseq normalises hypothesis scores. The sampled candidates depend on the random state (fairseq's ``--seed``),
-  so with S > 1 the output of a sentence depends on its batch; S = 1, argmax and average decoding do not.
+  sampled from p_F); duplicate sequences are dropped (after the length limits below, which can make samples equal)
+  before any decoding, the distinct ones decoded in one batched decoder pass (the copied source inputs computed
+  once per sentence), every candidate rescored by the AR teacher (``--npd-teacher``) in one teacher-forced parallel
+  pass (its target logits minus their log-sum-exp, no log-softmax over the vocabulary), and the best candidate kept
+  per sentence (ties: the earlier candidate, so S=1 is argmax decoding). Candidates are ranked by the teacher's
+  log-probability of the tokens and the final EOS, eq. 8 of the paper; ``--npd-length-normalize`` divides it by
+  (length + 1) ** ``--lenpen`` as fairseq normalises hypothesis scores. The sampled candidates depend on the random
+  state (fairseq's ``--seed``), so with S > 1 the output of a sentence depends on its batch; S = 1, argmax and
+  average decoding do not.
 
 Every sentence gets at least one token (a zero total fertility gives fertility 1 to the source subword least
 likely to have fertility 0) and at most ``--max-len-a`` * source length + ``--max-len-b`` tokens (also capped by
@@ -26,16 +28,16 @@ import math
 
 import torch
 
+from ..modules.log_probs import logsumexp_fp32
 from ..modules.teacher import FrozenTeacher
 from .base import PluginGenerator
 
 
 def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
     """Give fertility 1 to the source position least likely to have fertility 0 in every row whose fertilities sum
-    to 0 (rows without a copyable position copy their last non-padding position, the EOS)."""
+    to 0 (rows without a copyable position copy their last non-padding position, the EOS); branch-free (no
+    host-device synchronisation): other rows get 0 added."""
     empty = fertility.sum(dim=1).eq(0)
-    if not empty.any():
-        return fertility
     candidates = copyable | (~copyable.any(dim=1, keepdim=True) & nonpad)
     key = (-fertility_lprobs[..., 0]).masked_fill(~candidates, -math.inf)
     position = key.argmax(dim=1, keepdim=True)
@@ -63,15 +65,16 @@ def nat_output(logits, padding, pad, eos, unk=None, unk_penalty=0.0):
     appends EOS), with ``unk_penalty`` subtracted from ``unk``'s logit; pad on padding positions.
 
     Returns ``tokens`` (B x T), their log-probabilities under the NAT (B x T, 0 on padding) and ``lengths`` (B).
-    ``logits`` is left unchanged (the top-4 candidates hold the best token that is none of pad/EOS/unk)."""
-    logits = logits.float()
+    ``logits`` is left unchanged (the top-4 candidates hold the best token that is none of pad/EOS/unk). Top-k and
+    the log-sum-exp run on the logits' own dtype, the scores are fp32 (:func:`..modules.log_probs.logsumexp_fp32`:
+    no fp32 copy of the B x T x V logits)."""
     values, indices = logits.topk(min(4, logits.size(-1)), dim=-1)
-    values = values.masked_fill(indices.eq(pad) | indices.eq(eos), -math.inf)
+    values = values.float().masked_fill(indices.eq(pad) | indices.eq(eos), -math.inf)
     if unk_penalty:
         values = values - unk_penalty * indices.eq(unk).to(values.dtype)
     best, choice = values.max(dim=-1)
     tokens = indices.gather(-1, choice.unsqueeze(-1)).squeeze(-1).masked_fill(padding, pad)
-    scores = (best - torch.logsumexp(logits, dim=-1)).masked_fill(padding, 0.0)
+    scores = (best - logsumexp_fp32(logits)).masked_fill(padding, 0.0)
     return tokens, scores, (~padding).long().sum(dim=1)
 
 
@@ -122,7 +125,9 @@ class FertilityDecoder(PluginGenerator):
         else:
             fertility = fertility_lprobs.argmax(dim=-1)
         if self.npd_samples > 1:
-            sampled = torch.distributions.Categorical(logits=fertility_lprobs).sample((self.npd_samples - 1,))
+            # validate_args=False: the check of the logits would be a host-device synchronisation
+            fertility_p = torch.distributions.Categorical(logits=fertility_lprobs, validate_args=False)
+            sampled = fertility_p.sample((self.npd_samples - 1,))
             fertility = torch.cat([fertility.unsqueeze(0), sampled]).transpose(0, 1)  # B x S x S_src
             fertility = fertility.reshape(-1, fertility.size(-1))
             copyable = copyable.repeat_interleave(self.npd_samples, dim=0)
@@ -138,20 +143,19 @@ class FertilityDecoder(PluginGenerator):
 
         encoder_out = model.encode(src_tokens, src_lengths)
         fertility_lprobs = model.get_normalized_probs((model.fertility_logits(encoder_out), None), log_probs=True)
-        fertility = self.fertilities(fertility_lprobs.float(), model.copyable(src_tokens))
+        copyable = model.copyable(src_tokens)
+        fertility = self.fertilities(fertility_lprobs.float(), copyable)
         order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(S)  # sentence of every candidate
-        rows_src = src_tokens.index_select(0, order) if S > 1 else src_tokens
-        fertility = ensure_nonempty(
-            fertility, fertility_lprobs.index_select(0, order), model.copyable(rows_src), rows_src.ne(self.pad)
-        )
-        fertility = cap_total(fertility, self.output_max_lengths(src_lengths).index_select(0, order))
-        if S > 1:
+        fertility = ensure_nonempty(fertility, fertility_lprobs[order], copyable[order], src_tokens.ne(self.pad)[order])
+        fertility = cap_total(fertility, self.output_max_lengths(src_lengths)[order])
+        if S > 1:  # only the distinct candidates are decoded and rescored
             distinct = first_occurrences(fertility.view(bsz, S, -1)).view(-1)
             kept = distinct.nonzero().squeeze(1)
-            order, fertility, rows_src = order[kept], fertility[kept], rows_src[kept]
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
+            order, fertility = order[kept], fertility[kept]
+        else:  # row n is sentence n
+            order = None
 
-        logits, padding = model.decode(rows_src, encoder_out, fertility)
+        logits, padding = model.decode(src_tokens, encoder_out, fertility, order=order)
         tokens, scores, lengths = nat_output(logits, padding, self.pad, self.eos, self.unk, self.unk_penalty)
 
         steps, teacher_scores = 1, None
@@ -167,13 +171,11 @@ class FertilityDecoder(PluginGenerator):
         return self.hypotheses(tokens, scores, lengths, steps, teacher_scores)
 
     def teacher_scores(self, src_tokens, src_lengths, tokens, lengths, order):
-        """Ranking score of every candidate (row n translates sentence ``order[n]``): the teacher's log-probability
-        of its tokens and EOS (Gu et al. eq. 8), length-normalised with ``--npd-length-normalize``; one
-        teacher-forced pass over all rows."""
+        """Ranking score of every candidate (row n translates sentence ``order[n]``; ``order`` None: sentence n): the
+        teacher's log-probability of its tokens and EOS (Gu et al. eq. 8), length-normalised with
+        ``--npd-length-normalize``; one teacher-forced pass over all rows, no log-softmax over the vocabulary."""
         self.teacher.to(next(self.model.parameters()))
-        lprobs, target = self.teacher.score(src_tokens, src_lengths, tokens, lengths, order=order)
-        token_lprobs = lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1).float().masked_fill(target.eq(self.pad), 0)
-        total = token_lprobs.sum(dim=1)
+        total = self.teacher.token_scores(src_tokens, src_lengths, tokens, lengths, order=order).sum(dim=1)
         return self.normalized(total, lengths.to(total.dtype) + 1) if self.npd_length_normalize else total
 
     def hypotheses(self, tokens, scores, lengths, steps, teacher_scores):

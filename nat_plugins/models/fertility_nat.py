@@ -162,13 +162,20 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
             inputs = inputs + self.encoder.embed_positions(src_tokens)
         return inputs
 
-    def decode(self, src_tokens, encoder_out, fertility, max_length=None):
-        """Decoder logits (B x T x V) and the target padding mask (B x T) for ``fertility`` (B x S): the source
-        inputs copied by fertility, or (uniform copy) spread evenly over sum(fertility) target positions."""
+    def decode(self, src_tokens, encoder_out, fertility, max_length=None, order=None):
+        """Decoder logits (N x T x V) and the target padding mask (N x T) for ``fertility`` (N x S): the source
+        inputs copied by fertility, or (uniform copy) spread evenly over sum(fertility) target positions.
+
+        Row n decodes sentence ``order[n]`` of ``src_tokens`` / ``encoder_out`` (B sentences; NPD's candidates,
+        several rows per sentence); ``order`` None: N = B, row n is sentence n. The source inputs are computed once
+        per sentence and copied straight into the rows; the encoder states are reordered for the rows."""
         if self.copy_mode == "uniform":
-            fertility = uniform_fertility(self.copyable(src_tokens), fertility.sum(dim=1))
+            copyable = self.copyable(src_tokens)
+            fertility = uniform_fertility(copyable if order is None else copyable[order], fertility.sum(dim=1))
         index, padding = fertility_copy_index(fertility, max_length=max_length)
-        inputs = copy_source(self.source_inputs(src_tokens, encoder_out), index)
+        inputs = copy_source(self.source_inputs(src_tokens, encoder_out), index, order)
+        if order is not None:
+            encoder_out = self.encoder.reorder_encoder_out(encoder_out, order)
         logits, _extra = self.decoder(inputs, padding, encoder_out)
         return logits, padding
 

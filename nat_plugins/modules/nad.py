@@ -64,11 +64,15 @@ def fertility_copy_index(fertility, max_length=None):
     """
     if fertility.dim() != 2:
         raise ValueError(f"fertility must be B x S, got shape {tuple(fertility.shape)}")
-    if (fertility < 0).any():
-        raise ValueError("fertilities must be >= 0")
     ends = fertility.long().cumsum(dim=1)  # B x S: end (exclusive) of each source position's span
     lengths = ends[:, -1]
-    length = max(int(lengths.max()), 1) if max_length is None else max_length
+    if max_length is None:  # one host-device synchronisation for the check and the length
+        smallest, longest = torch.stack([fertility.min().long(), lengths.max()]).tolist()
+        length = max(longest, 1)
+    else:
+        smallest, length = int(fertility.min()), max_length
+    if smallest < 0:
+        raise ValueError("fertilities must be >= 0")
     positions = torch.arange(length, device=fertility.device).unsqueeze(0).expand(fertility.size(0), -1)
     index = torch.searchsorted(ends, positions.contiguous(), right=True)
     padding = positions >= lengths.unsqueeze(1)
@@ -89,9 +93,13 @@ def uniform_fertility(copyable, target_lengths):
     return (end - start).masked_fill(~copyable, 0)
 
 
-def copy_source(source, index):
-    """``source`` (B x S x C) gathered at ``index`` (B x T) -> B x T x C."""
-    return source.gather(1, index.unsqueeze(-1).expand(-1, -1, source.size(-1)))
+def copy_source(source, index, order=None):
+    """``source`` (B x S x C) gathered at ``index`` (N x T) -> N x T x C, row n from sentence ``order[n]`` (N rows;
+    ``order`` None: N = B, row n from sentence n), so several rows of a sentence copy one computation of its
+    vectors."""
+    if order is None:
+        return source.gather(1, index.unsqueeze(-1).expand(-1, -1, source.size(-1)))
+    return source.flatten(0, 1)[order.unsqueeze(1) * source.size(1) + index]
 
 
 def self_attention_mask(length, mask_diagonal, reference):

@@ -11,6 +11,8 @@ import os
 import torch
 from fairseq import checkpoint_utils
 
+from .log_probs import token_log_probs
+
 
 class FrozenTeacher:
     """An AR Transformer loaded from ``path`` with the student's task (hence the student's dictionaries).
@@ -38,6 +40,7 @@ class FrozenTeacher:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         self.model = model
+        self.option = option
 
     def to(self, reference):
         """The teacher on ``reference``'s device and floating-point dtype (moved once, then reused)."""
@@ -48,13 +51,31 @@ class FrozenTeacher:
 
     @torch.no_grad()
     def score(self, src_tokens, src_lengths, tokens, lengths, order=None):
-        """Teacher-forced log-probabilities, one parallel pass (Gu et al. §4.1 NPD rescoring, §4.2 L_RKL).
+        """Teacher-forced log-probabilities, one parallel pass (Gu et al. §4.2 L_RKL, which needs the teacher's full
+        distributions; NPD's rescoring needs only :meth:`token_scores`).
 
         ``tokens`` (N x T, right-padded with the dictionary's pad, no EOS) of lengths ``lengths`` (N); row n of
         ``tokens`` translates sentence ``order[n]`` of ``src_tokens`` (B x S; ``order`` None: N = B, row n = sentence
         n). The encoder runs once per sentence, the decoder once over all N rows. Returns ``lprobs`` (N x (T+1) x V,
-        the teacher's distributions for positions 0..T,
-        the one at ``lengths`` being that of EOS) and ``target`` (N x (T+1): tokens then EOS, padded)."""
+        the teacher's distributions for positions 0..T, the one at ``lengths`` being that of EOS) and ``target``
+        (N x (T+1): tokens then EOS, padded)."""
+        net_output, target = self.teacher_forced(src_tokens, src_lengths, tokens, lengths, order)
+        return self.model.get_normalized_probs(net_output, log_probs=True), target
+
+    @torch.no_grad()
+    def token_scores(self, src_tokens, src_lengths, tokens, lengths, order=None):
+        """The teacher's log-probability of every target token, one parallel pass (Gu et al. §4.1, NPD's eq. 8):
+        arguments as :meth:`score`; returns N x (T+1) fp32 values, those of ``tokens`` then EOS, 0 on padding.
+        Each is the target's logit minus the log-sum-exp over the vocabulary reduced in fp32
+        (:func:`.log_probs.token_log_probs`): no N x (T+1) x V log-softmax, nor an fp32 copy of the logits."""
+        if getattr(self.model.decoder, "adaptive_softmax", None) is not None:  # its output is no logits
+            raise ValueError(f"{self.option}: a teacher with --adaptive-softmax-cutoff cannot rescore candidates")
+        net_output, target = self.teacher_forced(src_tokens, src_lengths, tokens, lengths, order)
+        pad = self.model.decoder.dictionary.pad()
+        return token_log_probs(net_output[0], target).masked_fill_(target.eq(pad), 0.0)
+
+    def teacher_forced(self, src_tokens, src_lengths, tokens, lengths, order):
+        """The teacher's decoder output (logits N x (T+1) x V, extra) on ``tokens`` then EOS, and that target."""
         model = self.model
         dictionary = model.decoder.dictionary
         pad, eos = dictionary.pad(), dictionary.eos()
@@ -65,5 +86,4 @@ class FrozenTeacher:
         target.scatter_(1, lengths.view(-1, 1), eos)
         prev = torch.cat([tokens.new_full((tokens.size(0), 1), eos), target[:, :-1]], dim=1)
         prev = prev.masked_fill(prev.eq(eos) & (torch.arange(prev.size(1), device=prev.device) > 0), pad)
-        net_output = model.decoder(prev, encoder_out=encoder_out)
-        return model.get_normalized_probs(net_output, log_probs=True), target
+        return model.decoder(prev, encoder_out=encoder_out), target

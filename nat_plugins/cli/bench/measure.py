@@ -196,13 +196,15 @@ def timed_decode(generation: Generation, sample):
 
 @dataclass
 class Batch1:
-    """The timed batch-1 sentences of a row: ids, latencies and what the decoder did for them."""
+    """The timed batch-1 sentences of a row: ids, latencies and what the decoder did for them; ``hyps``: the
+    detokenized output of every sentence decoded, warm-up included, in sentence order."""
 
     ids: List[int]
     latency_ms: List[float]
     decoder_calls_per_sentence: Optional[float] = None  # None: not observable
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None
+    hyps: List[str] = field(default_factory=list)
 
 
 def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
@@ -229,15 +231,16 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
     generation = decoder.generation
     dataset = generation.dataset
     seed_everything(seed)
-    ids, latencies, calls, tokens, steps = [], [], [], [], []
+    ids, latencies, calls, tokens, steps, hyps = [], [], [], [], [], []
     with DecoderPassCounter(generation.models, auxiliary_models(generation.generator)) as counter:
         for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
             sample = generation.to_device(dataset.collater([dataset[index]]))
             counter.reset()
             hypos, elapsed = timed_decode(generation, sample)
+            best = hypos[0][0]
+            hyps.append(decoder.to_text(best["tokens"]))
             if index < warmup:
                 continue
-            best = hypos[0][0]
             ids.append(index)
             latencies.append(1000 * elapsed)
             calls.append(counter.passes)
@@ -247,8 +250,8 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
     mean_steps = statistics.fmean(steps) if steps else None
     if None in calls:
         logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", desc)
-        return Batch1(ids, latencies, mean_steps=mean_steps)
-    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps)
+        return Batch1(ids, latencies, mean_steps=mean_steps, hyps=hyps)
+    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps, hyps)
 
 
 def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
