@@ -3,9 +3,14 @@
 # teacher's) runs with FAIRSEQ_TRAIN set to nat_plugins.cli.train_speed, which takes the recipe's exact
 # fairseq-train options and times UPDATES updates (after 3 untimed ones) of fairseq's Trainer; nothing is saved.
 # Needs a finished quickstart's work directory (distilled targets, fertilities, teacher, frozen blockwise heads).
-#   [PRESET=cpu|gpu] bash run_scripts/train_speed.sh [WORK] [UPDATES]   (defaults: work/multi30k-$PRESET, 20)
-# Writes WORK/train_speed/speed.jsonl and prints a table: updates/s and the ratio to the AR teacher's recipe on the
+#   [PRESET=cpu|gpu] bash run_scripts/train_speed.sh [WORK] [UPDATES] [OUT]   (defaults: work/multi30k-$PRESET, 20,
+#   WORK/train_speed)
+# Writes OUT/speed.jsonl and prints a table: updates/s and the ratio to the AR teacher's recipe on the
 # distilled targets (the students' batches).
+# Before/after a change: run it here and, for the old commit, in a worktree with this venv and the old package first
+# on the path (fairseq refuses a --user-dir of another checkout than the imported one):
+#   git worktree add /tmp/nat-before OLD_COMMIT
+#   PYTHONPATH=/tmp/nat-before NAT_VENV=$PWD/.venv bash /tmp/nat-before/run_scripts/train_speed.sh $PWD/WORK 20
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WORK=${1:-$ROOT/work/multi30k-$PRESET}
@@ -16,7 +21,7 @@ FROZEN=$WORK/ckpt/blockwise-4-frozen/$STUDENT_CHECKPOINT
 for needed in "$TEACHER" "$FROZEN" "$DATA_BIN"/train.kd.*.idx "$DATA_BIN"/train.fert.*; do
   [ -e "$needed" ] || { echo "train_speed.sh: $needed is missing: run bash run_scripts/quickstart.sh first" >&2; exit 1; }
 done
-OUT=$WORK/train_speed
+OUT=${3:-$WORK/train_speed}
 mkdir -p "$OUT"
 RESULTS=$OUT/speed.jsonl
 rm -f "$RESULTS"

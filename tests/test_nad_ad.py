@@ -6,6 +6,7 @@ interactive run and a learning test against the AR baseline on the synthetic tas
 import os
 import shutil
 from argparse import Namespace
+from types import SimpleNamespace
 
 import pytest
 import sacrebleu
@@ -15,7 +16,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.cli import distill
-from nat_plugins.criterions.nad_ad_loss import nad_targets
+from nat_plugins.criterions.nad_ad_loss import NADADLoss, nad_targets
 from nat_plugins.generators.nad_ad_decoding import NADADSequenceGenerator
 from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
@@ -163,7 +164,7 @@ def test_nad_runs_once_per_sentence_and_its_keys_are_projected_once(task):
     for layer in model.decoder.layers:
         layer.nad_attn.k_proj.register_forward_hook(lambda _m, inputs, _o: nad_key_projections.append(inputs[0].shape))
     hypos = generator(model, task, beam=4).generate([model], sample)
-    assert nad_batches == [6]  # one NAD pass for the 6 sentences, before the beam expansion
+    assert sum(nad_batches) == 6  # each of the 6 sentences in one NAD pass (groups by length), before the beam
     assert len(nad_key_projections) == len(model.decoder.layers)  # static k/v: projected at the first step only
     assert all(shape[1] == 6 * 4 for shape in nad_key_projections)
     assert all(h[0]["steps"] == 1 + h[0]["tokens"].numel() for h in hypos)
@@ -372,6 +373,38 @@ def test_logits_at_scored_positions_are_the_full_logits_there(task):
     nad_positions = ~extra["nad_padding_mask"]
     assert 0 < nad_positions.sum() < nad_positions.numel()
     assert torch.allclose(extra["nad_logits"], full_extra["nad_logits"][nad_positions], atol=1e-5)
+
+
+def test_nad_in_length_groups_gives_the_same_loss_and_gradients(task):
+    """The NAD run in groups of similar length (NADADEncoder.nad_by_length) == the whole batch padded to its
+    longest (the implementation before, length_buckets = 1): nad_ad_loss and every gradient, without dropout, on a
+    batch whose distilled lengths go from 1 to 30 tokens."""
+    sample = batch(task, range(8))
+    dictionary = task.target_dictionary
+    lengths = torch.tensor([13, 1, 30, 2, 8, 3, 21, 5])
+    columns = torch.arange(31)
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (8, 31), generator=torch.Generator().manual_seed(0))
+    kd_target = tokens.masked_fill(columns == lengths.unsqueeze(1), dictionary.eos())
+    sample["kd_target"] = kd_target.masked_fill(columns > lengths.unsqueeze(1), dictionary.pad())
+    side_task = SimpleNamespace(cfg=SimpleNamespace(use_distilled="side"), target_dictionary=dictionary)
+    criterion = NADADLoss(side_task, label_smoothing=0.1, nad_weight=1.0, length_loss_weight=0.1)
+    results = []
+    for buckets in (1, 4):
+        model = build(task)  # eval mode: no dropout
+        model.encoder.length_buckets = buckets
+        calls = []
+        model.encoder.nad.register_forward_hook(
+            lambda _module, args, _out, calls=calls: calls.append(args[0].shape[:2])
+        )
+        loss, _, _ = criterion(model, sample)
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad for name, p in model.named_parameters()}, calls))
+    (loss, grads, calls), (grouped_loss, grouped_grads, grouped_calls) = results
+    assert calls == [(8, 30)] and grouped_calls == [(2, 2), (2, 5), (2, 13), (2, 30)]
+    assert torch.allclose(loss, grouped_loss, atol=1e-6)
+    assert grads.keys() == grouped_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, grouped_grads[name], atol=1e-6), name
 
 
 def test_one_training_step_reaches_every_parameter(distilled_bin):

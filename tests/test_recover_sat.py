@@ -4,7 +4,6 @@ train -> generate -> interactive run and a learning test on the synthetic task."
 
 import math
 import os
-import random
 from argparse import Namespace
 
 import pytest
@@ -19,17 +18,16 @@ from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
 from nat_plugins.generators.segment_decoding import SegmentDecoder
 from nat_plugins.modules.segments import (
     DEL_SYMBOL,
+    SegmentDraws,
     add_segment_symbols,
-    allowed_split_points,
+    allowed_split_mask,
     equal_split_points,
-    inject_pseudo_repetition,
     random_split_points,
-    segment_batch,
-    split_at,
+    segment_targets,
     step_major,
     word_boundary_tables,
 )
-from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask, segments_string
+from nat_plugins.tasks.translation_nat import segments_string
 
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
@@ -83,98 +81,215 @@ def word_dictionary(words):
 
 
 # ----- (a) split points and injection --------------------------------------------------------------------------
+def points_of(function, length, parts, allowed=None, num_points=None, **kwargs):
+    """``function`` (equal_split_points / random_split_points) for one sentence of ``length`` tokens whose allowed
+    interior points are ``allowed`` (None: all)."""
+    columns = length + 1
+    mask = torch.zeros(1, columns, dtype=torch.bool)
+    mask[0, list(range(1, length) if allowed is None else allowed)] = True
+    num_points = parts - 1 if num_points is None else num_points
+    return function(torch.tensor([length]), torch.tensor([parts]), mask, *kwargs.values(), num_points)[0].tolist()
+
+
 def test_equal_split_points_on_known_lengths():
-    assert equal_split_points(10, 3) == [4, 7]
-    assert equal_split_points(9, 3) == [3, 6]
-    assert equal_split_points(8, 1) == []
-    assert equal_split_points(2, 4) == [1, 1, 2]  # short sentence: empty segments
-    assert equal_split_points(0, 3) == [0, 0]
+    assert points_of(equal_split_points, 10, 3) == [4, 7]
+    assert points_of(equal_split_points, 9, 3) == [3, 6]
+    assert points_of(equal_split_points, 8, 1) == []
+    assert points_of(equal_split_points, 2, 4) == [1, 1, 2]  # short sentence: empty segments
+    assert points_of(equal_split_points, 0, 3) == [0, 0]
     # words of 2 subwords (allowed points 2, 4, 6, 8): ceil(10/3)=4 stays, ceil(20/3)=7 moves to 6 (tie: earlier)
-    assert equal_split_points(10, 3, allowed=[2, 4, 6, 8]) == [4, 6]
-    assert equal_split_points(3, 3, allowed=[]) == [0, 3]  # one word: no interior point
+    assert points_of(equal_split_points, 10, 3, allowed=[2, 4, 6, 8]) == [4, 6]
+    assert points_of(equal_split_points, 3, 3, allowed=[]) == [0, 3]  # one word: no interior point
+    assert points_of(equal_split_points, 10, 3, num_points=3) == [4, 7, 10]  # slots past the parts hold n
+
+
+def tokens_tensor(dictionary, words, pad_to=0):
+    """``words`` then EOS, right-padded to ``pad_to`` columns (1 x T)."""
+    row = [dictionary.index(w) for w in words] + [dictionary.eos()]
+    return torch.tensor([row + [dictionary.pad()] * (pad_to - len(row))])
 
 
 def test_split_points_never_cut_a_word():
-    spm = word_dictionary(["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer", "s", "."])
-    bpe = word_dictionary(["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"])
-    spm_tokens = [
-        spm.index(s) for s in ["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer", "s", "."]
-    ]
-    bpe_tokens = [bpe.index(s) for s in ["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"]]
-    assert allowed_split_points(spm_tokens, *word_boundary_tables(spm)) == [1, 2, 4, 5]
-    assert allowed_split_points(bpe_tokens, *word_boundary_tables(bpe)) == [1, 2, 4, 5]
+    spm_words = ["\u2581there", "\u2581are", "\u2581lot", "s", "\u2581of", "\u2581far", "mer", "s", "."]
+    bpe_words = ["there", "are", "lo@@", "ts", "of", "far@@", "mer@@", "s"]
+    for words in (spm_words, bpe_words):
+        dictionary = word_dictionary(words)
+        target = tokens_tensor(dictionary, words, pad_to=12)
+        allowed = allowed_split_mask(target, torch.tensor([len(words)]), *word_boundary_tables(dictionary))
+        assert allowed.nonzero()[:, 1].tolist() == [1, 2, 4, 5]
     words = word_dictionary(["t1", "t2", "t3"])
-    assert allowed_split_points([4, 5, 6, 4], *word_boundary_tables(words)) == [1, 2, 3]
+    target = torch.tensor([[4, 5, 6, 4, 2]])
+    assert allowed_split_mask(target, torch.tensor([4]), *word_boundary_tables(words)).nonzero()[:, 1].tolist() == [
+        1,
+        2,
+        3,
+    ]
 
-    rng = random.Random(0)
+    generator = torch.Generator().manual_seed(0)
     seen = set()
     for _ in range(200):
-        points = random_split_points(9, 4, [1, 2, 4, 5], rng)
+        keys = torch.rand(1, 10, generator=generator, dtype=torch.float64)
+        points = points_of(random_split_points, 9, 4, allowed=[1, 2, 4, 5], keys=keys)
         assert len(points) == 3 and len(set(points)) == 3 and points == sorted(points)
         seen |= set(points)
     assert seen == {1, 2, 4, 5, 9}  # RAND draws from 1..n (9: an empty last segment), never 0, never inside a word
-    assert random_split_points(9, 4, [3], rng) == [3, 9, 9]  # fewer allowed points than K-1: empty tail segments
-    assert random_split_points(2, 3, [], rng) == [2, 2]
+    keys = torch.rand(1, 10, dtype=torch.float64)
+    assert points_of(random_split_points, 9, 4, allowed=[3], keys=keys) == [3, 9, 9]  # fewer candidates than K-1
+    assert points_of(random_split_points, 2, 3, allowed=[], keys=keys[:, :3]) == [2, 2]
 
 
 def test_injection_builds_the_papers_example():
-    """K=4, q=1, fixed draws: "there are | lots of farmers | lots of DEL | doing this today"."""
+    """K=4, q=1, p=1, fixed draws: "there are | lots of farmers | lots of DEL | doing this today"."""
     words = "there are lots of farmers doing this today".split()
-    segments, flags = inject_pseudo_repetition(split_at(words, [2, 5]), 1, 2)
-    assert segments == [["there", "are"], ["lots", "of", "farmers"], ["lots", "of"], ["doing", "this", "today"]]
-    assert flags == [False, False, True, False]
-
-    class FixedDraws:  # inject (random() < q), then RAND (random() < p) at points 2 and 5, segment 1, prefix 2
-        def __init__(self):
-            self.uniforms = iter([0.0, 0.0])
-
-        def random(self):
-            return next(self.uniforms)
-
-        def sample(self, population, k):
-            assert k == 2 and population == list(range(1, 9))  # 1..n: every point keeps words whole
-            return [5, 2]
-
-        def choice(self, options):
-            assert options == [0, 1, 2]
-            return 1
-
-        def randint(self, low, high):
-            assert (low, high) == (1, 3)
-            return 2
-
     dictionary = word_dictionary(words)
     del_index = add_segment_symbols(dictionary)
     assert add_segment_symbols(dictionary) == del_index == len(dictionary) - 1  # added once
-    task = TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
-    tokens = [dictionary.index(w) for w in words]
-    criterion = RecoverSATLoss(task, 0.0, 10, 1.0, False, 1)
-    criterion.boundary_tables = word_boundary_tables(dictionary)
-    segments, flags = criterion.segment_sentence(tokens, 4, 1.0, 1.0, FixedDraws())
-    assert [[dictionary[t] for t in s] for s in segments] == [
-        ["there", "are"],
-        ["lots", "of", "farmers"],
-        ["lots", "of"],
-        ["doing", "this", "today"],
-    ]
-    assert flags == [False, False, True, False]
-
     eos, pad = dictionary.eos(), dictionary.pad()
-    inputs, targets = segment_batch([segments, [[], tokens[:1], [], []]], [flags, [False] * 4], eos, pad, del_index)
+    tokens = [dictionary.index(w) for w in words]
+    target = torch.cat([tokens_tensor(dictionary, words), tokens_tensor(dictionary, words[:1], pad_to=9)])
+    point_keys = torch.full((2, 9), 0.9, dtype=torch.float64)
+    point_keys[0, [5, 2]] = torch.tensor([0.1, 0.2], dtype=torch.float64)  # RAND points 2 and 5
+    draws = SegmentDraws(
+        inject=torch.tensor([0.0, 0.99], dtype=torch.float64),  # the second sentence: no injection (q = 0.5)
+        rand=torch.zeros(2, dtype=torch.float64),
+        point_keys=point_keys,
+        segment_keys=torch.tensor([[0.5, 0.1, 0.3, 0.0]] * 2, dtype=torch.float64),  # segment 1 (3 is empty)
+        prefix=torch.tensor([0.5, 0.5], dtype=torch.float64),  # 1 + floor(0.5 * 3) = 2 tokens
+    )
+    tables = word_boundary_tables(dictionary)
+    inputs, targets, injected = segment_targets(target, 4, pad, eos, del_index, tables, p=1.0, q=0.5, draws=draws)
+    assert injected.tolist() == [True, False]
     assert inputs.shape == targets.shape == (2, 4 * 4)  # longest segment 3 tokens + BOS/EOS = 4 steps of K=4
     per_segment = targets[0].view(4, 4).t()  # K x steps
+    assert per_segment[0].tolist() == tokens[:2] + [eos, pad]  # "there are"
+    assert per_segment[1].tolist() == tokens[2:5] + [eos]  # "lots of farmers"
     # the pseudo segment is ordinary training data: "lots of DEL", every position trained (not only DEL)
     assert per_segment[2].tolist() == tokens[2:4] + [del_index, pad]
-    assert per_segment[3].tolist() == tokens[5:8] + [eos]
-    assert per_segment[1].tolist() == tokens[2:5] + [eos]
+    assert per_segment[3].tolist() == tokens[5:8] + [eos]  # "doing this today"
     assert inputs[0].view(4, 4).t()[2].tolist() == [eos] + tokens[2:4] + [pad]
     assert targets[1].view(4, 4).t().tolist() == [
-        [eos, pad, pad, pad],
         [tokens[0], eos, pad, pad],
         [eos, pad, pad, pad],
         [eos, pad, pad, pad],
-    ]  # empty: BOS -> EOS
+        [eos, pad, pad, pad],
+    ]  # a one-token sentence at K=4: RAND puts every point at n = 1, the empty segments are BOS -> EOS
     assert torch.equal(step_major(torch.arange(6).view(1, 2, 3)), torch.tensor([[0, 3, 1, 4, 2, 5]]))
+
+
+def reference_segments(target, K, pad, eos, del_index, tables, p, q, draws):
+    """The per-sentence Python procedure (§3.2-3.3) that ``segment_targets`` batches, written out plainly, with
+    every decision taken from ``draws`` (None: EQUAL points, no injection)."""
+    starts_word, continues_word = (table.tolist() for table in tables)
+    rows, flags, injected = [], [], []
+    for b, row in enumerate(target.tolist()):
+        n = sum(token != pad for token in row) - 1
+        tokens = row[:n]
+        allowed = [i for i in range(1, n) if starts_word[tokens[i]] and not continues_word[tokens[i - 1]]]
+        inject = draws is not None and K > 1 and n > 0 and draws.inject[b] < q
+        parts = K - 1 if inject else K
+        if draws is not None and draws.rand[b] < p:
+            candidates = allowed + ([n] if n > 0 else [])
+            drawn = sorted(sorted(candidates, key=lambda i: draws.point_keys[b, i])[: parts - 1])
+            points = drawn + [n] * (parts - 1 - len(drawn))
+        else:
+            candidates = [0] + allowed + [n]
+            points = [min(candidates, key=lambda c: (abs(c - math.ceil(i * n / parts)), c)) for i in range(1, parts)]
+        bounds = [0] + points + [n]
+        segments = [tokens[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+        pseudo = [False] * parts
+        if inject:
+            index = min((k for k, s in enumerate(segments) if s), key=lambda k: draws.segment_keys[b, k])
+            prefix = 1 + int(draws.prefix[b] * len(segments[index]))
+            segments.insert(index + 1, segments[index][:prefix])
+            pseudo.insert(index + 1, True)
+        rows.append(segments)
+        flags.append(pseudo)
+        injected.append(inject)
+    steps = max(len(segment) for segments in rows for segment in segments) + 1
+    inputs, targets = [], []
+    for segments, pseudo in zip(rows, flags):
+        fill = [[pad] * (steps - len(segment) - 1) for segment in segments]
+        inputs.append([[eos] + segment + f for segment, f in zip(segments, fill)])
+        targets.append([segment + [del_index if d else eos] + f for segment, d, f in zip(segments, pseudo, fill)])
+    return step_major(torch.tensor(inputs)), step_major(torch.tensor(targets)), torch.tensor(injected)
+
+
+def random_batch(dictionary, batch_size, max_length, generator):
+    """Right-padded targets of random lengths 0..max_length (empty and one-token sentences included)."""
+    lengths = torch.randint(0, max_length + 1, (batch_size,), generator=generator)
+    lengths[:2] = torch.tensor([0, 1])
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (batch_size, max_length + 1), generator=generator)
+    columns = torch.arange(max_length + 1)
+    target = tokens.masked_fill(columns == lengths.unsqueeze(1), dictionary.eos())
+    return target.masked_fill(columns > lengths.unsqueeze(1), dictionary.pad())
+
+
+@pytest.mark.parametrize("num_segments", [1, 2, 3, 5])
+def test_batched_segmentation_equals_the_per_sentence_procedure(num_segments):
+    """segment_targets == the per-sentence reference on random batches with padding, subword vocabularies of both
+    kinds, every (p, q) corner and a mix, with the draws of a fixed seed; and without draws (validation)."""
+    spm = word_dictionary(["\u2581a", "\u2581b", "\u2581c", "x", "y", "."])
+    bpe = word_dictionary(["a", "b@@", "c@@", "d", "e"])
+    generator = torch.Generator().manual_seed(num_segments)
+    for dictionary in (spm, bpe):
+        del_index = add_segment_symbols(dictionary)
+        tables = word_boundary_tables(dictionary)
+        pad, eos = dictionary.pad(), dictionary.eos()
+        for p, q in [(0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0), (0.5, 0.5)]:
+            target = random_batch(dictionary, 24, 11, generator)
+            draws = SegmentDraws.sample(24, target.size(1), num_segments, generator)
+            expected = reference_segments(target, num_segments, pad, eos, del_index, tables, p, q, draws)
+            got = segment_targets(target, num_segments, pad, eos, del_index, tables, p=p, q=q, draws=draws)
+            for a, b in zip(got, expected):
+                assert torch.equal(a, b), (p, q)
+        expected = reference_segments(target, num_segments, pad, eos, del_index, tables, 1.0, 1.0, None)
+        got = segment_targets(target, num_segments, pad, eos, del_index, tables, p=1.0, q=1.0)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)) and not got[2].any()
+
+
+def test_segmentation_draws_have_the_papers_distribution():
+    """Many copies of one sentence in one batch: RAND points are a uniformly random subset of the candidates, the
+    injection rate is q, the repeated segment is uniform among the non-empty ones and its prefix uniform on 1..|S|
+    (what random.sample, random() < q, random.choice and random.randint gave the per-sentence procedure)."""
+    dictionary = word_dictionary([f"w{i}" for i in range(6)])
+    del_index = add_segment_symbols(dictionary)
+    tables = word_boundary_tables(dictionary)
+    pad, eos = dictionary.pad(), dictionary.eos()
+    copies = 6000
+    target = tokens_tensor(dictionary, [f"w{i}" for i in range(6)]).repeat(copies, 1)
+    generator = torch.Generator().manual_seed(0)
+
+    def tolerance(probability):  # 5 standard deviations of a count
+        return 5 * math.sqrt(copies * probability * (1 - probability))
+
+    # K=3, p=1, q=0: two distinct points of 1..6, each of the 15 pairs equally likely
+    draws = SegmentDraws.sample(copies, target.size(1), 3, generator)
+    _, targets, _ = segment_targets(target, 3, pad, eos, del_index, tables, p=1.0, q=0.0, draws=draws)
+    sizes = targets.view(copies, -1, 3).ne(pad).sum(dim=1) - 1  # tokens per segment
+    points = sizes.cumsum(dim=1)[:, :2]
+    pairs = {}
+    for first, second in points.tolist():
+        pairs[first, second] = pairs.get((first, second), 0) + 1
+    assert set(pairs) == {(a, b) for a in range(1, 7) for b in range(a + 1, 7)}
+    assert all(abs(count - copies / 15) < tolerance(1 / 15) for count in pairs.values()), pairs
+
+    # K=3, p=0, q=0.3: injected sentences are cut at EQUAL(6, 1) = 3 into two 3-token segments; the pseudo segment
+    # repeats segment 0 or 1 (1/2 each) with 1, 2 or 3 of its tokens (1/3 each)
+    draws = SegmentDraws.sample(copies, target.size(1), 3, generator)
+    _, targets, injected = segment_targets(target, 3, pad, eos, del_index, tables, p=0.0, q=0.3, draws=draws)
+    assert abs(int(injected.sum()) - 0.3 * copies) < tolerance(0.3)
+    per_segment = targets[injected].view(-1, targets.size(1) // 3, 3).transpose(1, 2)  # N x K x steps
+    ends_in_del = per_segment.eq(del_index).any(dim=2)
+    assert ends_in_del.sum(dim=1).eq(1).all() and not ends_in_del[:, 0].any()
+    repeated = ends_in_del.long().argmax(dim=1) - 1
+    prefix = per_segment.gather(1, (repeated + 1).view(-1, 1, 1).expand(-1, 1, per_segment.size(2)))
+    prefix_length = prefix.squeeze(1).ne(pad).sum(dim=1) - 1
+    outcomes = {}
+    for segment, length in zip(repeated.tolist(), prefix_length.tolist()):
+        outcomes[segment, length] = outcomes.get((segment, length), 0) + 1
+    total = int(injected.sum())
+    assert set(outcomes) == {(s, n) for s in (0, 1) for n in (1, 2, 3)}
+    assert all(abs(count - total / 6) < 5 * math.sqrt(total / 6) for count in outcomes.values()), outcomes
 
 
 # ----- (b) model, mask, criterion -------------------------------------------------------------------------------

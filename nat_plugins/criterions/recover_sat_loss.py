@@ -1,6 +1,7 @@
 """Criterion ``recover_sat_loss``: training RecoverSAT (Ran et al., ACL 2020, §3.2–3.3) on ordinary fairseq batches.
 
-For every sentence the segmented decoder inputs and targets are built on the fly from ``sample["target"]``:
+The segmented decoder inputs and targets are built on the fly from ``sample["target"]``, for the whole batch in a
+few tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`; no per-sentence Python):
 
 * mixed annealing dividing (§3.3): s ~ Bernoulli(p); s = 0 cuts at the EQUAL points ceil(i*n/K), s = 1 at K-1
   distinct RAND points drawn from 1..n (n: an empty last segment); p = max(0, 1 - updates / ``--anneal-steps``)
@@ -12,14 +13,15 @@ For every sentence the segmented decoder inputs and targets are built on the fly
   right after S; it is trained like any segment (its tokens, then DEL where a segment ends with EOS).
 * empty segments are BOS -> EOS; the loss is label-smoothed NLL (``--label-smoothing``, the paper's 0.15).
 
-Randomness comes from ``random.Random`` seeded with (``--seed``, update number, call within the update): identical on
-every rank, reproducible, independent of the data order. Validation uses EQUAL points and no injection.
+Randomness comes from a ``torch.Generator`` on the batch's device seeded with (``--seed``, update number, call within
+the update): identical on every rank, reproducible, independent of the data order. Every random decision has uniform
+draws of its own (:class:`~nat_plugins.modules.segments.SegmentDraws`). Validation uses EQUAL points and no injection.
 Logged: ``loss``/``nll_loss`` per trained position, ``anneal_p`` and ``pseudo_rep_rate`` (injected sentences).
 """
 
-import random
 from dataclasses import dataclass, field
 
+import torch
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 from fairseq.dataclass import FairseqDataclass
@@ -27,16 +29,7 @@ from fairseq.logging import metrics
 from omegaconf import II
 
 from ..modules.options import check_label_smoothing
-from ..modules.segments import (
-    DEL_SYMBOL,
-    allowed_split_points,
-    equal_split_points,
-    inject_pseudo_repetition,
-    random_split_points,
-    segment_batch,
-    split_at,
-    word_boundary_tables,
-)
+from ..modules.segments import DEL_SYMBOL, SegmentDraws, segment_targets, word_boundary_tables
 from ._metrics import log_loss_and_nll, summed
 
 
@@ -78,50 +71,39 @@ class RecoverSATLoss(FairseqCriterion):
         self.sentence_avg = sentence_avg
         self.seed = seed
         self.boundary_tables = None  # built on first use: the model adds DEL to the dictionary
-        self.draws = (None, 0)  # (update number, batches seen in that update)
+        self.calls = (None, 0)  # (update number, batches seen in that update)
 
-    def rng(self, num_updates):
-        """The generator of this batch: seeded by (seed, update, batch within the update), the same on every rank."""
-        update, calls = self.draws
-        calls = calls + 1 if update == num_updates else 0
-        self.draws = (num_updates, calls)
-        return random.Random((self.seed * 1_000_003 + num_updates) * 1_009 + calls)
-
-    def segment_sentence(self, tokens, num_segments, p, q, rng):
-        """Segments and pseudo flags of one target (token ids without EOS); ``rng`` None: EQUAL, no injection."""
-        starts_word, continues_word = self.boundary_tables
-        allowed = allowed_split_points(tokens, starts_word, continues_word)
-        inject = rng is not None and num_segments > 1 and len(tokens) > 0 and rng.random() < q
-        parts = num_segments - 1 if inject else num_segments
-        if rng is not None and rng.random() < p:
-            points = random_split_points(len(tokens), parts, allowed, rng)
-        else:
-            points = equal_split_points(len(tokens), parts, allowed)
-        segments = split_at(tokens, points)
-        if not inject:
-            return segments, [False] * parts
-        index = rng.choice([i for i, segment in enumerate(segments) if segment])
-        return inject_pseudo_repetition(segments, index, rng.randint(1, len(segments[index])))
+    def draws(self, model, target):
+        """The draws of this batch (:class:`~nat_plugins.modules.segments.SegmentDraws`) from a ``torch.Generator`` on
+        the target's device, seeded by (seed, update, batch within the update): the same on every rank."""
+        update, calls = self.calls
+        calls = calls + 1 if update == model.num_updates else 0
+        self.calls = (model.num_updates, calls)
+        generator = torch.Generator(device=target.device)
+        generator.manual_seed((self.seed * 1_000_003 + model.num_updates) * 1_009 + calls)
+        return SegmentDraws.sample(target.size(0), target.size(1), model.num_segments, generator, target.device)
 
     def build_segments(self, model, target):
-        """Step-major decoder inputs and targets for ``target`` (B x T, right-padded, ending in EOS); also p
-        and the number of sentences that got a pseudo-repetitive segment."""
-        if self.boundary_tables is None:
-            self.boundary_tables = word_boundary_tables(self.task.target_dictionary)
-        del_index = self.task.target_dictionary.index(DEL_SYMBOL)
-        lengths = (target.ne(self.padding_idx).sum(dim=1) - 1).tolist()
-        rows = target.tolist()
+        """Step-major decoder inputs and targets for ``target`` (B x T, right-padded, ending in EOS), built with
+        tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`); also p and the number of
+        sentences that got a pseudo-repetitive segment (a tensor)."""
+        dictionary = self.task.target_dictionary
+        if self.boundary_tables is None or self.boundary_tables[0].device != target.device:
+            self.boundary_tables = tuple(table.to(target.device) for table in word_boundary_tables(dictionary))
         p = annealed_p(model.num_updates, self.anneal_steps) if model.training else 0.0
-        rng = self.rng(model.num_updates) if model.training else None
-        batch_segments, batch_pseudo = [], []
-        for row, length in zip(rows, lengths):
-            segments, pseudo = self.segment_sentence(row[:length], model.num_segments, p, self.pseudo_rep_prob, rng)
-            batch_segments.append(segments)
-            batch_pseudo.append(pseudo)
-        eos = self.task.target_dictionary.eos()
-        inputs, targets = segment_batch(batch_segments, batch_pseudo, eos, self.padding_idx, del_index)
-        injected = sum(any(flags) for flags in batch_pseudo)
-        return inputs.to(target.device), targets.to(target.device), p, injected
+        draws = self.draws(model, target) if model.training else None
+        inputs, targets, injected = segment_targets(
+            target,
+            model.num_segments,
+            self.padding_idx,
+            dictionary.eos(),
+            dictionary.index(DEL_SYMBOL),
+            self.boundary_tables,
+            p=p,
+            q=self.pseudo_rep_prob,
+            draws=draws,
+        )
+        return inputs, targets, p, injected.sum()
 
     def forward(self, model, sample, reduce=True):
         inputs, targets, p, injected = self.build_segments(model, sample["target"])

@@ -13,9 +13,10 @@ A query at step t sees every key at steps <= t in all segments (§3.1), which in
 mask of SAT with group size K (:func:`~nat_plugins.modules.sat_masks.relaxed_causal_mask`).
 """
 
-import math
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 DEL_SYMBOL = "<del>"
 
@@ -43,72 +44,132 @@ def word_boundary_tables(dictionary):
     return starts_word, continues_word
 
 
-def allowed_split_points(tokens, starts_word, continues_word):
-    """Interior split points 1..n-1 of ``tokens`` (a list of n token ids) that do not cut a word."""
-    return [
-        i for i in range(1, len(tokens)) if bool(starts_word[tokens[i]]) and not bool(continues_word[tokens[i - 1]])
-    ]
+class SegmentDraws(NamedTuple):
+    """The random draws that segment one training batch (§3.2-3.3), uniform in [0, 1), float64 (B sentences, T
+    target columns, K segments). Each decision of the per-sentence procedure uses draws of its own, so the batch is
+    segmented in a few tensor operations with the distribution of that procedure:
+
+    * ``inject`` (B): the sentence gets a pseudo-repetitive segment when ``inject < q``;
+    * ``rand`` (B): RAND rather than EQUAL split points when ``rand < p``;
+    * ``point_keys`` (B x T): RAND takes the candidate points with the smallest keys (i.i.d. keys: every subset of
+      the candidates of that size equally likely, as sampling without replacement);
+    * ``segment_keys`` (B x K): the repeated segment is the non-empty one with the smallest key (uniform among them);
+    * ``prefix`` (B): the repeated prefix has 1 + floor(prefix * |S|) tokens (uniform on 1..|S|)."""
+
+    inject: torch.Tensor
+    rand: torch.Tensor
+    point_keys: torch.Tensor
+    segment_keys: torch.Tensor
+    prefix: torch.Tensor
+
+    @classmethod
+    def sample(cls, batch_size, num_columns, num_segments, generator=None, device=None):
+        """Fresh draws from ``generator`` (a ``torch.Generator`` on ``device``)."""
+
+        def uniform(*shape):
+            return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+
+        return cls(
+            uniform(batch_size),
+            uniform(batch_size),
+            uniform(batch_size, num_columns),
+            uniform(batch_size, num_segments),
+            uniform(batch_size),
+        )
 
 
-def equal_split_points(length, num_segments, allowed=None):
-    """EQUAL(n, K-1) = {ceil(i*n/K) : i = 1..K-1} (§3.3; the released code's version is broken). With
-    ``allowed`` (the interior points that keep words whole) each point moves to the nearest point of
-    {0} + allowed + {n} (ties: the earlier one), which keeps them sorted."""
-    points = [math.ceil(i * length / num_segments) for i in range(1, num_segments)]
-    if allowed is None:
-        return points
-    candidates = [0] + list(allowed) + [length]
-    return [min(candidates, key=lambda c: (abs(c - point), c)) for point in points]
+def allowed_split_mask(target, lengths, starts_word, continues_word):
+    """B x T bool: point i (between ``target[:, i-1]`` and ``target[:, i]``) is an interior split point 1..n-1 of
+    its sentence (``lengths``: n, EOS excluded) that does not cut a word (``word_boundary_tables`` on the device)."""
+    allowed = torch.zeros_like(target, dtype=torch.bool)
+    allowed[:, 1:] = starts_word[target[:, 1:]] & ~continues_word[target[:, :-1]]
+    return allowed & (point_grid(target) < lengths.unsqueeze(1))
 
 
-def random_split_points(length, num_segments, allowed, rng):
-    """RAND(n, K-1): K-1 distinct points drawn uniformly from 1..n, the range of EQUAL's points ceil(i*n/K) and
-    of the released code's split indices (a point at n leaves the last segment empty: BOS -> EOS), restricted to
-    the ``allowed`` interior points that keep words whole; sorted. When fewer than K-1 points are available, all
-    of them and the rest at n (empty segments at the end)."""
-    candidates = [point for point in allowed if 0 < point < length] + ([length] if length > 0 else [])
-    drawn = sorted(rng.sample(candidates, min(num_segments - 1, len(candidates))))
-    return drawn + [length] * (num_segments - 1 - len(drawn))
+def point_grid(target):
+    """1 x T: the split points 0..T-1 a B x T target can have (n <= T-1: EOS is last)."""
+    return torch.arange(target.size(1), device=target.device).unsqueeze(0)
 
 
-def split_at(tokens, points):
-    """The segments of ``tokens`` cut at the sorted ``points``."""
-    bounds = [0] + list(points) + [len(tokens)]
-    return [list(tokens[start:end]) for start, end in zip(bounds[:-1], bounds[1:])]
+def equal_split_points(lengths, num_parts, allowed, num_points):
+    """EQUAL(n, m-1) = {ceil(i*n/m) : i = 1..m-1} (§3.3; the released code's version is broken) of every sentence,
+    B x ``num_points``: ``lengths`` n and ``num_parts`` m (B each); slots i >= m hold n. Each point moves to the
+    nearest of {0} + ``allowed`` (B x T, :func:`allowed_split_mask`) + {n} (ties: the earlier one), so words stay
+    whole and the points stay sorted."""
+    n, m = lengths.unsqueeze(1), num_parts.unsqueeze(1)
+    i = torch.arange(1, num_points + 1, device=lengths.device).unsqueeze(0)
+    points = ((i * n + m - 1) // m).clamp(max=n)  # B x P
+    grid = point_grid(allowed)
+    candidates = allowed | grid.eq(0) | grid.eq(n)  # B x T
+    distance = (grid.unsqueeze(1) - points.unsqueeze(2)).abs()  # B x P x T
+    columns = allowed.size(1)
+    key = (distance * columns + grid.unsqueeze(1)).masked_fill(~candidates.unsqueeze(1), columns * columns)
+    return key.argmin(dim=2)
 
 
-def inject_pseudo_repetition(segments, index, prefix_length):
-    """§3.2: insert, right after ``segments[index]``, a pseudo-repetitive segment made of its first
-    ``prefix_length`` tokens (ending in DEL instead of EOS when batched). Returns (segments, is_pseudo flags)."""
-    if not 1 <= prefix_length <= len(segments[index]):
-        raise ValueError(f"prefix length {prefix_length} is not in 1..{len(segments[index])} (segment {index})")
-    pseudo = segments[index][:prefix_length]
-    new_segments = segments[: index + 1] + [pseudo] + segments[index + 1 :]
-    flags = [False] * len(new_segments)
-    flags[index + 1] = True
-    return new_segments, flags
+def random_split_points(lengths, num_parts, allowed, keys, num_points):
+    """RAND(n, m-1) of every sentence, B x ``num_points``: min(m-1, c) distinct points drawn uniformly from the c
+    candidates, the ``allowed`` interior points and n (n > 0; a point at n leaves the last segment empty: BOS -> EOS;
+    the range of EQUAL's points and of the released code's split indices) — those with the smallest ``keys``
+    (B x T, i.i.d. uniform) — then n in the remaining slots; sorted."""
+    n = lengths.unsqueeze(1)
+    grid = point_grid(allowed)
+    candidates = allowed | (grid.eq(n) & n.gt(0))
+    drawn = keys.masked_fill(~candidates, 2.0).topk(min(num_points, keys.size(1)), dim=1, largest=False).indices
+    drawn = F.pad(drawn, (0, num_points - drawn.size(1)))
+    count = torch.minimum(num_parts - 1, candidates.sum(dim=1)).unsqueeze(1)
+    slots = torch.arange(num_points, device=lengths.device).unsqueeze(0)
+    return torch.where(slots < count, drawn, n).sort(dim=1).values
 
 
-def segment_batch(batch_segments, batch_pseudo, eos, pad, del_index):
-    """Decoder inputs and targets (B x L*K, step-major) for a batch of K-segment lists.
+def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables, p=0.0, q=0.0, draws=None):
+    """Decoder inputs and targets (B x L*K, step-major) of a batch of ``target`` s (B x T, right-padded, EOS last)
+    cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment (B bool).
 
-    Segment S: inputs BOS (= EOS, as fairseq's decoders) then S; targets S then EOS. A pseudo-repetitive segment
-    is ordinary training data that ends in DEL (§3.2: "lots of DEL"): targets S then DEL, every position trained.
-    (The released code trains only its DEL; the paper presents the injected segment as ordinary training data.)"""
-    num_segments = len(batch_segments[0])
-    steps = max(len(segment) for segments in batch_segments for segment in segments) + 1
-    inputs, targets = [], []
-    for segments, pseudo_flags in zip(batch_segments, batch_pseudo):
-        if len(segments) != num_segments:
-            raise ValueError(f"every sentence needs {num_segments} segments, got {len(segments)}")
-        sentence_inputs, sentence_targets = [], []
-        for segment, pseudo in zip(segments, pseudo_flags):
-            filler = [pad] * (steps - len(segment) - 1)
-            sentence_inputs.append([eos] + segment + filler)
-            sentence_targets.append(segment + [del_index if pseudo else eos] + filler)
-        inputs.append(sentence_inputs)
-        targets.append(sentence_targets)
-    return step_major(torch.tensor(inputs, dtype=torch.long)), step_major(torch.tensor(targets, dtype=torch.long))
+    With ``draws`` (:class:`SegmentDraws`; training): mixed annealing dividing (§3.3: RAND split points with
+    probability ``p``, else EQUAL) and, with probability ``q`` per non-empty sentence (K > 1), a pseudo-repetitive
+    segment (§3.2): the sentence is cut into K-1 segments and a prefix of random length 1..|S| of a random non-empty
+    segment S is inserted right after S. Without: EQUAL points, no injection (validation).
+
+    Segment S: inputs BOS (= EOS, as fairseq's decoders) then S; targets S then EOS. A pseudo-repetitive segment is
+    ordinary training data that ends in DEL (§3.2: "lots of DEL"): targets S then DEL, every position trained. (The
+    released code trains only its DEL; the paper presents the injected segment as ordinary training data.) L is the
+    longest segment of the batch + 1; shorter segments are filled with padding."""
+    batch_size, columns = target.shape
+    K = num_segments
+    lengths = target.ne(pad).sum(dim=1) - 1
+    allowed = allowed_split_mask(target, lengths, *boundary_tables)
+    training = draws is not None
+    inject = draws.inject.lt(q) & lengths.gt(0) & (K > 1) if training else torch.zeros_like(lengths, dtype=torch.bool)
+    parts = K - inject.long()  # an injected sentence is cut into K-1 segments (its K-th one below is empty)
+    points = equal_split_points(lengths, parts, allowed, K - 1)
+    if training:
+        rand = random_split_points(lengths, parts, allowed, draws.point_keys, K - 1)
+        points = torch.where(draws.rand.lt(p).unsqueeze(1), rand, points)
+    zero = lengths.new_zeros(batch_size, 1)
+    bounds = torch.cat([zero, points, lengths.unsqueeze(1)], dim=1)
+    starts, sizes = bounds[:, :-1], bounds[:, 1:] - bounds[:, :-1]  # B x K
+    segment = torch.arange(K, device=target.device).unsqueeze(0)
+    pseudo = torch.zeros_like(sizes, dtype=torch.bool)
+    if training:
+        # the repeated segment S (K: none), its prefix length, then segment k is the old k-1 after the inserted one
+        chosen = draws.segment_keys.masked_fill(sizes.eq(0), 2.0).argmin(dim=1).masked_fill(~inject, K).unsqueeze(1)
+        size = sizes.gather(1, chosen.clamp(max=K - 1))
+        prefix = (1 + (draws.prefix.unsqueeze(1) * size).long()).clamp(max=size)
+        source = segment - segment.gt(chosen).long()
+        pseudo = segment.eq(chosen + 1)
+        starts = starts.gather(1, source)
+        sizes = torch.where(pseudo, prefix, sizes.gather(1, source))
+    steps = int(sizes.max()) + 1
+    step = torch.arange(steps, device=target.device)
+    sizes = sizes.unsqueeze(2)  # B x K x 1
+    index = (starts.unsqueeze(2) + step).clamp(max=columns - 1).view(batch_size, -1)
+    tokens = target.gather(1, index).view(batch_size, K, steps)  # B x K x L: the segment's tokens from its start
+    end = torch.where(pseudo, del_index, eos).unsqueeze(2)
+    targets = torch.where(step < sizes, tokens, torch.where(step == sizes, end, pad))
+    inputs = torch.where(step[:-1] < sizes, tokens[..., :-1], pad)
+    inputs = torch.cat([inputs.new_full((batch_size, K, 1), eos), inputs], dim=2)
+    return step_major(inputs), step_major(targets), inject
 
 
 def step_major(per_segment):
