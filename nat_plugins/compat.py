@@ -17,6 +17,12 @@ Checkpoints are pickles all the same: load only files you trust.
 before it adds the options of ``--task``/``--arch``/``--criterion``, so ``fairseq-generate --help --user-dir
 nat_plugins --task translation_nat`` would not show the task's options. :func:`help_with_component_options`
 wraps it so that help is printed after those options were added.
+
+**A truncated or corrupt checkpoint file is named.** torch reports an unreadable file without its name (an empty
+file: ``EOFError``; other bytes: a ``KeyError`` from its unpickler; a cut zip archive: a ``RuntimeError``).
+:func:`name_unreadable_checkpoints` wraps fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (which
+``fairseq-generate``, ``fairseq-interactive``, ``--restore-file``, the hub and the plugin's teachers all load through)
+so that a failure on a file that is not an intact zip archive says which file and what to do.
 """
 
 import argparse
@@ -24,10 +30,13 @@ import contextlib
 import functools
 import importlib
 import io
+import os
 import sys
+import zipfile
 
 import numpy as np
 import torch
+from fairseq import checkpoint_utils
 from fairseq import options as fairseq_options
 
 
@@ -79,6 +88,40 @@ def help_with_component_options(parse_args_and_arch):
     return wrapper
 
 
+class CheckpointFileError(OSError):
+    """A checkpoint file that cannot be read (truncated or corrupt)."""
+
+
+def intact_zip_archive(path):
+    """True when ``path`` is a zip archive (torch's checkpoint format) whose members all pass their CRC check."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False
+
+
+def name_unreadable_checkpoints(load_checkpoint_to_cpu):
+    """Wrap fairseq's ``load_checkpoint_to_cpu``: an error on an existing file that is not an intact zip archive
+    becomes a :class:`CheckpointFileError` naming the file (torch's own error is chained)."""
+
+    @functools.wraps(load_checkpoint_to_cpu)
+    def wrapper(path, *args, **kwargs):
+        try:
+            return load_checkpoint_to_cpu(path, *args, **kwargs)
+        except Exception as err:
+            if not os.path.isfile(path) or intact_zip_archive(path):
+                raise
+            raise CheckpointFileError(
+                f"checkpoint {path} ({os.path.getsize(path)} bytes) is truncated or corrupt ({type(err).__name__}: "
+                f"{str(err)[:200]}): copy it again, or use another checkpoint of the run (checkpoint_last.pt, "
+                "checkpoint_best.pt, an epoch checkpoint)"
+            ) from err
+
+    wrapper.nat_plugins_wrapped = True
+    return wrapper
+
+
 def plugin_checkpoint_loaded(version):
     """Called when a checkpoint written under ``translation_nat`` is unpickled.
 
@@ -103,3 +146,5 @@ FAIRSEQ_CHECKPOINT_GLOBALS.append(plugin_checkpoint_loaded)
 allow_fairseq_checkpoints()
 if not getattr(fairseq_options.parse_args_and_arch, "nat_plugins_wrapped", False):
     fairseq_options.parse_args_and_arch = help_with_component_options(fairseq_options.parse_args_and_arch)
+if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "nat_plugins_wrapped", False):
+    checkpoint_utils.load_checkpoint_to_cpu = name_unreadable_checkpoints(checkpoint_utils.load_checkpoint_to_cpu)

@@ -8,11 +8,13 @@ The gold fertilities are ``sample["fertility"]`` (the task's ``{split}.fert.{src
 ``nat_plugins.cli.fertility``); the targets are ``sample["target"]`` without EOS, whose length must equal the
 fertility sum (checked, with an error naming the file to regenerate). Fertilities above L-1 (``--max-fertility``)
 are clamped to L-1 in the fertility NLL only (as the released code does); the decoder still copies the gold
-fertilities so the target length is kept. Terms are summed over tokens and divided by the number of target tokens
+fertilities so the target length is kept; the first batch that holds one logs a warning saying what to change.
+Terms are summed over tokens and divided by the number of target tokens
 (EOS excluded), or sentences with ``--sentence-avg``. Logged: ``loss``, ``nll_loss`` and ``word_ins_loss`` (per target
 token), ``fertility_loss`` (per source subword) and ``fertility_acc`` (argmax accuracy).
 """
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +27,8 @@ from omegaconf import II
 
 from ..modules.options import check_label_smoothing
 from ._metrics import log_bits, log_loss_and_nll, summed
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +70,7 @@ class FertilityNATLoss(FairseqCriterion):
         self.fertility_loss_weight = fertility_loss_weight
         self.sentence_avg = sentence_avg
         self.eos = task.target_dictionary.eos()
+        self.warned_max_fertility = False
 
     def terms(self, model, sample, net_output=None):
         """Summed translation loss/NLL, fertility NLL and counts for ``sample`` (the model is run when
@@ -88,7 +93,17 @@ class FertilityNATLoss(FairseqCriterion):
 
         fert = net_output["fertility"]
         fert_lprobs = utils.log_softmax(fert["out"], dim=-1)
-        fert_target = sample["fertility"].long().clamp(max=model.max_fertility - 1)
+        fert_target = sample["fertility"].long()
+        if not self.warned_max_fertility and fert_target.ge(model.max_fertility).any():
+            self.warned_max_fertility = True
+            largest, limit = int(fert_target.max()), model.max_fertility
+            logger.warning(
+                f"a fertility of {largest} in the training data ({{split}}.fert.{{src}}) is above --max-fertility "
+                f"{limit} - 1: the fertility loss clamps it to {limit - 1}, so the model never predicts it; train "
+                f"with --max-fertility {largest + 1} or more, or make the files with nat-fertility --max-fertility "
+                f"{limit} (it moves the excess to neighbouring subwords, keeping the sum)"
+            )
+        fert_target = fert_target.clamp(max=model.max_fertility - 1)
         fert_mask = fert["mask"]
         fert_nll = -fert_lprobs[fert_mask].gather(-1, fert_target[fert_mask].unsqueeze(-1)).sum()
         fert_correct = fert_lprobs[fert_mask].argmax(dim=-1).eq(fert_target[fert_mask]).sum()

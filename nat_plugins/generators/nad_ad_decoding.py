@@ -9,10 +9,10 @@ fairseq's ``encoder_out`` dict extended with the NAD memory (``nad_out``, ``nad_
 * the AD's NAD-AD attention projects the NAD states to keys/values at the first step and keeps them in the
   ``incremental_state`` (static key/value, reordered with the beam by fairseq), as the encoder attention does.
 
-This module adds what fairseq's generator lacks: ``hypo["steps"]`` (decoder calls: one NAD pass + one AD call per
-output token including EOS, so ``--print-step`` and the benchmark's calls-per-sentence work) and
-``hypo["nad_draft"]``: the NAD's argmax translation of the first model (tokens, EOS and padding excluded), which
-``--print-nad-draft`` (task option) has the task print as ``NAD-<id>`` lines
+This module adds what fairseq's generator lacks: ``hypo["steps"]`` (decoder calls for the sentence: one NAD pass + one
+AD call per output token, EOS included, of its longest returned hypothesis, the last to end; so ``--print-step`` and
+the benchmark's calls-per-sentence work) and ``hypo["nad_draft"]``: the NAD's argmax translation of the first model
+(tokens, EOS and padding excluded), which ``--print-nad-draft`` (task option) has the task print as ``NAD-<id>`` lines
 (:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
 """
 
@@ -55,7 +55,10 @@ class NADADSequenceGenerator(SequenceGenerator):
         drafts = self.model.single_model.nad_draft(encoder_outs[0])
         for hypos, draft in zip(finalized, drafts):
             draft = draft[draft.ne(self.pad) & draft.ne(self.eos)]
+            # the sentence leaves the batch at the step its last finished hypothesis ends (beam search goes on
+            # after the best one until --beam hypotheses have ended)
+            steps = 1 + max(hypo["tokens"].numel() for hypo in hypos)
             for hypo in hypos:
-                hypo["steps"] = 1 + hypo["tokens"].numel()
+                hypo["steps"] = steps
                 hypo["nad_draft"] = draft
         return finalized

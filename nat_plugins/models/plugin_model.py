@@ -32,6 +32,10 @@ class NATPluginModel:
       ``scored_by_fairseq``: the model's ``forward`` takes fairseq's batches (``prev_output_tokens``), so
       ``--score-reference`` uses fairseq's ``SequenceScorer`` instead.
     * ``required_side_inputs`` names the side files training needs ("fertility", "kd_target").
+    * ``load_state_dict`` turns torch's parameter mismatch into an error saying why it happens with a checkpoint:
+      an option that shapes the model overridden at decoding time, or a checkpoint of another nat_plugins version
+      (``checkpoint_plugin_version``, set by the task from the checkpoint's task state; models that change their
+      parameters upgrade older checkpoints in ``upgrade_state_dict_named``).
     * ``init_from_ar(path)`` copies the matching parameters of an AR Transformer checkpoint; the task calls it
       for a freshly built model when the model's args have ``init_from_ar`` set (never when a checkpoint is
       loaded, so ``fairseq-generate`` does not need the teacher file). ``ar_parameter_name`` maps a name of
@@ -40,6 +44,7 @@ class NATPluginModel:
 
     required_side_inputs = ()
     scored_by_fairseq = False
+    checkpoint_plugin_version = None
 
     @staticmethod
     def add_init_from_ar_args(parser):
@@ -63,6 +68,23 @@ class NATPluginModel:
         if task.cfg.left_pad_target:
             raise ValueError(f"{cls.__name__} needs right-padded targets: drop --left-pad-target")
         return super().build_model(args, task)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        try:
+            return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+        except RuntimeError as err:
+            if "Error(s) in loading state_dict" not in str(err):
+                raise
+            from .. import __version__
+
+            written_by = self.checkpoint_plugin_version or "a version before 0.1.0 or unknown"
+            raise ValueError(
+                f"the checkpoint's parameters do not fit the {type(self).__name__} built from its options "
+                f"({' '.join(str(err).split())[:600]}). Options that shape the model (--group-size, "
+                "--num-segments, --block-size, --max-fertility, layer sizes) are fixed by training: drop them "
+                "from --model-overrides (or from_pretrained's keyword arguments). A checkpoint written by another "
+                f"nat_plugins (this one: {written_by}; installed: {__version__}) needs that version"
+            ) from err
 
     def ar_parameter_name(self, name):
         return name

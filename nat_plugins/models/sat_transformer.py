@@ -35,7 +35,27 @@ AR_INIT_PARTS = ("all", "encoder-embeddings")
 
 class SATTransformerDecoder(GroupedTransformerDecoder):
     """fairseq's Transformer decoder fed y_{t-K} under the relaxed causal mask; in incremental decoding each
-    call adds one whole group (K positions) to the key/value cache."""
+    call adds one whole group (K positions) to the key/value cache. K is saved with the parameters
+    (``trained_group_size``), so a checkpoint cannot be decoded with another K."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, group_size, no_encoder_attn=False):
+        super().__init__(cfg, dictionary, embed_tokens, group_size, no_encoder_attn=no_encoder_attn)
+        self.register_buffer("trained_group_size", torch.tensor(group_size))
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Refuse a checkpoint trained with another K (e.g. ``--model-overrides "{'group_size': 4}"``: the model
+        would decode without an error and print wrong translations); checkpoints written before K was saved load
+        as they are."""
+        state_dict = super().upgrade_state_dict_named(state_dict, name)
+        key = f"{name}.trained_group_size" if name else "trained_group_size"
+        trained = int(state_dict.setdefault(key, self.trained_group_size.clone()))
+        if trained != self.group_size:
+            raise ValueError(
+                f"this sat_transformer checkpoint was trained with --group-size {trained} and cannot decode with "
+                f"--group-size {self.group_size}: drop group_size from --model-overrides (or from_pretrained's "
+                "keyword arguments)"
+            )
+        return state_dict
 
     def group_inputs(self, prev_output_tokens):
         """SAT decoder inputs from fairseq's ``prev_output_tokens`` (start symbol, y_0, y_1, ...; right-padded):

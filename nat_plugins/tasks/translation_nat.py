@@ -36,6 +36,7 @@ import torch
 from fairseq import utils
 from fairseq.data import BaseWrapperDataset, LanguagePairDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
+from fairseq.models import MODEL_REGISTRY
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
@@ -46,6 +47,21 @@ logger = logging.getLogger(__name__)
 SIDE_INPUTS = ("fertility", "kd_target")
 DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
 FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
+
+
+# the task's decoding options and the registered model whose decoder reads each; build_generator refuses a value
+# other than the default for any other model (the option would be ignored without a word)
+DECODING_OPTIONS = {
+    "segment_length_margin": "recover_sat",
+    "print_segments": "recover_sat",
+    "block_accept": "blockwise_transformer",
+    "min_block_size": "blockwise_transformer",
+    "print_nad_draft": "nad_ad_transformer",
+    "fertility_decoding": "fertility_nat",
+    "npd_samples": "fertility_nat",
+    "npd_teacher": "fertility_nat",
+    "npd_length_normalize": "fertility_nat",
+}
 
 
 class SideFileError(ValueError):
@@ -315,7 +331,9 @@ class TranslationNATTask(TranslationTask):
     # ----- models, criterions, generators ----------------------------------------------------------
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
-        if not from_checkpoint:
+        if from_checkpoint and hasattr(model, "checkpoint_plugin_version"):  # fairseq loaded its task state first
+            model.checkpoint_plugin_version = self.state.state_dict.get("nat_plugins", {}).get("version")
+        else:
             self.require_side_inputs(getattr(model, "required_side_inputs", ()), type(model).__name__)
             init_path = getattr(cfg, "init_from_ar", None)
             if init_path:
@@ -330,12 +348,27 @@ class TranslationNATTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """``generator_class(models, task, args)`` of the model; fairseq's generator for models that declare none
         (AR teachers) and fairseq's scorer for ``--score-reference`` where the model declares ``scored_by_fairseq``."""
+        self.check_decoding_options(models[0])
         generator_class = getattr(models[0], "generator_class", None)
         if generator_class is None or (getattr(args, "score_reference", False) and models[0].scored_by_fairseq):
             return super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             )
         return generator_class(models, self, args)
+
+    def check_decoding_options(self, model):
+        """Refuse a decoding option of another system (:data:`DECODING_OPTIONS`) set for ``model``."""
+        name = next((n for n, cls in MODEL_REGISTRY.items() if cls is type(model)), type(model).__name__)
+        defaults = TranslationNATConfig()
+        for option, owner in DECODING_OPTIONS.items():
+            value = getattr(self.cfg, option, None)
+            if owner != name and value != getattr(defaults, option):
+                flag = "--" + option.replace("_", "-")
+                given = flag if isinstance(value, bool) else f"{flag} {value}"
+                raise ValueError(
+                    f"{given} is a decoding option of {owner} models; this checkpoint is a {name} model, "
+                    f"whose decoder does not read it: drop {flag}"
+                )
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         """fairseq's inference step, then the ``SEG-``/``NAD-`` lines of ``--print-segments``/``--print-nad-draft``.
