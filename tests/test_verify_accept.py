@@ -8,7 +8,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from nat_plugins.modules.verify_accept import VerifyAcceptLoop
+from nat_plugins.modules.verify_accept import VerifyAcceptLoop, cached_length, decoder_block_features, rollback_cache
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .test_blockwise import MAX_LEN_B, build_model, greedy, random_batch, sub_batch
@@ -103,3 +103,31 @@ def test_drafts_that_are_always_right_are_accepted_k_per_call(toy_task, block_si
         # the first call gives y_1; then every call accepts k tokens until EOS, which may be a call's argmax
         assert hyps[0]["steps"] == 1 + -(-(len(tokens) - 1) // block_size)
     assert any(len(tokens) > block_size + 1 for tokens in reference)
+
+
+def test_rolled_back_batched_cache_is_compact_and_equals_recomputation(toy_task):
+    """Sentences that accept different numbers of new slots: each row keeps its accepted prefix first, the cache is
+    as long as the longest prefix, the mask hides the rest of shorter rows, and every call sees exactly the accepted
+    prefixes (its features equal a full recomputation of them)."""
+    model = random_transformer(toy_task, seed=0)
+    sample = random_batch(toy_task.target_dictionary, 3, seed=0)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    tokens = torch.randint(4, 28, (3, 12), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = toy_task.target_dictionary.eos()  # BOS
+    lengths = torch.ones(3, dtype=torch.long)  # slots each sentence keeps: BOS, then its accepted tokens
+    cache = {}
+    decoder_block_features(model.decoder, tokens[:, :1], torch.zeros(3, 1, dtype=torch.long), encoder_out, cache)
+    for accepted in ([1, 3, 2], [2, 1, 3], [3, 3, 1]):
+        positions = lengths.unsqueeze(1) + torch.arange(3)
+        features = decoder_block_features(model.decoder, tokens.gather(1, positions), positions, encoder_out, cache)
+        for row in range(3):
+            prefix = tokens[row : row + 1, : int(lengths[row]) + 3]
+            row_encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([row]))
+            full, _ = model.decoder(prefix, encoder_out=row_encoder_out, features_only=True)
+            torch.testing.assert_close(features[row], full[0, -3:], rtol=1e-5, atol=1e-5)
+        rollback_cache(model.decoder, cache, 3, torch.tensor(accepted))
+        lengths += torch.tensor(accepted)
+        assert cached_length(model.decoder, cache) == int(lengths.max())
+        for layer in model.decoder.layers:
+            mask = layer.self_attn._get_input_buffer(cache)["prev_key_padding_mask"]
+            assert mask.tolist() == [[float(s >= n) for s in range(int(lengths.max()))] for n in lengths.tolist()]

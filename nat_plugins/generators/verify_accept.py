@@ -69,4 +69,4 @@ class VerifyAcceptGenerator(VerifyAcceptLoop):
         length rules of the positions they predict."""
         logits = self.model.decoder.head_logits(features, range(1, self.block_size))
         position = last.unsqueeze(1) + torch.arange(1, self.block_size, device=last.device)
-        return self.constrain(logits, position, max_len).argmax(dim=-1)
+        return self.constrain_logits(logits, position, max_len).argmax(dim=-1)
