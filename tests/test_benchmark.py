@@ -123,6 +123,7 @@ def test_json_rows_and_metadata(fixture):
         "timed_ids",
         "timed_latency_ms",
         "decoder_calls_per_sentence",
+        "ms_per_decoder_call",
         "tokens_per_call",
         "mean_steps",
         "latency_speedup_vs_ar_beam",
@@ -147,6 +148,7 @@ def test_json_rows_and_metadata(fixture):
         assert row["latency_ms_p90"] == pytest.approx(np.percentile(row["timed_latency_ms"], 90))
         assert row["latency_ms_mean"] == pytest.approx(np.mean(row["timed_latency_ms"]))
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
+        assert row["ms_per_decoder_call"] == pytest.approx(row["latency_ms_mean"] / row["decoder_calls_per_sentence"])
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
     teacher_bleu = results["rows"][0]["bleu"]
     for row in results["rows"]:  # no --ctranslate2: nothing to compare with
@@ -304,6 +306,9 @@ def test_latency_percentiles_on_a_known_list():
         "0·|x| + 200",
     )
     assert (row.latency_ms_median, row.latency_ms_p90, row.latency_ms_mean) == pytest.approx((2.5, 3.7, 2.5))
+    assert row.ms_per_decoder_call is None  # decoder passes not observed (CTranslate2)
+    row.decoder_calls_per_sentence = 5.0
+    assert row.ms_per_decoder_call == pytest.approx(0.5)  # 2.5 ms per sentence over 5 calls
     with pytest.raises(ValueError, match="percentile of no values"):
         bench_rows.percentile([], 90)
 

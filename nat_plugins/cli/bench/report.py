@@ -112,6 +112,7 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
         ("throughput × vs greedy", "throughput_speedup_vs_ar_greedy", 2, "×"),
         ("throughput × vs CTranslate2 greedy", "throughput_speedup_vs_ct2_greedy", 2, "×"),
         ("decoder calls / sent", "decoder_calls_per_sentence", 2, ""),
+        ("ms / decoder call", "ms_per_decoder_call", 2, ""),
         ("tokens / call", "tokens_per_call", 2, ""),
         ("steps", "mean_steps", 2, ""),
         ("Rep", "rep", 2, ""),
@@ -160,6 +161,8 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
         "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
         "however entered: NAD-AD's NAD pass and NPD's teacher rescoring pass included; ensemble members count once); "
+        "ms / decoder call: mean batch-1 latency / decoder calls per sentence (the cost of one greedy step or "
+        "one verify-accept call, encoder pass included); "
         "tokens / call: emitted tokens (EOS included) per pass; steps: the generator's own `hypo['steps']` "
         "(fairseq's IterativeRefinementGenerator counts them from 0)",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",

@@ -190,6 +190,15 @@ class Row:
     def latency_ms_mean(self) -> float:
         return statistics.fmean(self.timed_latency_ms)
 
+    @property
+    def ms_per_decoder_call(self) -> Optional[float]:
+        """Batch-1 time per decoder pass: mean latency / decoder calls per sentence (the encoder pass and the
+        generator's per-sentence work spread over the calls). A greedy step against a verify-accept call of the
+        same model: Stern et al.'s speed-up over greedy is (mean accepted block) × the inverse of their ratio."""
+        if not self.decoder_calls_per_sentence:
+            return None
+        return self.latency_ms_mean / self.decoder_calls_per_sentence
+
     def write_hyps(self, out_dir: str):
         """``hyp.<slug>.txt``: one hypothesis per line, in sentence order."""
         with open(os.path.join(out_dir, self.hyp_file), "w", encoding="utf-8") as f:
@@ -212,5 +221,6 @@ class Row:
             "latency_ms_p90": self.latency_ms_p90,
             "latency_ms_mean": self.latency_ms_mean,
             "latency_sentences_timed": len(self.timed_latency_ms),
+            "ms_per_decoder_call": self.ms_per_decoder_call,
             **measured,
         }
