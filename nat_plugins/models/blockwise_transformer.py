@@ -15,8 +15,6 @@ several new tokens per call against the incremental key/value cache.
 
 import logging
 
-import torch
-import torch.nn.functional as F
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -26,10 +24,10 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de_big,
 )
-from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..generators.verify_accept import VerifyAcceptGenerator
 from ..modules.block_heads import BlockHeads
+from ..modules.verify_accept import decoder_block_features
 from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
@@ -86,7 +84,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
           targets).
         * ``positions`` (B, T): decode ``prev_output_tokens`` as new tokens at these target positions (0 = BOS),
           attending causally among themselves and to every unmasked slot of ``incremental_state``
-          (see :meth:`extract_block_features`); ``None`` is fairseq's behaviour.
+          (:func:`~nat_plugins.modules.verify_accept.decoder_block_features`); ``None`` is fairseq's behaviour.
         """
         if positions is None:
             x, extra = self.extract_features(
@@ -98,7 +96,8 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
                 alignment_heads=alignment_heads,
             )
         else:
-            x, extra = self.extract_block_features(prev_output_tokens, positions, encoder_out, incremental_state)
+            x = decoder_block_features(self, prev_output_tokens, positions, encoder_out, incremental_state)
+            extra = {"attn": [None], "inner_states": None}
         if features_only:
             return x, extra
         if heads is None:
@@ -113,81 +112,6 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
                 return self.output_layer(features).unsqueeze(-2)
             return logits_at_positions(self.output_layer, features, logits_at[..., 0])
         return logits_at_positions(self.output_layer, self.block_heads(features, heads), logits_at)
-
-    def extract_block_features(self, tokens, positions, encoder_out, incremental_state):
-        """Decoder output for new ``tokens`` (B, T) at target ``positions`` (B, T), in one call.
-
-        fairseq's incremental path feeds one token per call; verify-accept feeds k proposals at once (§4,
-        combined scoring and proposal), and different sentences of a batch sit at different positions. The new
-        tokens see each other causally and see every cached slot the cache's key padding mask does not hide
-        (:meth:`rollback_incremental_state` hides rejected proposals). Without a cache, ``tokens`` is the whole
-        (right-padded) prefix.
-        """
-        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-        enc_padding_mask = None
-        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
-            enc_padding_mask = encoder_out["encoder_padding_mask"][0]
-        x = self.embed_scale * self.embed_tokens(tokens)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if self.embed_positions is not None:
-            x = x + self.embed_target_positions(positions).to(x)
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-
-        causal = self.buffered_future_mask(x)
-        self_attn_mask = torch.cat([causal.new_zeros(causal.size(0), self.cached_length(incremental_state)), causal], 1)
-        # always a tensor, so the cache stores a per-sentence key padding mask that rollback can edit
-        self_attn_padding_mask = tokens.eq(self.padding_idx)
-        for layer in self.layers:
-            x, _, _ = layer(
-                x,
-                enc,
-                enc_padding_mask,
-                incremental_state,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-            )
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return x, {"attn": [None], "inner_states": None}
-
-    def embed_target_positions(self, positions):
-        """Positional embeddings of explicit target positions (fairseq numbers position p as padding_idx + 1 + p)."""
-        index = positions + self.padding_idx + 1
-        if isinstance(self.embed_positions, SinusoidalPositionalEmbedding):
-            return F.embedding(index, self.embed_positions.weights)
-        return F.embedding(index, self.embed_positions.weight)
-
-    def cached_length(self, incremental_state):
-        """Number of slots in the self-attention cache (0 without one)."""
-        if incremental_state is None:
-            return 0
-        saved = self.layers[0].self_attn._get_input_buffer(incremental_state)
-        return saved["prev_key"].size(2) if "prev_key" in saved else 0
-
-    def rollback_incremental_state(self, incremental_state, num_new, accepted):
-        """Keep the first ``accepted[b]`` of the ``num_new`` slots the last call appended for sentence b.
-
-        Slots that no sentence accepted are cut off the cache; the others are hidden per sentence through the
-        cached key padding mask (so a batch needs no per-sentence copy). With batch size 1 the cache holds exactly
-        the accepted prefix.
-        """
-        keep = int(accepted.max())
-        rejected = torch.arange(keep, device=accepted.device).unsqueeze(0) >= accepted.unsqueeze(1)
-        for layer in self.layers:
-            saved = layer.self_attn._get_input_buffer(incremental_state)
-            length = saved["prev_key"].size(2) - (num_new - keep)
-            saved["prev_key"] = saved["prev_key"][:, :, :length]
-            saved["prev_value"] = saved["prev_value"][:, :, :length]
-            mask = saved["prev_key_padding_mask"][:, :length].clone()
-            mask[:, length - keep :] = mask[:, length - keep :].masked_fill(rejected, 1)
-            saved["prev_key_padding_mask"] = mask
-            layer.self_attn._set_input_buffer(incremental_state, saved)
 
 
 @register_model("blockwise_transformer")

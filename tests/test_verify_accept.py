@@ -1,0 +1,105 @@
+"""The shared verify-accept machinery (nat_plugins/modules/verify_accept.py) on a plain fairseq ``transformer``
+verifier, as speculative decoding uses it: exact acceptance == the verifier's greedy decoding whatever the drafts
+(batched and alone, cache on and off), and drafts that are always right are accepted k per call."""
+
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from nat_plugins.modules.verify_accept import VerifyAcceptLoop
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
+
+from .test_blockwise import MAX_LEN_B, build_model, greedy, random_batch, sub_batch
+from .utils import TINY_TRANSFORMER
+
+
+@pytest.fixture(scope="module")
+def toy_task():
+    dictionary = Dictionary()
+    for i in range(24):
+        dictionary.add_symbol(f"w{i}")
+    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
+
+
+def random_transformer(task, seed):
+    """A random 2-layer plain ``transformer`` whose greedy outputs vary (see test_blockwise.random_model)."""
+    arch = [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"]
+    model = build_model(task, None, seed, ["--decoder-layers", "2", "--decoder-learned-pos"], arch)
+    with torch.no_grad():
+        model.decoder.embed_positions.weight.mul_(10)
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
+    return model
+
+
+class RandomDrafts(VerifyAcceptLoop):
+    """Drafts drawn at random from the vocabulary (an untrained drafter)."""
+
+    def propose(self, first, features, tokens, last, max_len):
+        high = len(self.tgt_dict)
+        return torch.randint(self.tgt_dict.nspecial, high, (first.size(0), self.block_size - 1), generator=self.rng)
+
+
+class OracleDrafts(VerifyAcceptLoop):
+    """Drafts copied from the verifier's greedy output (``reference``: one token tensor per sentence)."""
+
+    def start(self, sample, encoder_out):
+        width = max(len(r) for r in self.reference) + self.block_size + 1
+        self.target = torch.full((len(self.reference), width), self.eos)
+        for row, tokens in enumerate(self.reference):
+            self.target[row, 1 : len(tokens) + 1] = tokens  # target[:, t] = y_t
+        self.rows = torch.arange(len(self.reference))
+
+    def reorder(self, keep):
+        self.rows = self.rows[keep]
+
+    def propose(self, first, features, tokens, last, max_len):
+        assert torch.equal(tokens.gather(1, (last + 1).unsqueeze(1)).squeeze(1), first)
+        index = last.unsqueeze(1) + torch.arange(2, self.block_size + 1)
+        return self.target[self.rows].gather(1, index)
+
+
+def decode(generator_class, model, task, sample, block_size, use_cache=True, **attributes):
+    generator = generator_class(
+        [model],
+        task,
+        Namespace(beam=1, max_len_b=MAX_LEN_B),
+        verifier=model,
+        block_size=block_size,
+        use_cache=use_cache,
+    )
+    for name, value in attributes.items():
+        setattr(generator, name, value)
+    return generator.generate([model], sample)
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 4])
+def test_exact_acceptance_with_random_drafts_is_the_plain_transformers_greedy_output(toy_task, block_size):
+    for seed in range(3):
+        model = random_transformer(toy_task, seed)
+        sample = random_batch(toy_task.target_dictionary, 6, seed)
+        reference = greedy(model, toy_task, sample)
+        for use_cache in (True, False):
+            rng = torch.Generator().manual_seed(seed)
+            batched = decode(RandomDrafts, model, toy_task, sample, block_size, use_cache, rng=rng)
+            for i in range(6):
+                alone = decode(RandomDrafts, model, toy_task, sub_batch(sample, i), block_size, use_cache, rng=rng)
+                for hypo in (batched[i][0], alone[0][0]):
+                    assert hypo["tokens"].tolist() == reference[i][0]["tokens"].tolist()
+                    torch.testing.assert_close(
+                        hypo["positional_scores"], reference[i][0]["positional_scores"], rtol=1e-4, atol=1e-4
+                    )
+
+
+@pytest.mark.parametrize("block_size", [2, 3])
+def test_drafts_that_are_always_right_are_accepted_k_per_call(toy_task, block_size):
+    model = random_transformer(toy_task, seed=1)
+    sample = random_batch(toy_task.target_dictionary, 6, seed=1)
+    reference = [h[0]["tokens"] for h in greedy(model, toy_task, sample)]
+    hypos = decode(OracleDrafts, model, toy_task, sample, block_size, reference=reference)
+    for hyps, tokens in zip(hypos, reference):
+        assert hyps[0]["tokens"].tolist() == tokens.tolist()
+        # the first call gives y_1; then every call accepts k tokens until EOS, which may be a call's argmax
+        assert hyps[0]["steps"] == 1 + -(-(len(tokens) - 1) // block_size)
+    assert any(len(tokens) > block_size + 1 for tokens in reference)
