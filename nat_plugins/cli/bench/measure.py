@@ -203,6 +203,7 @@ class Batch1:
     decoder_calls_per_sentence: Optional[float] = None  # None: not observable
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None
+    tokens_per_step: Optional[float] = None  # emitted tokens per hypo["steps"] (speculative: per teacher call)
 
 
 def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
@@ -225,11 +226,12 @@ def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
 
 
 def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: int, desc: str) -> Batch1:
-    """Batch-1 latency, decoder calls and tokens per call over sentences ``warmup..num_sentences-1``."""
+    """Batch-1 latency, decoder calls, tokens per call and per ``hypo["steps"]`` over sentences
+    ``warmup..num_sentences-1``."""
     generation = decoder.generation
     dataset = generation.dataset
     seed_everything(seed)
-    ids, latencies, calls, tokens, steps = [], [], [], [], []
+    ids, latencies, calls, tokens, steps, step_tokens = [], [], [], [], [], []
     with DecoderPassCounter(generation.models, auxiliary_models(generation.generator)) as counter:
         for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
             sample = generation.to_device(dataset.collater([dataset[index]]))
@@ -244,11 +246,15 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
             tokens.append(decoder.emitted_length(best["tokens"]))
             if best.get("steps") is not None:
                 steps.append(float(best["steps"]))
+                step_tokens.append(tokens[-1])
     mean_steps = statistics.fmean(steps) if steps else None
+    tokens_per_step = sum(step_tokens) / sum(steps) if sum(steps) > 0 else None
     if None in calls:
         logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", desc)
-        return Batch1(ids, latencies, mean_steps=mean_steps)
-    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps)
+        return Batch1(ids, latencies, mean_steps=mean_steps, tokens_per_step=tokens_per_step)
+    return Batch1(
+        ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps, tokens_per_step
+    )
 
 
 def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
@@ -283,6 +289,7 @@ def make_row(
         batch1.decoder_calls_per_sentence,
         batch1.tokens_per_call,
         batch1.mean_steps,
+        batch1.tokens_per_step,
     )
 
 

@@ -114,6 +114,7 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
         ("decoder calls / sent", "decoder_calls_per_sentence", 2, ""),
         ("tokens / call", "tokens_per_call", 2, ""),
         ("steps", "mean_steps", 2, ""),
+        ("tokens / step", "tokens_per_step", 2, ""),
         ("Rep", "rep", 2, ""),
         ("Mis", "mis", 2, ""),
         ("rep. tokens %", "rep_ratio", 2, ""),
