@@ -82,10 +82,10 @@ add_row() {  # add_row NAME CHECKPOINT_DIR GENERATE_ARGS: one benchmark row
 # the configurations its targets are about (docs/results.md), the students STUDENT_JOBS at a time: one of these
 # models leaves most of an H100 idle, so its 25-minute plan (examples/multi30k/README.md) trains them side by side.
 if [ "$PRESET" = gpu ]; then
-  BLOCK_SIZES="8"; SAT_KS="2 6"; RECOVER_SAT_KS="2 6"; NPD_SAMPLES="10 100"; STUDENT_JOBS=${STUDENT_JOBS:-10}
+  BLOCK_SIZES="8"; SAT_KS="2 6"; RECOVER_SAT_KS="2 6"; NPD_SAMPLES="10 100"; DRAFT_SIZES="8"; STUDENT_JOBS=${STUDENT_JOBS:-11}
 else
   # (NPD S=100 decodes 100 candidates per sentence: ~10 min of the batched pass on 2 cores)
-  BLOCK_SIZES="4"; SAT_KS="2"; RECOVER_SAT_KS="2"; NPD_SAMPLES="10"; STUDENT_JOBS=${STUDENT_JOBS:-1}
+  BLOCK_SIZES="4"; SAT_KS="2"; RECOVER_SAT_KS="2"; NPD_SAMPLES="10"; DRAFT_SIZES="4"; STUDENT_JOBS=${STUDENT_JOBS:-1}
   if [ "$PRESET" = cpu-long ]; then SAT_KS="2 4"; fi
 fi
 STUDENT_STEPS=()
@@ -113,6 +113,15 @@ for K in $BLOCK_SIZES; do
   students "blockwise-$K-frozen" "blockwise-$K-finetuned" -- blockwise_chain "$K"
   add_row "Blockwise k=$K frozen, exact" "$CKPT/blockwise-$K-frozen" "--beam 1 --block-accept exact"
   add_row "Blockwise k=$K fine-tuned, exact" "$CKPT/blockwise-$K-finetuned" "--beam 1 --block-accept exact"
+done
+
+# Speculative decoding (Xia et al. 2023): a shallow non-autoregressive drafter proposes K tokens, the teacher verifies
+# them in one call; exact verification prints the teacher's greedy output, relaxed (top-3 within 1 nat) accepts more
+for K in $DRAFT_SIZES; do
+  students "spec-drafter-$K" -- step "spec-drafter-$K" bash "$EXAMPLES/spec_drafter.sh" "$DATA_BIN" "$TEACHER" "$CKPT/spec-drafter-$K" "$K"
+  add_row "Speculative k=$K, exact" "$CKPT/spec-drafter-$K" "--beam 1 --speculative-teacher $TEACHER"
+  add_row "Speculative k=$K, relaxed" "$CKPT/spec-drafter-$K" \
+    "--beam 1 --speculative-teacher $TEACHER --speculative-verify relaxed --speculative-beta 3 --speculative-tau 1"
 done
 
 # Semi-Autoregressive Transformer (Wang et al. 2018) on distilled data, greedy and beam 4

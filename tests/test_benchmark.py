@@ -126,6 +126,7 @@ def test_json_rows_and_metadata(fixture):
         "ms_per_decoder_call",
         "tokens_per_call",
         "mean_steps",
+        "tokens_per_step",
         "latency_speedup_vs_ar_beam",
         "latency_speedup_vs_ar_greedy",
         "latency_speedup_vs_ct2_greedy",

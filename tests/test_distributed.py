@@ -116,6 +116,18 @@ CASES = {
         "--use-distilled",
         "target",
     ],
+    "spec_drafter_loss": [
+        "--arch",
+        "spec_drafter",
+        "--decoder-layers",
+        "1",
+        "--criterion",
+        "spec_drafter_loss",
+        "--init-from-ar",
+        "TEACHER",
+        "--use-distilled",
+        "target",
+    ],
     "nad_ad_loss": [
         "--arch",
         "nad_ad_transformer",

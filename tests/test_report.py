@@ -38,7 +38,8 @@ def write_run(work, rows, paired=()):
         f.write("# Decoding benchmark\n\n| system | BLEU |\n")
     for r in rows:
         with open(os.path.join(bench, r["hyp_file"]), "w") as f:
-            f.write("same\n" if "frozen" in r["name"] or r["name"] == report.TEACHER_GREEDY else "other\n")
+            same = "frozen" in r["name"] or r["name"].startswith("Speculative") or r["name"] == report.TEACHER_GREEDY
+            f.write("same\n" if same else "other\n")
     with open(os.path.join(work, "logs", "teacher.log"), "w") as f:
         for updates, loss in ((250, 5.5), (500, 4.75)):
             f.write(
@@ -57,6 +58,7 @@ def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
         row("SAT K=4, greedy", 23.0, 30.0),  # 76.7%: missed
         row("Blockwise k=4 frozen, exact", 29.0, 60.0, tokens_per_call=1.6),  # identical output, block 1.6
         row("Blockwise k=4 fine-tuned, exact", 27.5, 50.0, tokens_per_call=2.5),  # 1.5 BLEU below greedy
+        row("Speculative k=4, exact", 29.0, 40.0, tokens_per_step=3.2, latency_speedup_vs_ct2_greedy=0.9),
         row(report.NAD_AD, 30.5, 110.0),
         row(report.NAD_AD_BASELINE, 30.0, 100.0),
         row(report.FAIRSEQ_ROWS[0], 10.0, 5.0),
@@ -75,6 +77,11 @@ def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
     assert frozen == ["identical to greedy, block 1.60, 1.33x vs greedy", "yes |"]
     finetuned = next(v for k, v in verdicts.items() if k.startswith("Blockwise k=4 fine-tuned"))
     assert finetuned[1] == "**no** |"
+    spec = next(v for k, v in verdicts.items() if k.startswith("Speculative k=4, exact"))
+    assert spec == [
+        "identical to greedy, 3.20 tokens per teacher call, 2.00x vs greedy (0.90x vs CTranslate2 greedy)",
+        "yes |",
+    ]
     nad = next(v for k, v in verdicts.items() if k.startswith(report.NAD_AD))
     assert nad == ["+0.50 BLEU (p = 0.040), +10% time", "yes |"]
     fairseq = next(v for k, v in verdicts.items() if k.startswith("every plugin row"))

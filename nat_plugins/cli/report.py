@@ -74,6 +74,37 @@ def exact_blockwise(
     return Target(f"{name}: {quality}, mean accepted block >= {min_block}{at}", check)
 
 
+def speculative(name: str, min_speedup: float, exact: bool = True, hyp_dir: str = "") -> Target:
+    """Speculative decoding: exact verification prints the teacher's greedy output, relaxed keeps at least its BLEU;
+    both at a batch-1 speedup over greedy >= ``min_speedup`` (shown: mean accepted tokens per teacher call and the
+    speedup over greedy decoding in CTranslate2)."""
+
+    def check(rows):
+        if name not in rows or TEACHER_GREEDY not in rows:
+            return None
+        row, greedy = rows[name], rows[TEACHER_GREEDY]
+        speedup = row.get("latency_speedup_vs_ar_greedy") or 0.0
+        if exact:
+            with (
+                open(os.path.join(hyp_dir, row["hyp_file"]), encoding="utf-8") as a,
+                open(os.path.join(hyp_dir, greedy["hyp_file"]), encoding="utf-8") as b,
+            ):
+                ok = a.read() == b.read()
+            quality = "identical to greedy" if ok else "differs from greedy"
+        else:
+            ok = row["bleu"] >= greedy["bleu"]
+            quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
+        ct2 = row.get("latency_speedup_vs_ct2_greedy")
+        text = (
+            f"{quality}, {row.get('tokens_per_step') or 0.0:.2f} tokens per teacher call, {speedup:.2f}x vs greedy"
+            + (f" ({ct2:.2f}x vs CTranslate2 greedy)" if ct2 is not None else "")
+        )
+        return text, ok and speedup >= min_speedup
+
+    quality = "= the teacher's greedy output" if exact else "BLEU >= the teacher's greedy"
+    return Target(f"{name}: {quality}, >= {min_speedup}x vs greedy", check)
+
+
 def nad_ad_gain(minimum: float, paired: List[dict], max_slowdown: Optional[float] = None) -> Target:
     """Encoder-NAD-AD's BLEU gain over its same-updates AR baseline (paired bootstrap p-value shown)."""
 
@@ -140,6 +171,8 @@ def targets(preset: str, paired: List[dict], hyp_dir: str) -> List[Target]:
             share_of_teacher("RecoverSAT K=6", 0.93, 3.0),
             exact_blockwise("Blockwise k=8 frozen, exact", 1.0, min_speedup=1.4, hyp_dir=hyp_dir),
             exact_blockwise("Blockwise k=8 fine-tuned, exact", 3.5, 1.0, min_speedup=2.5, hyp_dir=hyp_dir),
+            speculative("Speculative k=8, exact", 3.0, hyp_dir=hyp_dir),
+            speculative("Speculative k=8, relaxed", 4.0, exact=False, hyp_dir=hyp_dir),
             share_of_teacher("NAT, argmax fertility", 0.80, 8.0),
             share_of_teacher("NAT, NPD S=10", 0.88, 3.0),
             nad_ad_gain(0.5, paired, max_slowdown=0.10),
@@ -151,6 +184,7 @@ def targets(preset: str, paired: List[dict], hyp_dir: str) -> List[Target]:
         share_of_teacher("RecoverSAT K=2", 0.93),
         exact_blockwise("Blockwise k=4 frozen, exact", 1.5, hyp_dir=hyp_dir),
         exact_blockwise("Blockwise k=4 fine-tuned, exact", 2.0, 1.0, hyp_dir=hyp_dir),
+        speculative("Speculative k=4, exact", 1.5, hyp_dir=hyp_dir),
         share_of_teacher("NAT, argmax fertility", 0.70),
         share_of_teacher("NAT, NPD S=10", 0.78),
         nad_ad_gain(0.3, paired),

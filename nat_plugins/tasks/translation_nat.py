@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 SIDE_INPUTS = ("fertility", "kd_target")
 DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
 FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
+SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 
 
 # the task's decoding options and the registered model whose decoder reads each; build_generator refuses a value
@@ -122,6 +123,29 @@ class TranslationNATConfig(TranslationConfig):
             "help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
             "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"
         },
+    )
+    # speculative decoding (spec_drafter, Xia et al. 2023): the teacher that verifies the drafts, and how
+    speculative_teacher: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "spec_drafter: the AR teacher checkpoint that verifies the drafts (its greedy output is the "
+            "output in --speculative-verify exact)"
+        },
+    )
+    speculative_verify: SPECULATIVE_VERIFY_MODES = field(
+        default="exact",
+        metadata={
+            "help": "spec_drafter: 'exact' accepts a draft token only where it is the teacher's argmax (output = "
+            "the teacher's greedy output); 'relaxed' where it is among the teacher's --speculative-beta best "
+            "and at most --speculative-tau below the best log-probability (Xia et al. 2023, §3 Spec-Verification)"
+        },
+    )
+    speculative_beta: int = field(
+        default=3, metadata={"help": "spec_drafter relaxed verification: top-β candidates of the teacher (β >= 1)"}
+    )
+    speculative_tau: float = field(
+        default=1.0,
+        metadata={"help": "spec_drafter relaxed verification: log-probability tolerance τ (>= 0) below the best"},
     )
 
 

@@ -204,6 +204,7 @@ class Batch1:
     decoder_calls_per_sentence: Optional[float] = None  # None: not observable
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None
+    tokens_per_step: Optional[float] = None  # emitted tokens per hypo["steps"] (speculative: per teacher call)
     hyps: List[str] = field(default_factory=list)
 
 
@@ -227,11 +228,12 @@ def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
 
 
 def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: int, desc: str) -> Batch1:
-    """Batch-1 latency, decoder calls and tokens per call over sentences ``warmup..num_sentences-1``."""
+    """Batch-1 latency, decoder calls, tokens per call and per ``hypo["steps"]`` over sentences
+    ``warmup..num_sentences-1``."""
     generation = decoder.generation
     dataset = generation.dataset
     seed_everything(seed)
-    ids, latencies, calls, tokens, steps, hyps = [], [], [], [], [], []
+    ids, latencies, calls, tokens, steps, step_tokens, hyps = [], [], [], [], [], [], []
     with DecoderPassCounter(generation.models, auxiliary_models(generation.generator)) as counter:
         for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
             sample = generation.to_device(dataset.collater([dataset[index]]))
@@ -247,11 +249,15 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
             tokens.append(decoder.emitted_length(best["tokens"]))
             if best.get("steps") is not None:
                 steps.append(float(best["steps"]))
+                step_tokens.append(tokens[-1])
     mean_steps = statistics.fmean(steps) if steps else None
+    tokens_per_step = sum(step_tokens) / sum(steps) if sum(steps) > 0 else None
     if None in calls:
         logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", desc)
-        return Batch1(ids, latencies, mean_steps=mean_steps, hyps=hyps)
-    return Batch1(ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps, hyps)
+        return Batch1(ids, latencies, mean_steps=mean_steps, tokens_per_step=tokens_per_step, hyps=hyps)
+    return Batch1(
+        ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps, tokens_per_step, hyps
+    )
 
 
 def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
@@ -286,6 +292,7 @@ def make_row(
         batch1.decoder_calls_per_sentence,
         batch1.tokens_per_call,
         batch1.mean_steps,
+        batch1.tokens_per_step,
     )
 
 

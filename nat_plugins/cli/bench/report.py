@@ -115,6 +115,7 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
         ("ms / decoder call", "ms_per_decoder_call", 2, ""),
         ("tokens / call", "tokens_per_call", 2, ""),
         ("steps", "mean_steps", 2, ""),
+        ("tokens / step", "tokens_per_step", 2, ""),
         ("Rep", "rep", 2, ""),
         ("Mis", "mis", 2, ""),
         ("rep. tokens %", "rep_ratio", 2, ""),

@@ -143,6 +143,9 @@ class Row:
     decoder_calls_per_sentence: Optional[float] = None  # None: not observable (CTranslate2)
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None  # mean of hypo["steps"] where the generator reports it
+    # emitted tokens (EOS included) per hypo["steps"]: the mean accepted block (blockwise), the mean accepted tokens
+    # per teacher call (speculative decoding)
+    tokens_per_step: Optional[float] = None
     # derived against the other rows by .analysis (None where the reference row is absent)
     bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
     latency_speedup_vs_ar_beam: Optional[float] = None

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Speculative decoding (Xia et al. 2023) on Multi30k: a non-autoregressive drafter proposes the next K tokens given
+# the accepted prefix, the AR teacher verifies them in one call and keeps the longest agreeing prefix plus its own
+# next token, so exact verification outputs the teacher's greedy translation token for token. The drafter's encoder,
+# embeddings and decoder layers start as the teacher's (--init-from-ar); its decoder is shallow (DRAFTER_LAYERS,
+# default 1 on the CPU presets, where the teacher has 2 decoder layers; 2 with PRESET=gpu, the teacher has 6), and it
+# is trained on the teacher's distilled outputs (the drafts must be what the teacher will emit) with
+# spec_drafter_loss: cross-entropy of the K draft slots at random prefix cut points.
+#   [PRESET=cpu|gpu] [DRAFTER_LAYERS=N] bash examples/multi30k/spec_drafter.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
+# Decode (the teacher verifies; --speculative-verify relaxed trades exactness for longer accepted runs):
+#   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \
+#     --speculative-teacher TEACHER_CKPT --beam 1 --print-step [--speculative-verify relaxed --speculative-beta 3 --speculative-tau 1]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
+usage="usage: spec_drafter.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]"
+DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}; K=${4:?$usage}
+shift 4
+[ -f "$TEACHER" ] || { echo "spec_drafter.sh: teacher checkpoint $TEACHER does not exist" >&2; exit 1; }
+if [ "$PRESET" = gpu ]; then DRAFTER_LAYERS=${DRAFTER_LAYERS:-2}; else DRAFTER_LAYERS=${DRAFTER_LAYERS:-1}; fi
+arch_args spec_drafter
+student_args 150 5e-4 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh)
+# BLEU cannot select a drafter (exact verification prints the teacher's output whatever it drafts): with validation
+# (PRESET=gpu) the checkpoint with the most leading draft tokens right per cut point is kept
+if [ "$PRESET" = gpu ]; then STUDENT_ARGS+=(--best-checkpoint-metric accepted_drafts); fi
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+  "${ARCH_ARGS[@]}" --decoder-layers "$DRAFTER_LAYERS" "${STUDENT_ARGS[@]}" --draft-size "$K" \
+  --init-from-ar "$TEACHER" --use-distilled target --criterion spec_drafter_loss --label-smoothing 0.1 \
+  --speculative-teacher "$TEACHER" --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"

@@ -1,0 +1,85 @@
+"""Speculative decoding (Xia, Ge, Wang, Chen, Wei & Sui, Findings of EMNLP 2023, "Speculative Decoding: Exploiting
+Speculative Execution for Accelerating Seq2seq Generation"; also "Generalized Aggressive Decoding"): the decoder of
+``spec_drafter`` checkpoints, verified by the AR teacher ``--speculative-teacher``.
+
+The loop is verify-accept decoding with the teacher as the verifier
+(:class:`~nat_plugins.modules.verify_accept.VerifyAcceptLoop`: one batched teacher call per step on k+1 new tokens
+against its cache, rolled back per sentence to the accepted ones). Each step, for a sentence whose accepted prefix
+is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in its last call:
+
+1. draft (§3 Spec-Drafter): the drafter reads BOS .. y_j, ŷ_{j+1} and proposes d_1..d_k for y_{j+2..j+k+1} in one
+   pass (k = the checkpoint's ``--draft-size``);
+2. verify: the teacher reads ŷ_{j+1}, d_1..d_k in one call;
+3. accept (§3 Spec-Verification): ŷ_{j+1} and the longest prefix of drafts the teacher agrees with; the teacher's
+   argmax after the last accepted token is the next ŷ. ``--speculative-verify exact`` agrees where a draft is the
+   teacher's argmax: the output is token for token the teacher's greedy output, whatever the drafter proposes.
+   ``relaxed`` agrees where it is among the teacher's ``--speculative-beta`` best tokens and at most
+   ``--speculative-tau`` below the best log-probability.
+
+The drafter has no cache: it rereads the prefix (its decoder is shallow). Length limits, minimum length, pad/unk
+rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification
+prints what ``fairseq-generate --beam 1`` prints for the teacher. Each hypothesis carries ``steps`` (teacher calls,
+the first one on BOS included), ``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS
+included, per teacher call).
+"""
+
+import math
+
+import torch
+
+from ..modules.teacher import FrozenTeacher
+from ..modules.verify_accept import VerifyAcceptLoop
+
+
+class SpeculativeDecoder(VerifyAcceptLoop):
+    """Draft with a ``spec_drafter``, verify with the teacher (module docstring); task options
+    ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau``."""
+
+    name = "speculative decoding (spec_drafter)"
+
+    def __init__(self, models, task, gen_args):
+        drafter = models[0]
+        if not hasattr(drafter, "draft_size"):
+            raise ValueError(f"speculative decoding needs a spec_drafter checkpoint, got {type(drafter).__name__}")
+        cfg = task.cfg
+        if cfg.speculative_verify == "exact":
+            top_m, tolerance = 1, math.inf
+        else:
+            if cfg.speculative_beta < 1 or not cfg.speculative_tau >= 0:
+                raise ValueError(
+                    "--speculative-verify relaxed needs --speculative-beta >= 1 and --speculative-tau >= 0, got "
+                    f"{cfg.speculative_beta} and {cfg.speculative_tau}"
+                )
+            top_m, tolerance = cfg.speculative_beta, cfg.speculative_tau
+        self.teacher = FrozenTeacher(cfg.speculative_teacher, task, "--speculative-teacher")
+        super().__init__(
+            models, task, gen_args, self.teacher.model, drafter.draft_size + 1, top_m=top_m, tolerance=tolerance
+        )
+        self.drafter_out = None
+
+    @torch.no_grad()
+    def generate(self, models, sample, bos_token=None, **kwargs):
+        self.teacher.to(next(self.model.parameters()))  # the drafter's device and dtype
+        return super().generate(models, sample, bos_token=bos_token, **kwargs)
+
+    def start(self, sample, encoder_out):
+        self.drafter_out = self.model.encoder.forward_torchscript(sample["net_input"])
+
+    def reorder(self, keep):
+        self.drafter_out = self.model.encoder.reorder_encoder_out(self.drafter_out, keep)
+
+    def propose(self, first, features, tokens, last, max_len):
+        """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``), never pad."""
+        logits, _ = self.model.decoder(
+            tokens[:, : int(last.max()) + 2], encoder_out=self.drafter_out, prefix_lengths=last + 2
+        )
+        logits[..., self.pad] = -math.inf
+        return logits.argmax(dim=-1)
+
+    def hypotheses(self, tokens, scores, lengths, steps):
+        """The loop's hypotheses; the drafter is called once after every teacher call."""
+        hypos = super().hypotheses(tokens, scores, lengths, steps)
+        for (hypo,) in hypos:
+            hypo["drafter_steps"] = hypo["steps"]
+            hypo["mean_accepted_tokens"] = hypo.pop("mean_accepted_block")
+        return hypos

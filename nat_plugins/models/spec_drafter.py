@@ -1,0 +1,200 @@
+"""The drafter of speculative decoding (Xia et al., Findings of EMNLP 2023, "Speculative Decoding: Exploiting
+Speculative Execution for Accelerating Seq2seq Generation", §3 Spec-Drafter): model ``spec_drafter``.
+
+A non-autoregressive model that proposes the next k tokens y_{j+1..j+k} of a translation given the source and the
+prefix y_{<=j} accepted so far, in one pass; the AR teacher verifies all k in one call
+(:mod:`nat_plugins.generators.speculative_decoding`), so the output is the teacher's whatever the drafter proposes.
+
+* encoder: fairseq's Transformer encoder, initialised from the teacher (``--init-from-ar``; the paper's drafter
+  is "deep encoder, shallow decoder");
+* decoder: fairseq's Transformer decoder layers (shallow: the presets use 2 of the teacher's layers; they start as
+  the teacher's first layers) over the prefix y_0 = BOS .. y_j, read causally, followed by k query slots
+  (``--draft-size k``), each a learned mask embedding + the positional embedding of its target position j+i. A
+  query attends to the whole prefix and to every query (bidirectionally); the prefix never attends to the queries.
+  The queries' outputs through the output projection (tied to the embeddings, shared with the teacher, under
+  ``--share-all-embeddings``) are the k draft distributions.
+
+Training (criterion ``spec_drafter_loss``) cuts distilled targets at random prefix lengths; prefix + queries is the
+same forward at training and decoding time (:meth:`SpecDrafterDecoder.forward`).
+"""
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoder,
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de,
+)
+from fairseq.modules import SinusoidalPositionalEmbedding
+from torch import nn
+
+from ..generators.speculative_decoding import SpeculativeDecoder
+from .plugin_model import NATPluginModel, logits_at_positions
+
+# an additive mask value that hides a key (finite, so a row that sees only itself keeps a defined softmax in fp16)
+HIDDEN = -1e4
+
+
+def draft_attention_mask(prefix_width, num_queries, reference):
+    """Additive self-attention mask ((P+k) x (P+k)) of a right-padded prefix of width P followed by k queries:
+    prefix rows causal over the prefix and blind to the queries; query rows see everything. Per-sentence prefix
+    lengths are applied through the key padding mask (padding tokens are hidden)."""
+    width = prefix_width + num_queries
+    mask = torch.zeros(width, width, dtype=reference.dtype, device=reference.device)
+    mask[:prefix_width] = HIDDEN
+    mask[:prefix_width, :prefix_width].triu_(1)  # keeps HIDDEN above the diagonal only
+    return mask
+
+
+class SpecDrafterDecoder(TransformerDecoder):
+    """A fairseq Transformer decoder whose forward reads a prefix causally and predicts k query slots."""
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False):
+        super().__init__(args, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        cfg = TransformerConfig.from_namespace(args)
+        if self.adaptive_softmax is not None:
+            raise ValueError("spec_drafter does not support --adaptive-softmax-cutoff")
+        if cfg.cross_self_attention:
+            raise ValueError("spec_drafter does not support --cross-self-attention")
+        if args.draft_size < 1:
+            raise ValueError(f"--draft-size must be at least 1, got {args.draft_size}")
+        self.draft_size = args.draft_size
+        self.mask_embedding = nn.Parameter(torch.empty(embed_tokens.embedding_dim))
+        nn.init.normal_(self.mask_embedding, mean=0, std=embed_tokens.embedding_dim**-0.5)
+
+    def forward(
+        self, prefix_tokens, encoder_out=None, prefix_lengths=None, features_only=False, logits_at=None, **kwargs
+    ):
+        """Draft logits (B x k x V) of y_{j+1..j+k} for the right-padded ``prefix_tokens`` (B x P: BOS, y_1..y_j,
+        then padding) of ``prefix_lengths`` (B, = j+1; default: the non-pad tokens of each row); ``encoder_out`` has
+        B sentences. With ``logits_at`` (B x k bool) only those logits, packed N x V
+        (:func:`~nat_plugins.models.plugin_model.logits_at_positions`); with ``features_only`` the queries' states
+        (B x k x C). Returns (output, extra) as fairseq decoders."""
+        if prefix_lengths is None:
+            prefix_lengths = prefix_tokens.ne(self.padding_idx).long().sum(dim=1)
+        k, width = self.draft_size, prefix_tokens.size(1)
+        max_position = self.max_positions() - 1
+        prefix_positions = torch.arange(width, device=prefix_tokens.device).expand_as(prefix_tokens)
+        query_positions = prefix_lengths.unsqueeze(1) + torch.arange(k, device=prefix_tokens.device)
+        positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=max_position)
+
+        prefix = self.embed_scale * self.embed_tokens(prefix_tokens)
+        queries = self.mask_embedding.to(prefix).expand(prefix.size(0), k, -1)
+        x = torch.cat([prefix, queries], dim=1)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if self.embed_positions is not None:
+            x = x + self.embed_target_positions(positions).to(x)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        enc_padding_mask = None
+        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
+            enc_padding_mask = encoder_out["encoder_padding_mask"][0]
+        self_attn_mask = draft_attention_mask(width, k, x)
+        padding = prefix_positions >= prefix_lengths.unsqueeze(1)
+        self_attn_padding_mask = torch.cat([padding, padding.new_zeros(padding.size(0), k)], dim=1)
+        for layer in self.layers:
+            x, _, _ = layer(
+                x,
+                enc,
+                enc_padding_mask,
+                None,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+            )
+        x = x[width:]
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        extra = {"attn": [None], "inner_states": None}
+        return (x, extra) if features_only else (logits_at_positions(self.output_layer, x, logits_at), extra)
+
+    def embed_target_positions(self, positions):
+        """Positional embeddings of explicit target positions (fairseq numbers position p as padding_idx + 1 + p)."""
+        weight = (
+            self.embed_positions.weights
+            if isinstance(self.embed_positions, SinusoidalPositionalEmbedding)
+            else self.embed_positions.weight
+        )
+        return nn.functional.embedding(positions + self.padding_idx + 1, weight)
+
+
+@register_model("spec_drafter")
+class SpecDrafterModel(NATPluginModel, TransformerModel):
+    """The drafter of speculative decoding (module docstring). ``forward(src_tokens, src_lengths, prefix_tokens,
+    prefix_lengths, logits_at)`` -> draft logits (B x k x V; see :meth:`SpecDrafterDecoder.forward`).
+
+    ``--init-from-ar PATH`` copies the encoder, the embeddings, the output projection and the decoder layers whose
+    names and shapes match (the teacher's first ``--decoder-layers``); the mask embedding starts random."""
+
+    generator_class = SpeculativeDecoder
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        parser.add_argument(
+            "--draft-size",
+            type=int,
+            metavar="K",
+            help="tokens the drafter proposes per call (query slots after the prefix); default 4",
+        )
+        cls.add_init_from_ar_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        spec_drafter_base_architecture(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return SpecDrafterDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
+        )
+
+    @property
+    def draft_size(self):
+        return self.decoder.draft_size
+
+    def forward(self, src_tokens, src_lengths, prefix_tokens, prefix_lengths=None, logits_at=None, **kwargs):
+        """Draft logits for ``prefix_tokens`` of R·B rows for a batch of B sources: row r·B + b is a prefix of
+        sentence b (the criterion drafts at several cut points of each sentence; the encoder runs once)."""
+        encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
+        copies, remainder = divmod(prefix_tokens.size(0), src_tokens.size(0))
+        if remainder:
+            raise ValueError(f"{prefix_tokens.size(0)} prefixes for {src_tokens.size(0)} sources: not a multiple")
+        if copies > 1:
+            order = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat(copies)
+            encoder_out = self.encoder.reorder_encoder_out(encoder_out, order)
+        return self.decoder(prefix_tokens, encoder_out=encoder_out, prefix_lengths=prefix_lengths, logits_at=logits_at)
+
+
+@register_model_architecture("spec_drafter", "spec_drafter")
+def spec_drafter_base_architecture(args):
+    if getattr(args, "draft_size", None) is None:
+        args.draft_size = 4
+    args.init_from_ar = getattr(args, "init_from_ar", None)
+    base_architecture(args)
+
+
+@register_model_architecture("spec_drafter", "spec_drafter_iwslt_de_en")
+def spec_drafter_iwslt_de_en(args):
+    """``transformer_iwslt_de_en``'s encoder (the teacher's, 6 layers) and a 2-layer decoder."""
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    transformer_iwslt_de_en(args)
+    spec_drafter_base_architecture(args)
+
+
+@register_model_architecture("spec_drafter", "spec_drafter_wmt_en_de")
+def spec_drafter_wmt_en_de(args):
+    """``transformer_wmt_en_de``'s encoder and a 2-layer decoder."""
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    transformer_wmt_en_de(args)
+    spec_drafter_base_architecture(args)

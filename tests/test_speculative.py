@@ -1,0 +1,369 @@
+"""Speculative decoding (Xia et al. 2023): the drafter's attention pattern, the criterion's cut points and loss,
+exact verification == the teacher's greedy decoding for every k and batch size whatever the drafter proposes, a
+drafter that is always right emitting k+1 tokens per teacher call, relaxed verification, and a learning test on the
+synthetic task."""
+
+import math
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq import options
+from fairseq.data import Dictionary, data_utils
+from fairseq.sequence_generator import SequenceGenerator
+
+from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, draft_examples
+from nat_plugins.generators.speculative_decoding import SpeculativeDecoder
+from nat_plugins.models.spec_drafter import HIDDEN, draft_attention_mask
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
+
+from .utils import SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, train_model, with_task_options
+
+MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
+TINY_SIZES = [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"]
+
+
+@pytest.fixture(scope="module")
+def toy_task():
+    dictionary = Dictionary()
+    for i in range(24):
+        dictionary.add_symbol(f"w{i}")
+    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
+
+
+def build(task, arch_args, seed):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), ["unused-data", "--task", "translation_nat"] + list(arch_args)
+    )
+    torch.manual_seed(seed)
+    return task.build_model(args).eval(), args
+
+
+def random_teacher(task, seed, path):
+    """A random 2-layer AR Transformer saved as a checkpoint at ``path``, whose greedy outputs vary in length and
+    content (large learned positional embeddings, a random EOS direction; as tests/test_blockwise.py)."""
+    teacher, args = build(
+        task, ["--arch", "transformer", "--decoder-layers", "2", "--decoder-learned-pos"] + TINY_SIZES, seed
+    )
+    with torch.no_grad():
+        teacher.decoder.embed_positions.weight.mul_(10)
+        teacher.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
+    history = [{"criterion_name": "none", "optimizer_name": "none", "lr_scheduler_state": {}, "num_updates": 0}]
+    torch.save({"args": args, "model": teacher.state_dict(), "optimizer_history": history, "extra_state": {}}, path)
+    return teacher
+
+
+def drafter(task, draft_size, seed, extra=()):
+    return build(task, ["--arch", "spec_drafter", "--draft-size", str(draft_size)] + TINY_SIZES + list(extra), seed)[0]
+
+
+def random_batch(dictionary, size, seed):
+    generator = torch.Generator().manual_seed(seed)
+    sources = [
+        torch.cat(
+            [
+                torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
+                torch.tensor([dictionary.eos()]),
+            ]
+        )
+        for n in torch.randint(2, 9, (size,), generator=generator)
+    ]
+    src_tokens = data_utils.collate_tokens(sources, dictionary.pad(), left_pad=True)
+    return {"net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([len(s) for s in sources])}}
+
+
+def sub_batch(sample, index):
+    length = int(sample["net_input"]["src_lengths"][index])
+    return {
+        "net_input": {
+            "src_tokens": sample["net_input"]["src_tokens"][index : index + 1, -length:],
+            "src_lengths": sample["net_input"]["src_lengths"][index : index + 1],
+        }
+    }
+
+
+def speculative(model, task, teacher_path, generator_class=SpeculativeDecoder, **options):
+    return generator_class(
+        [model], with_task_options(task, speculative_teacher=teacher_path, **options), Namespace(max_len_b=MAX_LEN_B)
+    )
+
+
+def greedy(teacher, task, sample):
+    return SequenceGenerator([teacher], task.target_dictionary, beam_size=1, max_len_b=MAX_LEN_B).generate(
+        [teacher], sample
+    )
+
+
+# ----- model ----------------------------------------------------------------------------------------------------
+
+
+def test_attention_mask_prefix_causal_queries_see_everything():
+    mask = draft_attention_mask(3, 2, torch.zeros(1))
+    visible = (mask == 0).int().tolist()
+    assert visible == [
+        [1, 0, 0, 0, 0],  # prefix: causal, never a query
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1],  # queries: the prefix and each other
+        [1, 1, 1, 1, 1],
+    ]
+    assert set(mask.unique().tolist()) == {0.0, HIDDEN}
+
+
+def test_drafter_reads_only_its_prefix(toy_task):
+    """Padding after a prefix (a batch of prefixes of other lengths) changes nothing; every prefix token and
+    every query position matters; the k slots come from one pass."""
+    model = drafter(toy_task, 3, seed=0)
+    sample = random_batch(toy_task.target_dictionary, 2, seed=0)
+    src = sample["net_input"]
+    prefixes = torch.tensor([[2, 5, 6, 1, 1], [2, 7, 8, 9, 10]])
+    logits, _ = model(src["src_tokens"], src["src_lengths"], prefixes)
+    assert logits.shape == (2, 3, len(toy_task.target_dictionary))
+    alone, _ = model(**sub_batch(sample, 0)["net_input"], prefix_tokens=prefixes[:1, :3])
+    torch.testing.assert_close(logits[:1], alone, rtol=1e-5, atol=1e-5)
+    garbage = prefixes.clone()
+    garbage[0, 3:] = 12  # past prefix length 3, hidden by prefix_lengths
+    hidden, _ = model(src["src_tokens"], src["src_lengths"], garbage, prefix_lengths=torch.tensor([3, 5]))
+    torch.testing.assert_close(hidden, logits, rtol=0, atol=0)
+    changed = prefixes.clone()
+    changed[1, 1] = 11
+    other, _ = model(src["src_tokens"], src["src_lengths"], changed)
+    assert torch.equal(other[0], logits[0]) and not torch.allclose(other[1], logits[1])
+    # the same sentences cut twice (rows r·B + b): the encoder runs once, each row is drafted for its prefix
+    twice, _ = model(src["src_tokens"], src["src_lengths"], torch.cat([prefixes, changed]))
+    torch.testing.assert_close(twice, torch.cat([logits, other]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="--draft-size must be at least 1"):
+        drafter(toy_task, 0, seed=0)
+
+
+# ----- criterion -------------------------------------------------------------------------------------------------
+
+
+def test_cut_points_give_prefixes_and_the_next_k_targets():
+    pad, eos = 1, 2
+    target = torch.tensor([[5, 6, 7, eos, pad], [8, eos, pad, pad, pad]])
+    prev = torch.tensor([[eos, 5, 6, 7, pad], [eos, 8, pad, pad, pad]])
+    seen = [set(), set()]
+    torch.manual_seed(0)
+    for _ in range(40):
+        prefix, lengths, draft_target = draft_examples(target, prev, 3, 2, pad)
+        assert prefix.size(0) == lengths.size(0) == draft_target.size(0) == 6
+        for row in range(6):
+            sentence, cut = row % 2, int(lengths[row]) - 1
+            n = int(target[sentence].ne(pad).sum())
+            assert 0 <= cut < n  # at least y_{c+1} (EOS at the latest) is a target
+            assert prefix[row, : cut + 1].tolist() == prev[sentence, : cut + 1].tolist()
+            assert prefix[row, cut + 1 :].eq(pad).all()
+            expected = target[sentence, cut : cut + 2].tolist()
+            assert draft_target[row].tolist() == expected + [pad] * (2 - len(expected))
+            seen[sentence].add(cut)
+    assert seen == [{0, 1, 2, 3}, {0, 1}]  # every cut point is drawn
+
+
+def test_loss_is_the_cross_entropy_of_the_scored_slots(toy_task):
+    dictionary = toy_task.target_dictionary
+    pad, eos = dictionary.pad(), dictionary.eos()
+    model = drafter(toy_task, 3, seed=1)
+    sample = random_batch(dictionary, 3, seed=1)
+    targets = [torch.tensor([5, 6, 7, 8, eos]), torch.tensor([9, eos]), torch.tensor([10, 11, eos])]
+    sample["target"] = data_utils.collate_tokens(targets, pad)
+    sample["net_input"]["prev_output_tokens"] = data_utils.collate_tokens(targets, pad, eos, move_eos_to_beginning=True)
+    sample["ntokens"] = 10
+    criterion = SpecDrafterLoss(toy_task, label_smoothing=0.0, cuts_per_sentence=2, sentence_avg=False)
+    torch.manual_seed(3)
+    loss, sample_size, log = criterion(model, sample)
+    torch.manual_seed(3)
+    prefix, lengths, draft_target = draft_examples(
+        sample["target"], sample["net_input"]["prev_output_tokens"], 2, 3, pad
+    )
+    logits, _ = model(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"], prefix, lengths)
+    lprobs = torch.log_softmax(logits, dim=-1)
+    scored = draft_target.ne(pad)
+    nll = -lprobs.gather(-1, draft_target.unsqueeze(-1)).squeeze(-1)[scored].sum()
+    assert sample_size == log["predicted"] == int(scored.sum())
+    assert float(loss) == pytest.approx(float(nll), rel=1e-5)
+    correct = lprobs.argmax(-1).eq(draft_target) & scored
+    assert log["correct"] == int(correct.sum()) and log["cuts"] == 6
+    assert log["leading_correct"] == int(correct.long().cumprod(dim=1).sum())
+    with pytest.raises(ValueError, match="--cuts-per-sentence"):
+        SpecDrafterLoss(toy_task, label_smoothing=0.0, cuts_per_sentence=0, sentence_avg=False)
+
+
+# ----- speculative decoding ----------------------------------------------------------------------------------------
+
+
+class ReferenceDrafter(SpeculativeDecoder):
+    """Drafts the teacher's greedy output (``reference``: B x L, y_1.. then EOS), each token replaced by a random one
+    with probability ``noise``; follows the sentences through the batch's reorders."""
+
+    reference, noise = None, 0.0
+
+    def start(self, sample, encoder_out):
+        super().start(sample, encoder_out)
+        self.rows = torch.arange(sample["net_input"]["src_tokens"].size(0))
+
+    def reorder(self, keep):
+        super().reorder(keep)
+        self.rows = self.rows[keep]
+
+    def propose(self, first, features, tokens, last, max_len):
+        k = self.block_size - 1
+        index = (last + 1).unsqueeze(1) + torch.arange(k)  # y_{j+2..j+k+1} sits at column j+1.. of the reference
+        drafts = self.reference[self.rows].gather(1, index.clamp(max=self.reference.size(1) - 1))
+        noisy = torch.rand(drafts.shape) < self.noise
+        return torch.where(noisy, torch.randint(self.tgt_dict.nspecial, len(self.tgt_dict), drafts.shape), drafts)
+
+
+def reference_tokens(reference, eos, width):
+    rows = [h[0]["tokens"] for h in reference]
+    return torch.stack([torch.cat([r, r.new_full((width - len(r),), eos)]) for r in rows])
+
+
+@pytest.mark.parametrize("draft_size", [1, 2, 4, 8])
+def test_exact_verification_is_the_teachers_greedy_decoding(toy_task, tmp_path, draft_size):
+    """The guarantee does not depend on the drafter: an untrained one (every k, batch 8 and each sentence alone) and
+    one that drafts the teacher's own output with random errors (so sentences of a batch accept different
+    numbers of drafts) both print SequenceGenerator's greedy output with its scores."""
+    accepted_drafts = 0
+    for seed in range(2):
+        path = str(tmp_path / f"teacher{seed}.pt")
+        teacher = random_teacher(toy_task, seed, path)
+        sample = random_batch(toy_task.target_dictionary, 8, seed)
+        reference = greedy(teacher, toy_task, sample)
+        untrained = drafter(toy_task, draft_size, seed + 10)
+        noisy = speculative(untrained, toy_task, path, ReferenceDrafter)
+        noisy.reference = reference_tokens(reference, toy_task.target_dictionary.eos(), MAX_LEN_B + draft_size + 3)
+        noisy.noise = 0.3
+        generator = speculative(untrained, toy_task, path)
+        runs = [generator.generate([untrained], sample), noisy.generate([untrained], sample)]
+        runs.append([generator.generate([untrained], sub_batch(sample, i))[0] for i in range(8)])
+        for hypos in runs:
+            for i, hypo in enumerate(h[0] for h in hypos):
+                assert hypo["tokens"].tolist() == reference[i][0]["tokens"].tolist()
+                torch.testing.assert_close(
+                    hypo["positional_scores"], reference[i][0]["positional_scores"], rtol=1e-4, atol=1e-4
+                )
+                assert float(hypo["score"]) == pytest.approx(float(reference[i][0]["score"]), abs=1e-4)
+                assert hypo["drafter_steps"] == hypo["steps"] <= len(hypo["tokens"])
+                assert hypo["mean_accepted_tokens"] == len(hypo["tokens"]) / hypo["steps"]
+        accepted_drafts += sum(len(h[0]["tokens"]) - h[0]["steps"] for h in runs[1])
+    assert accepted_drafts > 0  # the multi-token path was exercised
+
+
+@pytest.mark.parametrize("draft_size", [1, 3])
+def test_a_drafter_that_is_always_right_emits_k_plus_1_tokens_per_teacher_call(toy_task, tmp_path, draft_size):
+    """After the first teacher call (on BOS), every call accepts ŷ and all k drafts: 1 + ceil((n-1)/(k+1)) calls
+    for n tokens (EOS included)."""
+    path = str(tmp_path / "teacher.pt")
+    teacher = random_teacher(toy_task, 0, path)
+    sample = random_batch(toy_task.target_dictionary, 8, 0)
+    reference = greedy(teacher, toy_task, sample)
+    model = drafter(toy_task, draft_size, 1)
+    rigged = speculative(model, toy_task, path, ReferenceDrafter)
+    rigged.reference = reference_tokens(reference, toy_task.target_dictionary.eos(), MAX_LEN_B + draft_size + 3)
+    for i, (hypo,) in enumerate(rigged.generate([model], sample)):
+        n = len(reference[i][0]["tokens"])
+        assert hypo["tokens"].tolist() == reference[i][0]["tokens"].tolist()
+        assert hypo["steps"] == 1 + math.ceil((n - 1) / (draft_size + 1))
+
+
+def test_relaxed_verification(toy_task, tmp_path):
+    """Relaxed verification (top-β within τ): β = |V| and τ = ∞ accept every draft (1 + ceil((n-1)/(k+1)) teacher
+    calls); τ = 0 accepts only the teacher's best token, i.e. exact verification; outputs do not depend on the
+    batch."""
+    path = str(tmp_path / "teacher.pt")
+    random_teacher(toy_task, 1, path)
+    sample = random_batch(toy_task.target_dictionary, 8, 1)
+    model = drafter(toy_task, 3, 2)
+    vocabulary = len(toy_task.target_dictionary)
+
+    def relaxed(beta, tau):
+        return speculative(
+            model, toy_task, path, speculative_verify="relaxed", speculative_beta=beta, speculative_tau=tau
+        )
+
+    everything = [h[0] for h in relaxed(vocabulary, math.inf).generate([model], sample)]
+    for hypo in everything:
+        n = len(hypo["tokens"])
+        assert hypo["tokens"][-1] == toy_task.target_dictionary.eos() and n <= MAX_LEN_B + 1
+        assert hypo["steps"] == 1 + math.ceil((n - 1) / 4)
+    exact = speculative(model, toy_task, path).generate([model], sample)
+    exactly = relaxed(vocabulary, 0.0).generate([model], sample)
+    assert [h[0]["tokens"].tolist() for h in exactly] == [h[0]["tokens"].tolist() for h in exact]
+    top3 = relaxed(3, 1.0)
+    batched = top3.generate([model], sample)
+    for i in range(8):
+        assert top3.generate([model], sub_batch(sample, i))[0][0]["tokens"].tolist() == batched[i][0]["tokens"].tolist()
+    with pytest.raises(ValueError, match="--speculative-beta >= 1"):
+        relaxed(0, 1.0)
+
+
+def test_decoding_options_are_checked(toy_task, tmp_path):
+    path = str(tmp_path / "teacher.pt")
+    teacher = random_teacher(toy_task, 0, path)
+    model = drafter(toy_task, 2, 0)
+    with pytest.raises(ValueError, match="--speculative-teacher PATH"):
+        speculative(model, toy_task, None)
+    with pytest.raises(FileNotFoundError, match="--speculative-teacher"):
+        speculative(model, toy_task, str(tmp_path / "missing.pt"))
+    with pytest.raises(ValueError, match="needs a spec_drafter checkpoint"):
+        speculative(teacher, toy_task, path)
+    with pytest.raises(ValueError, match="--nbest 2 is not supported"):
+        SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
+
+
+# ----- learning (the synthetic task of tests/utils.py, from the synthetic_teacher fixture) --------------------------
+
+
+def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path):
+    """A 1-layer drafter (k=4) initialised from the synthetic teacher, trained 100 updates on its distilled outputs:
+    exact verification prints the teacher's greedy output with fewer teacher calls. Measured: 1.57 tokens (EOS
+    included) per teacher call, the first call on BOS included (training's accepted_drafts 1.38 at the end); greedy
+    decoding and an untrained drafter give ~1.0. Threshold 1.4. Took 418 s (the teacher fixture excluded) on the 2
+    cores at load ~12."""
+    teacher, data_bin = synthetic_teacher
+    checkpoint = train_model(
+        data_bin,
+        str(tmp_path / "drafter"),
+        ["--arch", "spec_drafter"]
+        + SYNTHETIC_MODEL_SIZE
+        + [
+            "--decoder-layers",
+            "1",
+            "--draft-size",
+            "4",
+            "--task",
+            "translation_nat",
+            "--init-from-ar",
+            teacher,
+            "--use-distilled",
+            "target",
+            "--criterion",
+            "spec_drafter_loss",
+            "--label-smoothing",
+            "0.1",
+            "--max-tokens",
+            "2000",
+            "--lr",
+            "0.002",
+            "--lr-scheduler",
+            "fixed",
+            "--dropout",
+            "0",
+            "--disable-validation",
+        ],
+        max_update=100,
+    )
+
+    def decode(path, extra=()):
+        lines = generate_lines(
+            data_bin, path, ["--task", "translation_nat", "--beam", "1", "--gen-subset", "test", *extra]
+        )
+        tokens = sum(len(line.split("\t")[1].split()) for line in lines if line.startswith("P-"))
+        steps = sum(int(line.split("\t")[1]) for line in lines if line.startswith("I-"))
+        return hypotheses(lines), tokens / steps if steps else None
+
+    teacher_hypos, _ = decode(teacher)
+    hypos, per_call = decode(checkpoint, ["--speculative-teacher", teacher, "--print-step"])
+    assert hypos == teacher_hypos
+    assert per_call >= 1.4
