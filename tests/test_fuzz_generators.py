@@ -20,6 +20,7 @@ from fairseq.data import Dictionary, data_utils
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nat_plugins.cli.bench.measure import DecoderPassCounter, auxiliary_models
 from nat_plugins.modules.segments import DEL_SYMBOL
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
@@ -124,36 +125,10 @@ def single(sample, index):
     }
 
 
-class CallCounter:
-    """Counts the calls of the ``forward`` of some modules (also the direct ``module.forward(...)`` calls of
-    fairseq's ``EnsembleModel``), as long as it is entered."""
-
-    def __init__(self, modules):
-        self.modules, self.calls = modules, 0
-
-    def __enter__(self):
-        for module in self.modules:
-            original = module.forward
-
-            def counted(*args, _original=original, **kwargs):
-                self.calls += 1
-                return _original(*args, **kwargs)
-
-            module.forward = counted
-        return self
-
-    def __exit__(self, *exc):
-        for module in self.modules:
-            del module.forward
-
-
-def decoder_modules(system, model, generator):
-    """The modules whose calls are the 'decoder calls' ``hypo["steps"]`` counts."""
-    if system == "nad_ad":
-        return [model.decoder, model.encoder.nad]  # one NAD pass per sentence + the AD calls
-    if system == "fertility_nat" and generator.teacher is not None:
-        return [model.decoder, generator.teacher.model.decoder]  # NPD: + the teacher's scoring pass
-    return [model.decoder]
+def pass_counter(model, generator):
+    """Counts the decoder passes ``hypo["steps"]`` reports: runs of any decoder layer stack of the model (NAD-AD's
+    NAD included), however entered, plus NPD's teacher rescoring pass (the benchmark's counter)."""
+    return DecoderPassCounter([model], auxiliary_models(generator))
 
 
 @pytest.mark.parametrize("system, beam, task_options", DECODINGS, ids=lambda v: str(v))
@@ -172,12 +147,11 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
     forbidden = {pad, eos} | ({dictionary.index(DEL_SYMBOL)} if DEL_SYMBOL in dictionary else set())
     lengths, words = batch
     sample = collate(lengths, words, eos, pad)
-    modules = decoder_modules(system, model, generator)
 
-    with CallCounter(modules) as counter:
+    with pass_counter(model, generator) as counter:
         batched = generator.generate([model], sample)
     assert len(batched) == len(lengths)
-    assert max(hypos[0]["steps"] for hypos in batched) == counter.calls  # sentences leave the batch when done
+    assert max(hypos[0]["steps"] for hypos in batched) == counter.passes  # sentences leave the batch when done
     for index, hypos in enumerate(batched):
         for hypo in hypos:
             tokens = hypo["tokens"].tolist()
@@ -189,7 +163,7 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
             assert math.isfinite(float(hypo["score"]))
     for index in sorted({0, len(lengths) // 2, len(lengths) - 1}):
         hypos = batched[index]
-        with CallCounter(modules) as counter:
+        with pass_counter(model, generator) as counter:
             alone = generator.generate([model], single(sample, index))[0]
         assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in hypos]
-        assert alone[0]["steps"] == hypos[0]["steps"] == counter.calls
+        assert alone[0]["steps"] == hypos[0]["steps"] == counter.passes

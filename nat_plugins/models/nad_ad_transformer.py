@@ -297,9 +297,10 @@ class NADADEncoder(TransformerEncoderBase):
         fertilities'), which vary more: padded to the batch's longest, ~57% of the NAD positions of the Multi30k
         quickstart's batches were padding, where the four groups leave ~24% (their NAD layers cost ~44% less). A
         sentence's states do not depend on its padding (masked keys), so the groups give the same states (up to
-        floating-point summation order); only dropout draws its masks in other shapes."""
+        floating-point summation order); only dropout draws its masks in other shapes. Decoding (eval mode) runs
+        the NAD once per batch: one pass, as ``hypo["steps"]`` counts it."""
         batch_size = inputs.size(0)
-        groups = min(self.length_buckets, batch_size)
+        groups = min(self.length_buckets, batch_size) if self.training else 1
         if groups <= 1:
             return self.nad(inputs, padding, encoder_out)[0]
         lengths = (~padding).sum(dim=1)
