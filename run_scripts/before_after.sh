@@ -51,10 +51,11 @@ for side in before after; do
   src=$ROOT
   [ "$side" = before ] && src=$OUT/before-src
   log "$side: benchmark (${#SYSTEMS[@]} option words of plugin rows, $LATENCY_SENTENCES latency sentences)"
-  PYTHONPATH=$src python -m nat_plugins.cli.benchmark "$WORK/data-bin" --teacher "$TEACHER" --cpu \
+  # run from the side's own tree: Python puts the working directory before PYTHONPATH and the installed package
+  (cd "$src" && PYTHONPATH=$src python -m nat_plugins.cli.benchmark "$WORK/data-bin" --teacher "$TEACHER" --cpu \
     --reference "$WORK/raw/test.de" --out-dir "$OUT/bench-$side" --user-dir "$src/nat_plugins" \
     --latency-sentences "$LATENCY_SENTENCES" --warmup 10 --batch-size 64 \
-    --generate-args "--max-len-a 1.2 --max-len-b 10" --title "$side" "${SYSTEMS[@]}" > "$OUT/bench-$side.log" 2>&1
+    --generate-args "--max-len-a 1.2 --max-len-b 10" --title "$side" "${SYSTEMS[@]}") > "$OUT/bench-$side.log" 2>&1
   log "$side: training speed ($UPDATES timed updates per recipe)"
   (cd "$src" && PYTHONPATH=$src bash run_scripts/train_speed.sh "$WORK" "$UPDATES") > "$OUT/train-speed-$side.log" 2>&1
   mv "$WORK/train_speed/speed.jsonl" "$OUT/speed-$side.jsonl"
