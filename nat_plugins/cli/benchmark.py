@@ -41,9 +41,7 @@ Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by
 """
 
 import argparse
-import logging
 import os
-import sys
 from typing import List, Optional
 
 import torch
@@ -69,6 +67,7 @@ from nat_plugins.cli.bench.rows import (
     ctranslate2_specs,
     parse_paired_tests,
     parse_system_spec,
+    run_cli,
     teacher_specs,
 )
 from nat_plugins.cli.ctranslate2_rows import ctranslate2_rows
@@ -256,18 +255,7 @@ def main(args) -> dict:
 
 def cli_main(argv: Optional[List[str]] = None):
     """Console entry point (``nat-benchmark``)."""
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-        stream=sys.stderr,
-    )
-    parser = get_parser()
-    args = parser.parse_args(argv)
-    try:
-        main(args)
-    except BenchmarkError as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    run_cli(get_parser(), main, argv)
 
 
 if __name__ == "__main__":

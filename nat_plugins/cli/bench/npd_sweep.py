@@ -15,22 +15,18 @@ row. Example (Multi30k, CPU)::
 """
 
 import argparse
-import datetime
 import json
-import logging
 import os
 import statistics
-import sys
 from typing import List, Optional
 
-import fairseq
 import torch
 
 import nat_plugins
 
 from .analysis import corpus_bleu
 from .measure import generation_cfg, load_row, load_split, measure_batch1
-from .report import device_name, pyplot
+from .report import pyplot, run_environment
 from .rows import (
     SYSTEM,
     TEACHER_BEAM,
@@ -38,6 +34,7 @@ from .rows import (
     BenchmarkError,
     RowSpec,
     percentile,
+    run_cli,
     split_generate_args,
     teacher_specs,
 )
@@ -179,16 +176,7 @@ def main(args) -> dict:
             reference = next(r for r in rows if r["role"] == role)
             row[key] = reference["latency_ms_median"] / row["latency_ms_median"]
     meta = {
-        "title": args.title,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "device": device_name(use_cuda),
-        "torch": torch.__version__,
-        "fairseq": fairseq.__version__,
-        "nat_plugins": nat_plugins.__version__,
-        "precision": "fp16" if args.fp16 else "fp32",
-        "data_bin": os.path.abspath(args.data_bin),
-        "gen_subset": args.gen_subset,
-        "reference": os.path.abspath(args.reference),
+        **run_environment(args, use_cuda),
         "checkpoint": os.path.abspath(args.path),
         "teacher": os.path.abspath(args.teacher),
         "sentences": num,
@@ -288,18 +276,7 @@ def plot(meta: dict, rows: List[dict], path: str):
 
 def cli_main(argv: Optional[List[str]] = None):
     """Console entry point (``nat-npd-sweep``)."""
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-        stream=sys.stderr,
-    )
-    parser = get_parser()
-    args = parser.parse_args(argv)
-    try:
-        main(args)
-    except BenchmarkError as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    run_cli(get_parser(), main, argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The benchmark's outputs: ``results.json``, ``results.md`` and the plots, from the rows and the run's header."""
 
+import argparse
 import datetime
 import json
 import os
@@ -53,16 +54,8 @@ def length_policy(rows: List[Row]) -> dict:
     return {"limit": common, "except": {row.name: row.length_limit for row in rows if row.length_limit != common}}
 
 
-def run_metadata(
-    args,
-    use_cuda: bool,
-    num_sentences: int,
-    num_latency: int,
-    rows: List[Row],
-    length_buckets: List[dict],
-    length_plot_rows: List[str],
-) -> dict:
-    """The header: what was measured, where and how."""
+def run_environment(args: argparse.Namespace, use_cuda: bool) -> dict:
+    """What every benchmark header starts with: title, date, device, versions, precision and the data decoded."""
     return {
         "title": args.title,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -74,6 +67,21 @@ def run_metadata(
         "data_bin": os.path.abspath(args.data_bin),
         "gen_subset": args.gen_subset,
         "reference": os.path.abspath(args.reference),
+    }
+
+
+def run_metadata(
+    args,
+    use_cuda: bool,
+    num_sentences: int,
+    num_latency: int,
+    rows: List[Row],
+    length_buckets: List[dict],
+    length_plot_rows: List[str],
+) -> dict:
+    """The header: what was measured, where and how."""
+    return {
+        **run_environment(args, use_cuda),
         "num_sentences": num_sentences,
         "latency_sentences": num_latency,
         "warmup": args.warmup,

@@ -1,11 +1,14 @@
 """What a benchmark row is: its specification (name, checkpoint, fairseq-generate arguments, role) and its
 results (:class:`Row`), plus the parsing of the command-line forms of both."""
 
+import argparse
 import dataclasses
+import logging
 import os
 import re
 import shlex
 import statistics
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -37,6 +40,22 @@ CTRANSLATE2_ROLES = (CT2_BEAM, CT2_GREEDY)
 
 class BenchmarkError(Exception):
     """A user error (bad option, missing file); ``cli_main`` prints it without a traceback."""
+
+
+def run_cli(parser: argparse.ArgumentParser, main, argv: Optional[List[str]] = None):
+    """A benchmark console entry point: fairseq-style logging to stderr (``LOGLEVEL``), ``main(args)``, and a
+    :class:`BenchmarkError` printed as the parser's error (exit status 2)."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        stream=sys.stderr,
+    )
+    args = parser.parse_args(argv)
+    try:
+        return main(args)
+    except BenchmarkError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
 
 
 def slugify(name: str) -> str:
