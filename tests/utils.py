@@ -10,7 +10,9 @@ import random
 import sys
 
 from fairseq import options
-from fairseq_cli import generate, interactive, preprocess, train
+from fairseq_cli import generate, interactive, train
+
+from nat_plugins.cli import prepare_data
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(REPO_ROOT, "nat_plugins")
@@ -175,27 +177,8 @@ def write_synthetic_parallel(raw_dir, n_train=3000, n_valid=100, n_test=100, see
 
 
 def binarize(raw_dir, dest_dir, src="src", tgt="tgt"):
-    parser = options.get_preprocessing_parser()
-    args = parser.parse_args(
-        [
-            "--source-lang",
-            src,
-            "--target-lang",
-            tgt,
-            "--trainpref",
-            os.path.join(raw_dir, "train"),
-            "--validpref",
-            os.path.join(raw_dir, "valid"),
-            "--testpref",
-            os.path.join(raw_dir, "test"),
-            "--destdir",
-            dest_dir,
-            "--joined-dictionary",
-            "--workers",
-            "1",
-        ]
-    )
-    preprocess.main(args)
+    """fairseq-preprocess of ``raw_dir/{train,valid,test}.{src,tgt}`` (joined dictionary), as the pipeline does."""
+    prepare_data.binarize(raw_dir, dest_dir, src, tgt, workers=1)
     return dest_dir
 
 
