@@ -31,6 +31,8 @@ from .utils import (
     generate_lines,
     hypotheses,
     interactive_lines,
+    random_batch,
+    sub_batch,
     train_model,
     with_task_options,
 )
@@ -70,32 +72,6 @@ def random_model(task, block_size, seed, identity_first_head=False):
         model.decoder.embed_positions.weight.mul_(10)
         model.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
     return model
-
-
-def random_batch(dictionary, size, seed):
-    generator = torch.Generator().manual_seed(seed)
-    sources = [
-        torch.cat(
-            [
-                torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
-                torch.tensor([dictionary.eos()]),
-            ]
-        )
-        for n in torch.randint(2, 9, (size,), generator=generator)
-    ]
-    src_tokens = data_utils.collate_tokens(sources, dictionary.pad(), left_pad=True)
-    return {"net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([len(s) for s in sources])}}
-
-
-def sub_batch(sample, index):
-    net_input = sample["net_input"]
-    length = int(net_input["src_lengths"][index])
-    return {
-        "net_input": {
-            "src_tokens": net_input["src_tokens"][index : index + 1, -length:],
-            "src_lengths": net_input["src_lengths"][index : index + 1],
-        }
-    }
 
 
 def verify_accept(model, task, sample, use_cache=True, **options):

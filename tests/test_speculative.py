@@ -17,7 +17,16 @@ from nat_plugins.generators.speculative_decoding import SpeculativeDecoder
 from nat_plugins.models.spec_drafter import HIDDEN, draft_attention_mask
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
-from .utils import SYNTHETIC_MODEL_SIZE, TINY_TRANSFORMER, generate_lines, hypotheses, train_model, with_task_options
+from .utils import (
+    SYNTHETIC_MODEL_SIZE,
+    TINY_TRANSFORMER,
+    generate_lines,
+    hypotheses,
+    random_batch,
+    sub_batch,
+    train_model,
+    with_task_options,
+)
 
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
 TINY_SIZES = [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"]
@@ -55,31 +64,6 @@ def random_teacher(task, seed, path):
 
 def drafter(task, draft_size, seed, extra=()):
     return build(task, ["--arch", "spec_drafter", "--draft-size", str(draft_size)] + TINY_SIZES + list(extra), seed)[0]
-
-
-def random_batch(dictionary, size, seed):
-    generator = torch.Generator().manual_seed(seed)
-    sources = [
-        torch.cat(
-            [
-                torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
-                torch.tensor([dictionary.eos()]),
-            ]
-        )
-        for n in torch.randint(2, 9, (size,), generator=generator)
-    ]
-    src_tokens = data_utils.collate_tokens(sources, dictionary.pad(), left_pad=True)
-    return {"net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([len(s) for s in sources])}}
-
-
-def sub_batch(sample, index):
-    length = int(sample["net_input"]["src_lengths"][index])
-    return {
-        "net_input": {
-            "src_tokens": sample["net_input"]["src_tokens"][index : index + 1, -length:],
-            "src_lengths": sample["net_input"]["src_lengths"][index : index + 1],
-        }
-    }
 
 
 def speculative(model, task, teacher_path, generator_class=SpeculativeDecoder, **options):

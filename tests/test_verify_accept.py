@@ -11,8 +11,8 @@ from fairseq.data import Dictionary
 from nat_plugins.modules.verify_accept import VerifyAcceptLoop, cached_length, decoder_block_features, rollback_cache
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
-from .test_blockwise import MAX_LEN_B, build_model, greedy, random_batch, sub_batch
-from .utils import TINY_TRANSFORMER
+from .test_blockwise import MAX_LEN_B, build_model, greedy
+from .utils import TINY_TRANSFORMER, random_batch, sub_batch
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ import os
 import random
 import sys
 
+import torch
 from fairseq import options
+from fairseq.data import data_utils
 from fairseq_cli import generate, interactive, train
 
 from nat_plugins.cli import prepare_data
@@ -274,3 +276,31 @@ def hypotheses(lines, prefix="H-"):
             key, _score, text = line.split("\t", 2)
             result[int(key[len(prefix) :])] = text
     return result
+
+
+def random_batch(dictionary, size, seed):
+    """``size`` random sources of 2-8 tokens + EOS, left-padded as fairseq collates them."""
+    generator = torch.Generator().manual_seed(seed)
+    sources = [
+        torch.cat(
+            [
+                torch.randint(dictionary.nspecial, len(dictionary), (int(n),), generator=generator),
+                torch.tensor([dictionary.eos()]),
+            ]
+        )
+        for n in torch.randint(2, 9, (size,), generator=generator)
+    ]
+    src_tokens = data_utils.collate_tokens(sources, dictionary.pad(), left_pad=True)
+    return {"net_input": {"src_tokens": src_tokens, "src_lengths": torch.tensor([len(s) for s in sources])}}
+
+
+def sub_batch(sample, index):
+    """Sentence ``index`` of a left-padded ``random_batch`` as a batch of one, without its padding."""
+    net_input = sample["net_input"]
+    length = int(net_input["src_lengths"][index])
+    return {
+        "net_input": {
+            "src_tokens": net_input["src_tokens"][index : index + 1, -length:],
+            "src_lengths": net_input["src_lengths"][index : index + 1],
+        }
+    }
