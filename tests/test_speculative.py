@@ -236,8 +236,8 @@ def test_exact_verification_is_the_teachers_greedy_decoding(toy_task, tmp_path, 
 
 @pytest.mark.parametrize("draft_size", [1, 3])
 def test_a_drafter_that_is_always_right_emits_k_plus_1_tokens_per_teacher_call(toy_task, tmp_path, draft_size):
-    """After the first teacher call (on BOS), every call accepts ŷ and all k drafts: 1 + ceil((n-1)/(k+1)) calls
-    for n tokens (EOS included)."""
+    """The first teacher call accepts the k drafts after BOS, every later one ŷ and all k drafts: ceil(n/(k+1))
+    calls for n tokens (EOS included) — the teacher's choice of the token after each accepted block counts."""
     path = str(tmp_path / "teacher.pt")
     teacher = random_teacher(toy_task, 0, path)
     sample = random_batch(toy_task.target_dictionary, 8, 0)
@@ -248,13 +248,12 @@ def test_a_drafter_that_is_always_right_emits_k_plus_1_tokens_per_teacher_call(t
     for i, (hypo,) in enumerate(rigged.generate([model], sample)):
         n = len(reference[i][0]["tokens"])
         assert hypo["tokens"].tolist() == reference[i][0]["tokens"].tolist()
-        assert hypo["steps"] == 1 + math.ceil((n - 1) / (draft_size + 1))
+        assert hypo["steps"] == math.ceil(n / (draft_size + 1))
 
 
 def test_relaxed_verification(toy_task, tmp_path):
-    """Relaxed verification (top-β within τ): β = |V| and τ = ∞ accept every draft (1 + ceil((n-1)/(k+1)) teacher
-    calls); τ = 0 accepts only the teacher's best token, i.e. exact verification; outputs do not depend on the
-    batch."""
+    """Relaxed verification (top-β within τ): β = |V| and τ = ∞ accept every draft (ceil(n/(k+1)) teacher calls);
+    τ = 0 accepts only the teacher's best token, i.e. exact verification; outputs do not depend on the batch."""
     path = str(tmp_path / "teacher.pt")
     random_teacher(toy_task, 1, path)
     sample = random_batch(toy_task.target_dictionary, 8, 1)
@@ -270,7 +269,7 @@ def test_relaxed_verification(toy_task, tmp_path):
     for hypo in everything:
         n = len(hypo["tokens"])
         assert hypo["tokens"][-1] == toy_task.target_dictionary.eos() and n <= MAX_LEN_B + 1
-        assert hypo["steps"] == 1 + math.ceil((n - 1) / 4)
+        assert hypo["steps"] == math.ceil(n / 4)
     exact = speculative(model, toy_task, path).generate([model], sample)
     exactly = relaxed(vocabulary, 0.0).generate([model], sample)
     assert [h[0]["tokens"].tolist() for h in exactly] == [h[0]["tokens"].tolist() for h in exact]

@@ -16,10 +16,13 @@ is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in its last 
    ``relaxed`` agrees where it is among the teacher's ``--speculative-beta`` best tokens and at most
    ``--speculative-tau`` below the best log-probability.
 
+The first step drafts from BOS alone (j = -1, BOS in the place of ŷ_{j+1}): the teacher's first call reads BOS and
+the drafts of y_1..y_k, so no call is spent on BOS alone.
+
 The drafter has no cache: it rereads the prefix (its decoder is shallow). Length limits, minimum length, pad/unk
 rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification
-prints what ``fairseq-generate --beam 1`` prints for the teacher. Each hypothesis carries ``steps`` (teacher calls,
-the first one on BOS included), ``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS
+prints what ``fairseq-generate --beam 1`` prints for the teacher. Each hypothesis carries ``steps`` (teacher calls),
+``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS
 included, per teacher call).
 """
 
@@ -36,6 +39,7 @@ class SpeculativeDecoder(VerifyAcceptLoop):
     ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau``."""
 
     name = "speculative decoding (spec_drafter)"
+    drafts_after_bos = True  # the first teacher call verifies the drafts after BOS (no call on BOS alone)
 
     def __init__(self, models, task, gen_args):
         drafter = models[0]
@@ -69,10 +73,8 @@ class SpeculativeDecoder(VerifyAcceptLoop):
         self.drafter_out = self.model.encoder.reorder_encoder_out(self.drafter_out, keep)
 
     def propose(self, first, features, tokens, last, max_len):
-        """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``), never pad."""
-        logits, _ = self.model.decoder(
-            tokens[:, : int(last.max()) + 2], encoder_out=self.drafter_out, prefix_lengths=last + 2
-        )
+        """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad."""
+        logits, _ = self.model.decoder(tokens, encoder_out=self.drafter_out, prefix_lengths=last + 2)
         logits[..., self.pad] = -math.inf
         return logits.argmax(dim=-1)
 

@@ -193,13 +193,16 @@ class VerifyAcceptLoop(PluginGenerator):
     Length limits, minimum length, pad/unk rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1
     for the verifier (the maximum length is ``max_len_a`` × the padded source length of the batch + ``max_len_b``,
     as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier. Each
-    hypothesis also carries ``steps`` (verifier calls for its sentence, the first call on BOS included) and
+    hypothesis also carries ``steps`` (verifier calls for its sentence, a first call on BOS alone included) and
     ``mean_accepted_block`` (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call
     recomputes the whole prefix (the reference path).
     """
 
     name = "verify-accept decoding"
     unsupported_options = {**UNSUPPORTED_OPTIONS, "nbest": 1, "temperature": 1.0}
+    # whether propose() can draft from BOS alone (a separate drafter, not heads on the verifier's state): the first
+    # call then verifies [BOS, d_1, …, d_{k-1}] instead of BOS alone, one verifier call fewer per sentence
+    drafts_after_bos = False
 
     def __init__(
         self,
@@ -236,8 +239,9 @@ class VerifyAcceptLoop(PluginGenerator):
         sentences still decoding.
 
         ``features`` (B, d): the verifier's decoder output at the last accepted position j (``last`` (B,)), the one
-        that predicted ``first``; ``tokens`` (B, W): BOS, the accepted tokens and ``first`` at j+1, then pad;
-        ``max_len``: the batch's length limit (output position ``max_len`` may only be EOS)."""
+        that predicted ``first``; ``tokens`` (B, W): BOS, the accepted tokens and ``first`` at j+1, then pad (W: the
+        longest such prefix); ``max_len``: the batch's length limit (output position ``max_len`` may only be EOS).
+        With :attr:`drafts_after_bos`, the first call has j = -1, ``first`` = BOS and no ``features``."""
         raise NotImplementedError
 
     def start(self, sample, encoder_out):
@@ -303,21 +307,26 @@ class VerifyAcceptLoop(PluginGenerator):
         scores = torch.zeros(bsz, max_len + k + 2, device=device)
         active = torch.arange(bsz, device=device)
         last = torch.zeros(bsz, dtype=torch.long, device=device)  # position of the last accepted token
-        steps = torch.ones(bsz, dtype=torch.long, device=device)
         out_tokens, out_scores = tokens.clone(), scores.clone()
         out_lengths, out_steps = torch.zeros_like(last), torch.zeros_like(last)
 
-        # first call: BOS -> the verifier's y_1 (ŷ_{j+1} of the first block)
-        self.may_reach_max_len = k >= max_len
-        features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, cache)[:, 0]
-        first, first_score, _, _ = self.verify(features, last, max_len)
+        bos_block = self.drafts_after_bos  # the first block is [BOS, drafts] at positions 0..k-1 (j = -1)
+        if bos_block:  # BOS plays ŷ_{j+1}
+            steps = torch.zeros_like(last)
+            last = last - 1
+            first, first_score, features = tokens[:, 0].clone(), scores[:, 0].clone(), None
+        else:  # first call: BOS -> the verifier's y_1 (ŷ_{j+1} of the first block)
+            steps = torch.ones_like(last)
+            self.may_reach_max_len = k >= max_len
+            features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, cache)[:, 0]
+            first, first_score, _, _ = self.verify(features, last, max_len)
         finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # the last block ended with EOS
         accepted = None
         while True:
             # ŷ_{j+1} is accepted whatever happens: write it, and end sentences whose next token is EOS
             tokens.scatter_(1, (last + 1).unsqueeze(1), first.unsqueeze(1))
             scores.scatter_(1, (last + 1).unsqueeze(1), first_score.unsqueeze(1))
-            done = finished | first.eq(self.eos)
+            done = finished if bos_block else finished | first.eq(self.eos)
             num_done, max_last = torch.stack([done.sum(), last.max()]).tolist()  # the step's one host sync
             if accepted is not None and cache is not None:
                 rollback_cache(decoder, cache, k, accepted, kept_length=max_last + 1)
@@ -341,7 +350,8 @@ class VerifyAcceptLoop(PluginGenerator):
             self.may_reach_max_len = max_last + k >= max_len
             proposals = first.unsqueeze(1)
             if k > 1:
-                proposals = torch.cat([proposals, self.propose(first, features, tokens, last, max_len)], dim=1)
+                drafts = self.propose(first, features, tokens[:, : max_last + 2], last, max_len)
+                proposals = torch.cat([proposals, drafts], dim=1)
             index = last.unsqueeze(1) + offsets
             if cache is not None:
                 positions = index.clamp(max=max_len) if self.may_reach_max_len else index
@@ -350,8 +360,11 @@ class VerifyAcceptLoop(PluginGenerator):
                 x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + k + 1)
             steps += 1
             greedy, greedy_scores, logits, logsumexp = self.verify(x, index, max_len)
+            # a first block's BOS (= EOS in fairseq) does not end it
+            checked = proposals.masked_fill(offsets.eq(1), self.pad) if bos_block else proposals
+            bos_block = False
             accepted, finished, draft_scores = accepted_lengths(
-                proposals, logits[:, :-1], self.top_m, self.min_block_size, self.eos, self.tolerance, greedy[:, :-1]
+                checked, logits[:, :-1], self.top_m, self.min_block_size, self.eos, self.tolerance, greedy[:, :-1]
             )
             tokens.scatter_(1, index, proposals.masked_fill(offsets > accepted.unsqueeze(1), self.pad))
             scores.scatter_(1, index, torch.cat([first_score.unsqueeze(1), draft_scores - logsumexp[:, :-1]], 1))
