@@ -198,6 +198,35 @@ class ReferenceDrafter(SpeculativeDecoder):
         return torch.where(noisy, torch.randint(self.tgt_dict.nspecial, len(self.tgt_dict), drafts.shape), drafts)
 
 
+class CheckedDrafter(SpeculativeDecoder):
+    """Checks every draft of the cached drafter against the drafter reading the whole prefix without a cache."""
+
+    checked = 0
+
+    def propose(self, first, features, tokens, last, max_len):
+        drafts = super().propose(first, features, tokens, last, max_len)
+        logits, _ = self.model.decoder(tokens, encoder_out=self.drafter_out, prefix_lengths=last + 2)
+        logits[..., self.pad] = -math.inf
+        # the drafts are the argmax of the uncached logits (up to floating-point ties)
+        torch.testing.assert_close(logits.gather(-1, drafts.unsqueeze(-1)).squeeze(-1), logits.amax(-1))
+        self.checked += drafts.size(0)
+        return drafts
+
+
+def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_path):
+    """The drafter's cache (new prefix tokens and queries appended, the queries rolled back) gives the drafts of a
+    forward over the whole prefix: batch 8 (sentences leave as they end) and each sentence alone."""
+    path = str(tmp_path / "teacher.pt")
+    random_teacher(toy_task, 0, path)
+    sample = random_batch(toy_task.target_dictionary, 8, 0)
+    model = drafter(toy_task, 3, 4)
+    generator = speculative(model, toy_task, path, CheckedDrafter)
+    generator.generate([model], sample)
+    for i in range(8):
+        generator.generate([model], sub_batch(sample, i))
+    assert generator.checked > 16
+
+
 def reference_tokens(reference, eos, width):
     rows = [h[0]["tokens"] for h in reference]
     return torch.stack([torch.cat([r, r.new_full((width - len(r),), eos)]) for r in rows])

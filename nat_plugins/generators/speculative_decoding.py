@@ -19,7 +19,7 @@ is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in its last 
 The first step drafts from BOS alone (j = -1, BOS in the place of ŷ_{j+1}): the teacher's first call reads BOS and
 the drafts of y_1..y_k, so no call is spent on BOS alone.
 
-The drafter has no cache: it rereads the prefix (its decoder is shallow). Length limits, minimum length, pad/unk
+The drafter keeps a cache of the prefix it has read, as the teacher does. Length limits, minimum length, pad/unk
 rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification
 prints what ``fairseq-generate --beam 1`` prints for the teacher. Each hypothesis carries ``steps`` (teacher calls),
 ``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS
@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..modules.teacher import FrozenTeacher
-from ..modules.verify_accept import VerifyAcceptLoop
+from ..modules.verify_accept import VerifyAcceptLoop, rollback_cache
 
 
 class SpeculativeDecoder(VerifyAcceptLoop):
@@ -59,7 +59,8 @@ class SpeculativeDecoder(VerifyAcceptLoop):
         super().__init__(
             models, task, gen_args, self.teacher.model, drafter.draft_size + 1, top_m=top_m, tolerance=tolerance
         )
-        self.drafter_out = None
+        self.drafter_out = self.drafter_cache = self.drafted = None
+        self.drafted_width = None
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token=None, **kwargs):
@@ -68,13 +69,42 @@ class SpeculativeDecoder(VerifyAcceptLoop):
 
     def start(self, sample, encoder_out):
         self.drafter_out = self.model.encoder.forward_torchscript(sample["net_input"])
+        self.drafter_cache = {}
+        self.drafted = torch.zeros_like(sample["net_input"]["src_tokens"][:, 0])  # prefix tokens in the cache
+        # a single sentence's cache width (its prefix read so far); None for batches, whose rows differ
+        self.drafted_width = 0 if self.drafted.numel() == 1 else None
 
     def reorder(self, keep):
         self.drafter_out = self.model.encoder.reorder_encoder_out(self.drafter_out, keep)
+        self.model.decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
+        self.drafted = self.drafted[keep]
 
     def propose(self, first, features, tokens, last, max_len):
-        """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad."""
-        logits, _ = self.model.decoder(tokens, encoder_out=self.drafter_out, prefix_lengths=last + 2)
+        """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad.
+
+        The drafter's cache holds the prefix it read in its last call; it reads the tokens accepted since and ŷ_{j+1}
+        (at most the k+1 a step adds; with batch size 1 exactly those) and its k queries, then drops the queries
+        from its cache (:func:`~nat_plugins.modules.verify_accept.rollback_cache`)."""
+        decoder, width = self.model.decoder, tokens.size(1)
+        new_width = self.block_size if self.drafted_width is None else width - self.drafted_width
+        prefix_lengths = last + 2
+        index = self.drafted.unsqueeze(1) + torch.arange(new_width, device=tokens.device)
+        new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(
+            index >= prefix_lengths.unsqueeze(1), self.pad
+        )
+        logits, _ = decoder(
+            new_tokens,
+            encoder_out=self.drafter_out,
+            prefix_lengths=prefix_lengths,
+            incremental_state=self.drafter_cache,
+            prefix_start=self.drafted,
+        )
+        rollback_cache(
+            decoder, self.drafter_cache, new_width + decoder.draft_size, prefix_lengths - self.drafted, width
+        )
+        self.drafted = prefix_lengths
+        if self.drafted_width is not None:
+            self.drafted_width = width
         logits[..., self.pad] = -math.inf
         return logits.argmax(dim=-1)
 

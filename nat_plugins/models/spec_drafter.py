@@ -28,10 +28,10 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de,
 )
-from fairseq.modules import SinusoidalPositionalEmbedding
 from torch import nn
 
 from ..generators.speculative_decoding import SpeculativeDecoder
+from ..modules.verify_accept import decoder_stack_features, with_cached_columns
 from .plugin_model import NATPluginModel, logits_at_positions
 
 # an additive mask value that hides a key (finite, so a row that sees only itself keeps a defined softmax in fp16)
@@ -66,65 +66,51 @@ class SpecDrafterDecoder(TransformerDecoder):
         nn.init.normal_(self.mask_embedding, mean=0, std=embed_tokens.embedding_dim**-0.5)
 
     def forward(
-        self, prefix_tokens, encoder_out=None, prefix_lengths=None, features_only=False, logits_at=None, **kwargs
+        self,
+        prefix_tokens,
+        encoder_out=None,
+        prefix_lengths=None,
+        incremental_state=None,
+        prefix_start=None,
+        features_only=False,
+        logits_at=None,
+        **kwargs,
     ):
         """Draft logits (B x k x V) of y_{j+1..j+k} for the right-padded ``prefix_tokens`` (B x P: BOS, y_1..y_j,
         then padding) of ``prefix_lengths`` (B, = j+1; default: the non-pad tokens of each row); ``encoder_out`` has
         B sentences. With ``logits_at`` (B x k bool) only those logits, packed N x V
         (:func:`~nat_plugins.models.plugin_model.logits_at_positions`); with ``features_only`` the queries' states
-        (B x k x C). Returns (output, extra) as fairseq decoders."""
+        (B x k x C). Returns (output, extra) as fairseq decoders.
+
+        With fairseq's ``incremental_state`` (decoding), the cache holds the prefix read by earlier calls and
+        ``prefix_tokens`` are the new prefix tokens only, the first at position ``prefix_start`` (B,), padded after
+        ``prefix_lengths``; the call appends P + k slots, of which the caller keeps the new prefix tokens
+        (:func:`~nat_plugins.modules.verify_accept.rollback_cache` with ``prefix_lengths - prefix_start``)."""
         if prefix_lengths is None:
             prefix_lengths = prefix_tokens.ne(self.padding_idx).long().sum(dim=1)
         k, width = self.draft_size, prefix_tokens.size(1)
-        max_position = self.max_positions() - 1
         prefix_positions = torch.arange(width, device=prefix_tokens.device).expand_as(prefix_tokens)
+        if prefix_start is not None:
+            prefix_positions = prefix_positions + prefix_start.unsqueeze(1)
         query_positions = prefix_lengths.unsqueeze(1) + torch.arange(k, device=prefix_tokens.device)
-        positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=max_position)
+        positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=self.max_positions() - 1)
 
         prefix = self.embed_scale * self.embed_tokens(prefix_tokens)
         queries = self.mask_embedding.to(prefix).expand(prefix.size(0), k, -1)
-        x = torch.cat([prefix, queries], dim=1)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        if self.embed_positions is not None:
-            x = x + self.embed_target_positions(positions).to(x)
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-
-        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-        enc_padding_mask = None
-        if encoder_out is not None and encoder_out["encoder_padding_mask"]:
-            enc_padding_mask = encoder_out["encoder_padding_mask"][0]
-        self_attn_mask = draft_attention_mask(width, k, x)
+        self_attn_mask = with_cached_columns(self, incremental_state, draft_attention_mask(width, k, prefix))
         padding = prefix_positions >= prefix_lengths.unsqueeze(1)
         self_attn_padding_mask = torch.cat([padding, padding.new_zeros(padding.size(0), k)], dim=1)
-        for layer in self.layers:
-            x, _, _ = layer(
-                x,
-                enc,
-                enc_padding_mask,
-                None,
-                self_attn_mask=self_attn_mask,
-                self_attn_padding_mask=self_attn_padding_mask,
-            )
-        x = x[width:]
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
+        x = decoder_stack_features(
+            self,
+            torch.cat([prefix, queries], dim=1),
+            positions,
+            encoder_out,
+            incremental_state,
+            self_attn_mask,
+            self_attn_padding_mask,
+        )[:, width:]
         extra = {"attn": [None], "inner_states": None}
         return (x, extra) if features_only else (logits_at_positions(self.output_layer, x, logits_at), extra)
-
-    def embed_target_positions(self, positions):
-        """Positional embeddings of explicit target positions (fairseq numbers position p as padding_idx + 1 + p)."""
-        weight = (
-            self.embed_positions.weights
-            if isinstance(self.embed_positions, SinusoidalPositionalEmbedding)
-            else self.embed_positions.weight
-        )
-        return nn.functional.embedding(positions + self.padding_idx + 1, weight)
 
 
 @register_model("spec_drafter")

@@ -80,13 +80,42 @@ def decoder_block_features(decoder, tokens, positions, encoder_out, incremental_
     cache (``incremental_state`` None), ``tokens`` is the whole prefix, right-padded (a pad is seen only by the
     positions after it). Returns (B, T, d) features (before the output projection), as ``features_only``.
     """
+    embedded = decoder.embed_scale * decoder.embed_tokens(tokens)
+    self_attn_mask = self_attn_padding_mask = None
+    if tokens.size(1) > 1:  # causal among the new tokens; every cached slot visible (its mask hides rejected ones)
+        causal = decoder.buffered_future_mask(embedded.transpose(0, 1))  # (T, T), in the embeddings' dtype
+        self_attn_mask = with_cached_columns(decoder, incremental_state, causal)
+    if incremental_state is not None and cached_padding_mask(decoder, incremental_state) is not None:
+        # the new slots are never padding: fairseq appends this to the cached mask (float, as it stores it)
+        self_attn_padding_mask = torch.zeros(tokens.shape, device=tokens.device)
+    return decoder_stack_features(
+        decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask
+    )
+
+
+def with_cached_columns(decoder, incremental_state, self_attn_mask):
+    """An additive self-attention mask (T, T) among T new slots, widened to (T, cached + T): every cached slot
+    visible (the cache's key padding mask hides those a sentence does not use)."""
+    cached = cached_length(decoder, incremental_state)
+    if not cached:
+        return self_attn_mask
+    return torch.cat([self_attn_mask.new_zeros(self_attn_mask.size(0), cached), self_attn_mask], dim=1)
+
+
+def decoder_stack_features(
+    decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask
+):
+    """The layers of a fairseq ``TransformerDecoder`` on ``embedded`` inputs (B, T, C: scaled embeddings, before
+    ``project_in_dim``) at target ``positions`` (B, T), with an additive ``self_attn_mask`` (T, cached + T) and a key
+    ``self_attn_padding_mask`` (B, T; appended to the cache's) or None; the new slots are appended to the cache when
+    ``incremental_state`` is given. Returns (B, T, d) features (after the final layer norm and ``project_out_dim``)."""
     if getattr(decoder, "cross_self_attention", False):
         raise ValueError("verify-accept decoding does not support --cross-self-attention")
     enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
     enc_padding_mask = None
     if encoder_out is not None and encoder_out["encoder_padding_mask"]:
         enc_padding_mask = encoder_out["encoder_padding_mask"][0]
-    x = decoder.embed_scale * decoder.embed_tokens(tokens)
+    x = embedded
     if decoder.project_in_dim is not None:
         x = decoder.project_in_dim(x)
     if decoder.embed_positions is not None:
@@ -94,16 +123,6 @@ def decoder_block_features(decoder, tokens, positions, encoder_out, incremental_
     if decoder.layernorm_embedding is not None:
         x = decoder.layernorm_embedding(x)
     x = decoder.dropout_module(x).transpose(0, 1)
-
-    self_attn_mask = self_attn_padding_mask = None
-    if tokens.size(1) > 1:  # causal among the new tokens; every cached slot visible (its mask hides rejected ones)
-        self_attn_mask = decoder.buffered_future_mask(x)
-        cached = cached_length(decoder, incremental_state)
-        if cached:
-            self_attn_mask = torch.cat([self_attn_mask.new_zeros(self_attn_mask.size(0), cached), self_attn_mask], 1)
-    if incremental_state is not None and cached_padding_mask(decoder, incremental_state) is not None:
-        # the new slots are never padding: fairseq appends this to the cached mask (float, as it stores it)
-        self_attn_padding_mask = x.new_zeros(tokens.shape, dtype=torch.float)
     for layer in decoder.layers:
         x, _, _ = layer(
             x,
