@@ -3,6 +3,7 @@ exact verification == the teacher's greedy decoding for every k and batch size w
 drafter that is always right emitting k+1 tokens per teacher call, relaxed verification, and a learning test on the
 synthetic task."""
 
+import copy
 import math
 from argparse import Namespace
 
@@ -225,6 +226,37 @@ def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_pat
     for i in range(8):
         generator.generate([model], sub_batch(sample, i))
     assert generator.checked > 16
+
+
+def test_a_drafter_with_the_teachers_encoder_shares_it_at_decoding(toy_task, tmp_path):
+    """``--freeze-encoder``: only the decoder layers and the mask embedding train, and decoding runs the teacher's
+    encoder for both models and reads the teacher's vocabulary matrices; the drafts (hence the teacher calls) are
+    those of a copy of the drafter that keeps its own encoder and matrices."""
+    path = str(tmp_path / "teacher.pt")
+    random_teacher(toy_task, 0, path)
+    sample = random_batch(toy_task.target_dictionary, 8, 0)
+    model = drafter(toy_task, 3, 5, ["--decoder-learned-pos", "--init-from-ar", path, "--freeze-encoder"])
+    assert not any(parameter.requires_grad for parameter in model.encoder.parameters())
+    assert all(parameter.requires_grad for parameter in model.decoder.layers.parameters())
+    assert model.decoder.mask_embedding.requires_grad
+    own_copy = copy.deepcopy(model)
+
+    shared = speculative(model, toy_task, path)
+    hypos = shared.generate([model], sample)
+    assert shared.same_encoder
+    for name in ("embed_tokens", "output_projection"):
+        assert getattr(model.decoder, name).weight is getattr(shared.teacher.model.decoder, name).weight
+    separate = speculative(own_copy, toy_task, path)
+    separate.same_encoder = False  # as for a drafter whose encoder was trained
+    reference = separate.generate([own_copy], sample)
+    assert [(h[0]["tokens"].tolist(), h[0]["steps"]) for h in hypos] == [
+        (h[0]["tokens"].tolist(), h[0]["steps"]) for h in reference
+    ]
+    other = speculative(drafter(toy_task, 3, 6), toy_task, path)  # its own random encoder: nothing shared
+    other.generate([other.model], sample)
+    assert other.same_encoder is False
+    with pytest.raises(ValueError, match="--freeze-encoder keeps the teacher's encoder: it needs --init-from-ar"):
+        drafter(toy_task, 3, 5, ["--freeze-encoder"])
 
 
 def reference_tokens(reference, eos, width):

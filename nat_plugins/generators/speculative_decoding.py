@@ -34,6 +34,21 @@ from ..modules.teacher import FrozenTeacher
 from ..modules.verify_accept import VerifyAcceptLoop, rollback_cache
 
 
+def share_unchanged_teacher_parts(drafter, teacher):
+    """Where the drafter's tensors equal the teacher's (a drafter trained with ``--freeze-encoder`` from this
+    teacher), decoding uses the teacher's: the drafter's token embeddings and output projection become the
+    teacher's decoder tensors (one vocabulary matrix read by both models' calls), and the returned bool says
+    whether the encoders are equal, so one encoder pass serves both."""
+    for name in ("embed_tokens", "output_projection"):
+        own, theirs = getattr(drafter.decoder, name), getattr(teacher.decoder, name)
+        if own.weight.shape == theirs.weight.shape and torch.equal(own.weight, theirs.weight):
+            own.weight = theirs.weight
+    own, theirs = drafter.encoder.state_dict(), teacher.encoder.state_dict()
+    return own.keys() == theirs.keys() and all(
+        own[name].shape == theirs[name].shape and torch.equal(own[name], theirs[name]) for name in own
+    )
+
+
 class SpeculativeDecoder(VerifyAcceptLoop):
     """Draft with a ``spec_drafter``, verify with the teacher (module docstring); task options
     ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau``."""
@@ -60,15 +75,21 @@ class SpeculativeDecoder(VerifyAcceptLoop):
             models, task, gen_args, self.teacher.model, drafter.draft_size + 1, top_m=top_m, tolerance=tolerance
         )
         self.drafter_out = self.drafter_cache = self.drafted = None
+        self.same_encoder = None  # whether the drafter's encoder is the teacher's (known at the first batch)
         self.drafted_width = None
 
     @torch.no_grad()
     def generate(self, models, sample, bos_token=None, **kwargs):
         self.teacher.to(next(self.model.parameters()))  # the drafter's device and dtype
+        if self.same_encoder is None:
+            self.same_encoder = share_unchanged_teacher_parts(self.model, self.teacher.model)
         return super().generate(models, sample, bos_token=bos_token, **kwargs)
 
     def start(self, sample, encoder_out):
-        self.drafter_out = self.model.encoder.forward_torchscript(sample["net_input"])
+        if self.same_encoder:  # the teacher's encoder output is the drafter's
+            self.drafter_out = encoder_out
+        else:
+            self.drafter_out = self.model.encoder.forward_torchscript(sample["net_input"])
         self.drafter_cache = {}
         self.drafted = torch.zeros_like(sample["net_input"]["src_tokens"][:, 0])  # prefix tokens in the cache
         # a single sentence's cache width (its prefix read so far); None for batches, whose rows differ

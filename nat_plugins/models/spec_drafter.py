@@ -132,12 +132,25 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
             metavar="K",
             help="tokens the drafter proposes per call (query slots after the prefix); default 4",
         )
+        parser.add_argument(
+            "--freeze-encoder",
+            action="store_true",
+            help="train the decoder only: the encoder and the embeddings (the output projection too, under "
+            "--share-all-embeddings) stay the teacher's (--init-from-ar), so speculative decoding runs one encoder "
+            "for both models and keeps one vocabulary matrix in memory",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         spec_drafter_base_architecture(args)
-        return super().build_model(args, task)
+        if args.freeze_encoder and not args.init_from_ar:
+            raise ValueError("--freeze-encoder keeps the teacher's encoder: it needs --init-from-ar TEACHER")
+        model = super().build_model(args, task)
+        if args.freeze_encoder:
+            for parameter in model.encoder.parameters():  # the embeddings included (shared with the encoder)
+                parameter.requires_grad_(False)
+        return model
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
@@ -167,6 +180,7 @@ def spec_drafter_base_architecture(args):
     if getattr(args, "draft_size", None) is None:
         args.draft_size = 4
     args.init_from_ar = getattr(args, "init_from_ar", None)
+    args.freeze_encoder = getattr(args, "freeze_encoder", False)
     base_architecture(args)
 
 
