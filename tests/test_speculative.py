@@ -361,10 +361,9 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
 
 def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path):
     """A 1-layer drafter (k=4) initialised from the synthetic teacher, trained 100 updates on its distilled outputs:
-    exact verification prints the teacher's greedy output with fewer teacher calls. Measured: 1.57 tokens (EOS
-    included) per teacher call, the first call on BOS included (training's accepted_drafts 1.38 at the end); greedy
-    decoding and an untrained drafter give ~1.0. Threshold 1.4. Took 418 s (the teacher fixture excluded) on the 2
-    cores at load ~12."""
+    exact verification prints the teacher's greedy output with fewer teacher calls. Measured (2026-11-24, after the
+    first call verifies the drafts after BOS): 1.85 tokens (EOS included) per teacher call; greedy decoding and an
+    untrained drafter give ~1.0. Threshold 1.6. Takes ~40 s on the 2 cores (the teacher fixture excluded)."""
     teacher, data_bin = synthetic_teacher
     checkpoint = train_model(
         data_bin,
@@ -410,4 +409,4 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
     teacher_hypos, _ = decode(teacher)
     hypos, per_call = decode(checkpoint, ["--speculative-teacher", teacher, "--print-step"])
     assert hypos == teacher_hypos
-    assert per_call >= 1.4
+    assert per_call >= 1.6, f"{per_call:.2f} tokens per teacher call (threshold 1.6)"
