@@ -105,7 +105,8 @@ blockwise_chain() {  # Blockwise parallel decoding (Stern et al. 2018): heads on
     "$CKPT/blockwise-$1-frozen/$STUDENT_CHECKPOINT" "$CKPT/blockwise-$1-finetuned" "$1" finetuned
 }
 fertility_chain() {  # NAT with fertility (Gu et al. 2018): eflomal fertilities on the distilled targets, then the NAT
-  step fertility bash "$ROOT/run_scripts/fertility.sh" "$DATA_BIN"
+  # eflomal is not deterministic: its links are kept (fertility.sh DATA_BIN --aligner links --links-dir WORK/links)
+  step fertility bash "$ROOT/run_scripts/fertility.sh" "$DATA_BIN" --save-links "$WORK/links"
   step fertility-nat bash "$EXAMPLES/fertility_nat.sh" "$DATA_BIN" "$TEACHER" "$CKPT/fertility-nat"
 }
 

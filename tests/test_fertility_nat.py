@@ -178,6 +178,33 @@ def test_eflomal_pipeline_on_the_toy_data(fert_data_bin, tmp_path):
             assert f.read() == gold.read()  # word-for-word toy language: all ones
 
 
+def test_written_links_read_back_as_the_same_alignments(tmp_path):
+    """--save-links writes what --aligner links reads: the same alignment (unaligned and crossing links included)."""
+    pairs = [(["a", "b", "c"], ["x", "y", "z", "w"]), (["a"], ["x"]), (["a", "b"], [])]
+    alignments = [[2, None, 0, 0], [0], []]
+    path = str(tmp_path / "valid.links")
+    fert_cli.write_links_file(path, alignments)
+    with open(path) as f:
+        assert f.read() == "2-0 0-2 0-3\n0-0\n\n"
+    assert fert_cli.read_links_file(path, pairs) == alignments
+
+
+@pytest.mark.skipif(
+    not has_eflomal(), reason="eflomal is not installed (NAT_SETUP_EXTRAS=eflomal bash run_scripts/setup_env.sh)"
+)
+def test_saved_eflomal_links_reproduce_the_fertilities(fert_data_bin, tmp_path):
+    """eflomal is not deterministic; --save-links DIR then --aligner links --links-dir DIR gives the same files."""
+    first, second, links = str(tmp_path / "first"), str(tmp_path / "second"), str(tmp_path / "links")
+    shutil.copytree(fert_data_bin, first)
+    shutil.copytree(fert_data_bin, second)
+    fert_cli.cli_main([first, "--save-links", links])
+    fert_cli.cli_main([second, "--aligner", "links", "--links-dir", links])
+    for split in ("train", "valid", "test"):
+        assert os.path.getsize(os.path.join(links, f"{split}.links")) > 0
+        with open(os.path.join(first, f"{split}.fert.src")) as a, open(os.path.join(second, f"{split}.fert.src")) as b:
+            assert a.read() == b.read()
+
+
 def test_wrong_fertility_files_are_refused(fert_data_bin, tmp_path):
     bin_copy = str(tmp_path / "bin")
     shutil.copytree(fert_data_bin, bin_copy)

@@ -1,9 +1,10 @@
-"""Half precision on CPU: every system's training step and decoding in bfloat16 (finite loss and gradients, no NaN
-scores, sane lengths, mostly the fp32 tokens of a model initialised from the trained tiny teacher), and float16 for
-the attention masks and the NAD length predictor.
+"""Half precision: every system's training step and decoding in bfloat16 on CPU and in float16 on a GPU (finite
+loss and gradients, no NaN scores, sane lengths, mostly the fp32 tokens of a model initialised from the trained
+tiny teacher), and float16 for the attention masks and the NAD length predictor.
 
 fairseq-train itself cannot run half precision on CPU (fairseq 0.12: ``--bf16`` implies ``--tpu`` and needs
-torch_xla; ``--fp16`` queries CUDA), so the model-level path is tested; GPU fp16 is untested here (no GPU)."""
+torch_xla; ``--fp16`` queries CUDA), so the model-level path is tested; the float16 cases run where CUDA is
+available and are skipped, saying so, elsewhere."""
 
 import math
 import os
@@ -11,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from fairseq import options, tasks
+from fairseq import options, tasks, utils
 
 from nat_plugins.modules.nad import LengthPredictor, self_attention_mask
 from nat_plugins.modules.sat_masks import relaxed_causal_mask
@@ -40,7 +41,25 @@ SYSTEMS = {
         "blockwise_loss",
     ],
     "nad_ad_transformer": ["--arch", "nad_ad_transformer", "--criterion", "nad_ad_loss", "--use-distilled", "side"],
+    # its decoding verifies the drafts with the teacher (--speculative-teacher, added by setup)
+    "spec_drafter": [
+        "--arch",
+        "spec_drafter",
+        "--draft-size",
+        "2",
+        "--criterion",
+        "spec_drafter_loss",
+        "--use-distilled",
+        "target",
+    ],
 }
+NO_GPU = not torch.cuda.is_available()
+PRECISIONS = [
+    pytest.param(("cpu", torch.bfloat16), id="cpu-bf16"),
+    pytest.param(
+        ("cuda", torch.float16), id="cuda-fp16", marks=pytest.mark.skipif(NO_GPU, reason="GPU-only: fp16 needs CUDA")
+    ),
+]
 NUM_SENTENCES = 8
 
 
@@ -75,7 +94,8 @@ def setup(data_bin, teacher, system):
             teacher,
         ]
         + ARCH
-        + SYSTEMS[system],
+        + SYSTEMS[system]
+        + (["--speculative-teacher", teacher] if system == "spec_drafter" else []),
     )
     task = tasks.setup_task(args)
     task.load_dataset("test")
@@ -100,24 +120,27 @@ def decode(task, model, sample):
         return task.inference_step(generator, [model], sample)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("system", list(SYSTEMS))
-def test_bf16_training_step_and_decoding(data_bin, tiny_teacher, system):
+def test_half_precision_training_step_and_decoding(data_bin, tiny_teacher, system, precision):
+    device, dtype = precision
     task, model, criterion = setup(data_bin, tiny_teacher, system)
-    sample = batch(task)
-    expected = decode(task, model.eval(), sample)
+    sample = utils.move_to_cuda(batch(task)) if device == "cuda" else batch(task)
+    expected = decode(task, model.to(device).eval(), sample)
 
-    model = model.to(torch.bfloat16).train()
+    model = model.to(dtype).train()
     loss, _sample_size, _log = criterion(model, sample)
     assert torch.isfinite(loss).all(), system
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads), system
 
-    check_bf16_decoding(task, model.eval(), sample, expected, system)
+    check_half_precision_decoding(task, model.eval(), sample, expected, system)
 
 
-def check_bf16_decoding(task, model, sample, expected, system):
-    """``model`` (bf16) decodes ``sample`` with finite scores, sane lengths and mostly the fp32 tokens ``expected``."""
+def check_half_precision_decoding(task, model, sample, expected, system):
+    """``model`` (bf16 or fp16) decodes ``sample`` with finite scores, sane lengths and mostly the fp32 tokens
+    ``expected``."""
     hypos = decode(task, model, sample)
     same = 0
     for i, (hypo, reference) in enumerate(zip(hypos, expected)):
@@ -135,11 +158,12 @@ def check_bf16_decoding(task, model, sample, expected, system):
         ("fertility_nat", {"fertility_decoding": "average"}),
         ("fertility_nat", {"fertility_decoding": "npd", "npd_samples": 4}),
         ("blockwise_transformer", {"block_accept": "topk:2"}),
+        ("spec_drafter", {"speculative_verify": "relaxed"}),
     ],
 )
 def test_bf16_decoding_options(data_bin, tiny_teacher, system, decoding):
-    """Average fertilities, noisy parallel decoding (its teacher moves to bf16 with the student) and approximate
-    blockwise acceptance in bf16."""
+    """Average fertilities, noisy parallel decoding (its teacher moves to bf16 with the student), approximate
+    blockwise acceptance and relaxed speculative verification in bf16."""
     if decoding.get("fertility_decoding") == "npd":
         decoding["npd_teacher"] = tiny_teacher
     task, model, _criterion = setup(data_bin, tiny_teacher, system)
@@ -148,7 +172,7 @@ def test_bf16_decoding_options(data_bin, tiny_teacher, system, decoding):
     torch.manual_seed(0)
     expected = decode(task, model.eval(), sample)
     torch.manual_seed(0)
-    check_bf16_decoding(task, model.to(torch.bfloat16), sample, expected, system)
+    check_half_precision_decoding(task, model.to(torch.bfloat16), sample, expected, system)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

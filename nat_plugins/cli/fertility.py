@@ -3,6 +3,7 @@ aligner): word-align the source and target *subwords* of a binarized data-bin an
 subword.
 
     python -m nat_plugins.cli.fertility DATA_BIN                         # eflomal, train (+ distilled), valid, test
+    python -m nat_plugins.cli.fertility DATA_BIN --save-links DIR        # + the links, to reproduce the fertilities
     python -m nat_plugins.cli.fertility DATA_BIN --aligner links --links-dir DIR   # your own links (fast_align, ...)
     python -m nat_plugins.cli.fertility DATA_BIN --aligner monotone      # fallback without an aligner (not alignment)
 
@@ -13,7 +14,7 @@ subword.
   the validation loss).
 * Aligners: ``eflomal`` (GPLv3, the package's optional ``eflomal`` extra, installed separately and called as a
   separate library through its Python API; all splits are aligned together in one run, since alignment is
-  unsupervised and more text helps);
+  unsupervised and more text helps; not deterministic: ``--save-links DIR`` keeps the links for ``--aligner links``);
   ``links``: Pharaoh ``i-j`` files ``{links_dir}/{split}.links`` (i = source subword, j = target subword, 0-based,
   EOS excluded); ``monotone``: target position t copies source position floor(t * n / T) (uniform copy,
   a clearly labelled fallback, *not* an alignment).
@@ -220,14 +221,17 @@ def read_links_file(path, pairs):
     ]
 
 
-def eflomal_alignments(pairs, model=3, save_links=None):
-    """Forward links of all ``pairs`` from one eflomal run (eflomal: each target word -> at most one source word)."""
+def eflomal_alignments(pairs, model=3):
+    """Forward links of all ``pairs`` from one eflomal run (eflomal: each target word -> at most one source word).
+
+    eflomal seeds its sampler from ``/dev/urandom`` (it has no seed option): two runs give different links, hence
+    different fertilities; :func:`write_links_file` keeps them for ``--aligner links``."""
     try:
         import eflomal
     except ImportError:
         raise FertilityError(EFLOMAL_MISSING) from None
     with tempfile.TemporaryDirectory() as tmp:
-        links_path = save_links or os.path.join(tmp, "links.fwd")
+        links_path = os.path.join(tmp, "links.fwd")
         # eflomal cannot align an empty side: a placeholder word, whose links are dropped below
         src_lines = [" ".join(s) if s else "<empty>" for s, _ in pairs]
         tgt_lines = [" ".join(t) if t else "<empty>" for _, t in pairs]
@@ -247,6 +251,14 @@ def eflomal_alignments(pairs, model=3, save_links=None):
 
 
 # ----- the pipeline ----------------------------------------------------------------------------------------------
+def write_links_file(path, alignments):
+    """Pharaoh ``i-j`` lines of ``alignments`` (per sentence, the source position of each target position or None),
+    as ``--aligner links`` reads them back: the same alignments."""
+    with open(path, "w", encoding="utf-8") as f:
+        for alignment in alignments:
+            f.write(" ".join(f"{i}-{j}" for j, i in enumerate(alignment) if i is not None) + "\n")
+
+
 def write_fertility_file(path, fertilities):
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, encoding="utf-8", suffix=".tmp") as f:
@@ -283,12 +295,15 @@ def make_fertilities(
     if aligner == "eflomal":
         corpus = [pair for split in splits for pair in data[split]]
         logger.info(f"aligning {len(corpus)} sentence pairs with eflomal (model {eflomal_model})")
-        links_out = os.path.join(save_links, "all.links") if save_links else None
-        flat = eflomal_alignments(corpus, model=eflomal_model, save_links=links_out)
+        flat = eflomal_alignments(corpus, model=eflomal_model)
+        if save_links:
+            os.makedirs(save_links, exist_ok=True)
         alignments, start = {}, 0
         for split in splits:
             alignments[split] = flat[start : start + len(data[split])]
             start += len(data[split])
+            if save_links:
+                write_links_file(os.path.join(save_links, f"{split}.links"), alignments[split])
     elif aligner == "links":
         alignments = {
             split: read_links_file(os.path.join(links_dir, f"{split}.links"), data[split]) for split in splits
@@ -371,7 +386,13 @@ def get_parser():
         default=3,
         help="eflomal's model: 1 = IBM1, 2 = + HMM, 3 = + fertility (default)",
     )
-    parser.add_argument("--save-links", default=None, help="also keep eflomal's forward links in this directory")
+    parser.add_argument(
+        "--save-links",
+        default=None,
+        metavar="DIR",
+        help="also write eflomal's forward links to DIR/{split}.links: eflomal is not deterministic (it seeds "
+        "itself from /dev/urandom), and --aligner links --links-dir DIR reproduces these fertilities exactly",
+    )
     return parser
 
 
@@ -380,8 +401,6 @@ def cli_main(argv=None):
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr
     )
     args = get_parser().parse_args(argv)
-    if args.save_links:
-        os.makedirs(args.save_links, exist_ok=True)
     try:
         make_fertilities(
             args.data_bin,

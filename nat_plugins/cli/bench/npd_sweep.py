@@ -99,7 +99,11 @@ def get_parser() -> argparse.ArgumentParser:
         help="further fairseq-generate arguments of the NPD rows (e.g. '--npd-length-normalize')",
     )
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every row (default: 1)")
-    parser.add_argument("--title", default="Noisy parallel decoding", help="heading of the plot and the markdown")
+    parser.add_argument(
+        "--title",
+        default="",
+        help="what the sweep is of (e.g. the corpus), added to the plot's and the markdown's heading",
+    )
     parser.set_defaults(batch_size=1)  # every row decodes one sentence at a time (generation_cfg reads it)
     return parser
 
@@ -219,10 +223,15 @@ def sweep_row(spec: RowSpec, batch1, references: List[str], out_dir: str) -> dic
     }
 
 
+def heading(meta: dict) -> str:
+    """The plot's and the markdown's heading: what is plotted, then ``--title``."""
+    return "Noisy parallel decoding: latency and BLEU against S" + (f" — {meta['title']}" if meta["title"] else "")
+
+
 def markdown(meta: dict, rows: List[dict]) -> str:
     """The sweep as a markdown table with its header."""
     lines = [
-        f"## {meta['title']}: NPD latency and BLEU against S",
+        f"## {heading(meta)}",
         "",
         f"{meta['device']}, torch {meta['torch']}, {meta['precision']}; batch 1, {meta['sentences']} sentences "
         f"decoded (BLEU), the last {meta['latency_sentences_timed']} timed (after {meta['warmup']} of warm-up); "
@@ -265,7 +274,7 @@ def plot(meta: dict, rows: List[dict], path: str):
         ax.legend(fontsize=7, frameon=False)
     latency_ax.set_ylim(bottom=0)
     fig.suptitle(
-        f"{meta['title']}: noisy parallel decoding against S\n{meta['device']}, {meta['precision']}, batch 1, "
+        f"{heading(meta)}\n{meta['device']}, {meta['precision']}, batch 1, "
         f"{meta['latency_sentences_timed']} sentences timed",
         fontsize=9,
     )
