@@ -2,7 +2,8 @@
 (1..16 sentences of 1..50 tokens, EOS included, left-padded as fairseq batches them): no exception, every output
 within its length limit and ending in EOS, no pad, EOS (fairseq's start symbol too) or DEL inside an output, a
 sentence decoded alone gives its batched output (fp32; the first, middle and last sentences of each batch), and
-``hypo["steps"]`` equals the decoder calls the generator made (counted by wrapping the decoders' ``forward``).
+``hypo["steps"]`` (+ ``drafter_steps``) equals the decoder calls the generator made (counted by hooks on the first
+layer of every decoder stack, the teachers' included).
 ``<s>`` (``Dictionary.bos()``, never a decoder input in fairseq) is an ordinary symbol here, as in fairseq's
 ``SequenceGenerator``, whose rules the plugin decoders follow so that K = 1 and exact acceptance equal it token for
 token. ``derandomize=True``: every run draws the same examples, so CI is reproducible; ``NAT_FUZZ_EXAMPLES=N``
@@ -42,6 +43,7 @@ SYSTEMS = {
     "blockwise": ["--arch", "blockwise_transformer", "--block-size", "3"],
     "fertility_nat": ["--arch", "fertility_nat", "--share-all-embeddings"],
     "nad_ad": ["--arch", "nad_ad_transformer"],
+    "spec_drafter": ["--arch", "spec_drafter", "--draft-size", "3"],
 }
 # (system, beam, task options): every generator and decoding mode
 DECODINGS = [
@@ -55,6 +57,8 @@ DECODINGS = [
     ("fertility_nat", 1, {"fertility_decoding": "npd", "npd_samples": 1, "npd_teacher": "TEACHER"}),
     ("nad_ad", 1, {}),
     ("nad_ad", 3, {}),
+    ("spec_drafter", 1, {"speculative_teacher": "TEACHER"}),
+    ("spec_drafter", 1, {"speculative_teacher": "TEACHER", "speculative_verify": "relaxed"}),
 ]
 
 
@@ -88,7 +92,8 @@ def random_model(system, seed):
 
 @functools.lru_cache(maxsize=None)
 def teacher_checkpoint(directory):
-    """A random AR teacher of the fertility NAT's dictionary, saved as a fairseq checkpoint (``--npd-teacher``)."""
+    """A random AR teacher of the toy dictionary, saved as a fairseq checkpoint (``--npd-teacher``,
+    ``--speculative-teacher``)."""
     args, _task, model = random_model("teacher", 0)
     path = os.path.join(directory, "teacher.pt")
     history = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {}}]
@@ -136,9 +141,10 @@ def pass_counter(model, generator):
 @given(seed=st.integers(0, SEEDS - 1), batch=batches(), max_len_b=st.integers(1, 40))
 def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam, task_options, seed, batch, max_len_b):
     _args, task, model = random_model(system, seed)
-    task_options = dict(task_options)
-    if task_options.get("npd_teacher"):
-        task_options["npd_teacher"] = teacher_checkpoint(str(tmp_path_factory.getbasetemp()))
+    task_options = {
+        name: teacher_checkpoint(str(tmp_path_factory.getbasetemp())) if value == "TEACHER" else value
+        for name, value in task_options.items()
+    }
     generator = with_task_options(task, **task_options).build_generator(
         [model], Namespace(beam=beam, max_len_a=0, max_len_b=max_len_b)
     )
@@ -151,7 +157,7 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
     with pass_counter(model, generator) as counter:
         batched = generator.generate([model], sample)
     assert len(batched) == len(lengths)
-    assert max(hypos[0]["steps"] for hypos in batched) == counter.passes  # sentences leave the batch when done
+    assert max(passes(hypos[0]) for hypos in batched) == counter.passes  # sentences leave the batch when done
     for index, hypos in enumerate(batched):
         for hypo in hypos:
             tokens = hypo["tokens"].tolist()
@@ -166,4 +172,10 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
         with pass_counter(model, generator) as counter:
             alone = generator.generate([model], single(sample, index))[0]
         assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in hypos]
-        assert alone[0]["steps"] == hypos[0]["steps"] == counter.passes
+        assert passes(alone[0]) == passes(hypos[0]) == counter.passes
+
+
+def passes(hypo):
+    """Decoder passes a hypothesis reports: ``steps``, plus ``drafter_steps`` of speculative decoding (whose
+    ``steps`` are the teacher's calls)."""
+    return hypo["steps"] + hypo.get("drafter_steps", 0)

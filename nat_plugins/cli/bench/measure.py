@@ -132,7 +132,8 @@ def decoder_stacks(model: nn.Module) -> List[nn.Module]:
 
 
 def auxiliary_models(generator) -> List[nn.Module]:
-    """Models a generator decodes with besides the row's checkpoints: NPD's AR teacher (one rescoring pass)."""
+    """Models a generator decodes with besides the row's checkpoints: the AR teacher of NPD (one rescoring pass) or
+    of speculative decoding (the verifier)."""
     return [value.model for value in vars(generator).values() if isinstance(value, FrozenTeacher)]
 
 
