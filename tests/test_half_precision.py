@@ -41,7 +41,6 @@ SYSTEMS = {
         "blockwise_loss",
     ],
     "nad_ad_transformer": ["--arch", "nad_ad_transformer", "--criterion", "nad_ad_loss", "--use-distilled", "side"],
-    # its decoding verifies the drafts with the teacher (--speculative-teacher, added by setup)
     "spec_drafter": [
         "--arch",
         "spec_drafter",
@@ -51,6 +50,8 @@ SYSTEMS = {
         "spec_drafter_loss",
         "--use-distilled",
         "target",
+        "--speculative-teacher",
+        "TEACHER",  # setup's teacher: it verifies the drafts
     ],
 }
 NO_GPU = not torch.cuda.is_available()
@@ -94,8 +95,7 @@ def setup(data_bin, teacher, system):
             teacher,
         ]
         + ARCH
-        + SYSTEMS[system]
-        + (["--speculative-teacher", teacher] if system == "spec_drafter" else []),
+        + [teacher if arg == "TEACHER" else arg for arg in SYSTEMS[system]],
     )
     task = tasks.setup_task(args)
     task.load_dataset("test")
