@@ -158,6 +158,7 @@ def test_model_options_cannot_change_at_decoding(data_bin, checkpoints, system, 
         ("fertility_nat", ["--print-nad-draft"], "checkpoint is a fertility_nat model, whose decoder does not read it"),
         ("nad_ad", ["--min-block-size", "2"], "--min-block-size 2 is a decoding option of blockwise_transformer"),
         ("teacher", ["--npd-teacher", "TEACHER"], "this checkpoint is a transformer model"),
+        ("sat", ["--int8-drafts"], "--int8-drafts is a decoding option of blockwise_transformer and spec_drafter "),
     ],
 )
 def test_decoding_options_of_another_system_are_refused(data_bin, checkpoints, system, options, message):

@@ -191,7 +191,7 @@ class ReferenceDrafter(SpeculativeDecoder):
         super().reorder(keep)
         self.rows = self.rows[keep]
 
-    def propose(self, first, features, tokens, last, max_len):
+    def propose(self, first, verifier_drafts, tokens, last, max_len):
         k = self.block_size - 1
         index = (last + 1).unsqueeze(1) + torch.arange(k)  # y_{j+2..j+k+1} sits at column j+1.. of the reference
         drafts = self.reference[self.rows].gather(1, index.clamp(max=self.reference.size(1) - 1))
@@ -204,8 +204,8 @@ class CheckedDrafter(SpeculativeDecoder):
 
     checked = 0
 
-    def propose(self, first, features, tokens, last, max_len):
-        drafts = super().propose(first, features, tokens, last, max_len)
+    def propose(self, first, verifier_drafts, tokens, last, max_len):
+        drafts = super().propose(first, verifier_drafts, tokens, last, max_len)
         logits, _ = self.model.decoder(tokens, encoder_out=self.drafter_out, prefix_lengths=last + 2)
         logits[..., self.pad] = -math.inf
         # the drafts are the argmax of the uncached logits (up to floating-point ties)
@@ -354,6 +354,8 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
         speculative(teacher, toy_task, path)
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
         SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
+    with pytest.raises(ValueError, match="--int8-drafts runs the drafter's decoder on the CPU in float32.*bfloat16"):
+        speculative(drafter(toy_task, 2, 0).bfloat16(), toy_task, path, int8_drafts=True)
 
 
 # ----- learning (the synthetic task of tests/utils.py, from the synthetic_teacher fixture) --------------------------
@@ -410,3 +412,7 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
     hypos, per_call = decode(checkpoint, ["--speculative-teacher", teacher, "--print-step"])
     assert hypos == teacher_hypos
     assert per_call >= 1.6, f"{per_call:.2f} tokens per teacher call (threshold 1.6)"
+    # an int8 drafter drafts a little differently, and the output is still the teacher's
+    hypos, int8_per_call = decode(checkpoint, ["--speculative-teacher", teacher, "--print-step", "--int8-drafts"])
+    assert hypos == teacher_hypos
+    assert int8_per_call >= per_call - 0.1, f"{int8_per_call:.2f} tokens per teacher call (fp32 {per_call:.2f})"

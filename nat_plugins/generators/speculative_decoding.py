@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..modules.teacher import FrozenTeacher
-from ..modules.verify_accept import VerifyAcceptLoop, rollback_cache
+from ..modules.verify_accept import VerifyAcceptLoop, int8_copy, rollback_cache
 
 
 def share_unchanged_teacher_parts(drafter, teacher):
@@ -51,7 +51,8 @@ def share_unchanged_teacher_parts(drafter, teacher):
 
 class SpeculativeDecoder(VerifyAcceptLoop):
     """Draft with a ``spec_drafter``, verify with the teacher (module docstring); task options
-    ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau``."""
+    ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau`` and
+    ``--int8-drafts`` (CPU: the drafter's decoder with int8 weights; exact verification keeps the output)."""
 
     name = "speculative decoding (spec_drafter)"
     drafts_after_bos = True  # the first teacher call verifies the drafts after BOS (no call on BOS alone)
@@ -74,6 +75,10 @@ class SpeculativeDecoder(VerifyAcceptLoop):
         super().__init__(
             models, task, gen_args, self.teacher.model, drafter.draft_size + 1, top_m=top_m, tolerance=tolerance
         )
+        # the decoder that drafts: the drafter's, or with --int8-drafts an int8 copy of it
+        self.drafter_decoder = drafter.decoder
+        if cfg.int8_drafts:
+            self.drafter_decoder = int8_copy(drafter.decoder, "the drafter's decoder")
         self.drafter_out = self.drafter_cache = self.drafted = None
         self.same_encoder = None  # whether the drafter's encoder is the teacher's (known at the first batch)
         self.drafted_width = None
@@ -97,16 +102,16 @@ class SpeculativeDecoder(VerifyAcceptLoop):
 
     def reorder(self, keep):
         self.drafter_out = self.model.encoder.reorder_encoder_out(self.drafter_out, keep)
-        self.model.decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
+        self.drafter_decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
         self.drafted = self.drafted[keep]
 
-    def propose(self, first, features, tokens, last, max_len):
+    def propose(self, first, verifier_drafts, tokens, last, max_len):
         """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad.
 
         The drafter's cache holds the prefix it read in its last call; it reads the tokens accepted since and ŷ_{j+1}
         (at most the k+1 a step adds; with batch size 1 exactly those) and its k queries, then drops the queries
         from its cache (:func:`~nat_plugins.modules.verify_accept.rollback_cache`)."""
-        decoder, width = self.model.decoder, tokens.size(1)
+        decoder, width = self.drafter_decoder, tokens.size(1)
         new_width = self.block_size if self.drafted_width is None else width - self.drafted_width
         prefix_lengths = last + 2
         index = self.drafted.unsqueeze(1) + torch.arange(new_width, device=tokens.device)

@@ -1,15 +1,18 @@
 """Verify-accept decoding of ``blockwise_transformer`` (Stern, Shazeer & Uszkoreit, NeurIPS 2018).
 
 One decoder call per step (§4, "Combined Scoring and Proposal"): the k proposals ŷ_{j+1..j+k} made at the last
-accepted position j go in as new tokens; at their positions the call yields head 1's distribution p1, which
-verifies the next proposal, and at the last position that gets accepted the k heads make the next proposals.
+accepted position j go in as new tokens; at each of their positions the call yields head 1's distribution p1,
+which verifies the next proposal, and the other heads' proposals, of which the last accepted position's are the
+next ones. All k heads at all k positions go through one output projection: on a CPU a call reads the projection's
+weights once (a second, smaller projection for the accepted position's heads would read them again).
 Acceptance (§3, §5):
 
 * ``--block-accept exact``: the longest prefix with ŷ_{j+i} = argmax p1(· | ŷ_{<j+i}) — at least ŷ_{j+1}, which is
   p1's own argmax — so the output is exactly greedy decoding of p1 (the paper's guarantee);
 * ``--block-accept topk:M``: ŷ_{j+i} only has to be among the M best tokens of p1 (§5.1, top-k selection);
 * ``--min-block-size l``: accept at least l proposals per step whatever the verification says (§5.3);
-* a block ends after its first EOS.
+* a block ends after its first EOS;
+* ``--int8-drafts`` (CPU): heads 2..k's feed-forward layer runs with int8 weights; only the drafts can change.
 
 The batched loop, the cache rollback and the acceptance rule are :mod:`nat_plugins.modules.verify_accept` (shared
 with speculative decoding): sentences of a batch accept different numbers of tokens per step and leave the batch
@@ -20,7 +23,7 @@ also carries ``steps`` (decoder calls for its sentence, the first call on BOS in
 
 import torch
 
-from ..modules.verify_accept import VerifyAcceptLoop, accepted_lengths  # noqa: F401  (accepted_lengths: re-export)
+from ..modules.verify_accept import VerifyAcceptLoop, accepted_lengths, int8_copy  # noqa: F401  (re-export)
 
 
 def parse_block_accept(spec):
@@ -59,14 +62,23 @@ class VerifyAcceptGenerator(VerifyAcceptLoop):
             min_block_size=task.cfg.min_block_size,
             use_cache=use_cache,
         )
+        self.block_heads = model.decoder.block_heads
+        if task.cfg.int8_drafts:
+            if not self.block_heads.identity_first_head:
+                raise ValueError(
+                    "--int8-drafts needs a model trained with --identity-first-head: in this one head 1, the "
+                    "verifier, goes through the heads' layer too, so int8 weights would change the output"
+                )
+            self.block_heads = int8_copy(self.block_heads, "the heads' feed-forward layer")
 
-    def verifier_logits(self, features):
-        """Head 1's logits: p1 is the verifier."""
-        return self.model.decoder.head_logits(features, range(1)).squeeze(-2)
+    def score_block(self, features, position, max_len):
+        """Head 1's logits (p1 is the verifier) and, from the same projection, heads 2..k's argmax under the length
+        rules of the positions they predict (0-based output ``position`` + 1 .. + k-1)."""
+        logits = self.model.decoder.head_logits(features, range(self.block_size), block_heads=self.block_heads)
+        later = position.unsqueeze(-1) + torch.arange(1, self.block_size, device=position.device)
+        drafts = self.constrain_logits(logits[..., 1:, :], later, max_len).argmax(dim=-1)
+        return logits[..., 0, :], drafts
 
-    def propose(self, first, features, tokens, last, max_len):
-        """Heads 2..k at the last accepted position j (the state that predicted ŷ_{j+1}): their argmax, under the
-        length rules of the positions they predict."""
-        logits = self.model.decoder.head_logits(features, range(1, self.block_size))
-        position = last.unsqueeze(1) + torch.arange(1, self.block_size, device=last.device)
-        return self.constrain_logits(logits, position, max_len).argmax(dim=-1)
+    def propose(self, first, verifier_drafts, tokens, last, max_len):
+        """Heads 2..k at the last accepted position j (the state that predicted ŷ_{j+1}), made in the last call."""
+        return verifier_drafts

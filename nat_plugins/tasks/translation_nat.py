@@ -50,7 +50,7 @@ FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
 SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 
 
-# the task's decoding options and the registered model whose decoder reads each; build_generator refuses a value
+# the task's decoding options and the registered model(s) whose decoder reads each; build_generator refuses a value
 # other than the default for any other model (the option would be ignored without a word)
 DECODING_OPTIONS = {
     "segment_length_margin": "recover_sat",
@@ -62,6 +62,7 @@ DECODING_OPTIONS = {
     "npd_samples": "fertility_nat",
     "npd_teacher": "fertility_nat",
     "npd_length_normalize": "fertility_nat",
+    "int8_drafts": ("blockwise_transformer", "spec_drafter"),
 }
 
 
@@ -146,6 +147,15 @@ class TranslationNATConfig(TranslationConfig):
     speculative_tau: float = field(
         default=1.0,
         metadata={"help": "spec_drafter relaxed verification: log-probability tolerance τ (>= 0) below the best"},
+    )
+    int8_drafts: bool = field(
+        default=False,
+        metadata={
+            "help": "blockwise_transformer, spec_drafter, CPU fp32 only: run the layers that only draft (heads "
+            "2..k's feed-forward layer; the drafter's decoder) with int8 weights (torch's dynamic quantization), "
+            "so each call reads a quarter of their bytes. Exact acceptance keeps its output (every draft is "
+            "verified); top-k or relaxed acceptance and --min-block-size may change it"
+        },
     )
 
 
@@ -384,14 +394,15 @@ class TranslationNATTask(TranslationTask):
         """Refuse a decoding option of another system (:data:`DECODING_OPTIONS`) set for ``model``."""
         name = next((n for n, cls in MODEL_REGISTRY.items() if cls is type(model)), type(model).__name__)
         defaults = TranslationNATConfig()
-        for option, owner in DECODING_OPTIONS.items():
+        for option, owners in DECODING_OPTIONS.items():
+            owners = (owners,) if isinstance(owners, str) else owners
             value = getattr(self.cfg, option, None)
-            if owner != name and value != getattr(defaults, option):
+            if name not in owners and value != getattr(defaults, option):
                 flag = "--" + option.replace("_", "-")
                 given = flag if isinstance(value, bool) else f"{flag} {value}"
                 raise ValueError(
-                    f"{given} is a decoding option of {owner} models; this checkpoint is a {name} model, "
-                    f"whose decoder does not read it: drop {flag}"
+                    f"{given} is a decoding option of {' and '.join(owners)} models; this checkpoint is a {name} "
+                    f"model, whose decoder does not read it: drop {flag}"
                 )
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
