@@ -414,6 +414,18 @@ def reported_steps(hypo):  # the plugin generators report their decoder passes
         (NAT_TASK, ["--arch", "sat_transformer", "--group-size", "2"], SHORT, reported_steps),
         (NAT_TASK, ["--arch", "recover_sat", "--num-segments", "2"], SHORT, reported_steps),
         (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3"], SHORT, reported_steps),
+        (
+            NAT_TASK + ["--int8-drafts"],
+            ["--arch", "blockwise_transformer", "--block-size", "3", "--identity-first-head"],
+            SHORT,
+            reported_steps,
+        ),
+        (
+            NAT_TASK + ["--speculative-teacher", "TEACHER", "--int8-drafts"],
+            ["--arch", "spec_drafter", "--draft-size", "2"],
+            SHORT,
+            lambda hypo: hypo["steps"] + hypo["drafter_steps"],
+        ),  # teacher calls + calls of the drafter's int8 decoder copy
         (NAT_TASK, ["--arch", "fertility_nat"], SHORT, lambda hypo: 1),
         (
             NAT_TASK + ["--fertility-decoding", "npd", "--npd-samples", "3", "--npd-teacher", "TEACHER"],
@@ -436,6 +448,8 @@ def reported_steps(hypo):  # the plugin generators report their decoder passes
         "SAT",
         "RecoverSAT",
         "blockwise",
+        "blockwise-int8",
+        "speculative-int8",
         "NAT",
         "NAT-NPD",
         "NAD-AD",
@@ -450,7 +464,9 @@ def test_decoder_passes_of_every_generator(dummy_data_bin, tiny_teacher, task_ar
     task_args = [tiny_teacher if a == "TEACHER" else a for a in task_args]
     generation = build_generation(dummy_data_bin, task_args, arch_args, gen_args)
     dataset = generation.dataset
-    counter = measure.DecoderPassCounter(generation.models, measure.auxiliary_models(generation.generator))
+    counter = measure.DecoderPassCounter(
+        generation.models, measure.auxiliary_models(generation.generator, generation.models)
+    )
     with counter:
         for index in range(4):
             counter.reset()

@@ -560,7 +560,9 @@ def decode(data_bin, checkpoint, subset="test", blockwise=True, extra=()):
     lines = generate_lines(
         data_bin,
         checkpoint,
-        ["--task", "translation_nat", "--beam", "1", "--gen-subset", subset] + ["--print-step"] * blockwise + list(extra),
+        ["--task", "translation_nat", "--beam", "1", "--gen-subset", subset]
+        + ["--print-step"] * blockwise
+        + list(extra),
     )
     hypos = hypotheses(lines)
     references = {int(key[2:]): text for key, text in (line.split("\t", 1) for line in lines if line.startswith("T-"))}

@@ -133,7 +133,7 @@ def single(sample, index):
 def pass_counter(model, generator):
     """Counts the decoder passes ``hypo["steps"]`` reports: runs of any decoder layer stack of the model (NAD-AD's
     NAD included), however entered, plus NPD's teacher rescoring pass (the benchmark's counter)."""
-    return DecoderPassCounter([model], auxiliary_models(generator))
+    return DecoderPassCounter([model], auxiliary_models(generator, [model]))
 
 
 @pytest.mark.parametrize("system, beam, task_options", DECODINGS, ids=lambda v: str(v))

@@ -131,10 +131,18 @@ def decoder_stacks(model: nn.Module) -> List[nn.Module]:
     return list(firsts.values())
 
 
-def auxiliary_models(generator) -> List[nn.Module]:
-    """Models a generator decodes with besides the row's checkpoints: the AR teacher of NPD (one rescoring pass) or
-    of speculative decoding (the verifier)."""
-    return [value.model for value in vars(generator).values() if isinstance(value, FrozenTeacher)]
+def auxiliary_models(generator, models: List[nn.Module]) -> List[nn.Module]:
+    """Models with decoder layers that ``generator`` decodes with besides the row's checkpoints ``models``, once each:
+    the AR teacher of NPD (one rescoring pass) or of speculative decoding (the verifier), a copy of a decoder that
+    drafts (``--int8-drafts``)."""
+    own = {id(module) for model in models for module in model.modules()}
+    found = {}
+    for value in vars(generator).values():
+        if isinstance(value, FrozenTeacher):
+            value = value.model
+        if isinstance(value, nn.Module) and id(value) not in own and decoder_stacks(value):
+            found[id(value)] = value
+    return list(found.values())
 
 
 @dataclass
@@ -235,7 +243,7 @@ def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: i
     dataset = generation.dataset
     seed_everything(seed)
     ids, latencies, calls, tokens, steps, step_tokens, hyps = [], [], [], [], [], [], []
-    with DecoderPassCounter(generation.models, auxiliary_models(generation.generator)) as counter:
+    with DecoderPassCounter(generation.models, auxiliary_models(generation.generator, generation.models)) as counter:
         for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
             sample = generation.to_device(dataset.collater([dataset[index]]))
             counter.reset()
