@@ -191,7 +191,7 @@ class ReferenceDrafter(SpeculativeDecoder):
         super().reorder(keep)
         self.rows = self.rows[keep]
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
+    def propose(self, first, features, tokens, last, max_len):
         k = self.block_size - 1
         index = (last + 1).unsqueeze(1) + torch.arange(k)  # y_{j+2..j+k+1} sits at column j+1.. of the reference
         drafts = self.reference[self.rows].gather(1, index.clamp(max=self.reference.size(1) - 1))
@@ -204,8 +204,8 @@ class CheckedDrafter(SpeculativeDecoder):
 
     checked = 0
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
-        drafts = super().propose(first, verifier_drafts, tokens, last, max_len)
+    def propose(self, first, features, tokens, last, max_len):
+        drafts = super().propose(first, features, tokens, last, max_len)
         logits, _ = self.model.decoder(tokens, encoder_out=self.drafter_out, prefix_lengths=last + 2)
         logits[..., self.pad] = -math.inf
         # the drafts are the argmax of the uncached logits (up to floating-point ties)

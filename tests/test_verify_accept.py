@@ -36,7 +36,7 @@ def random_transformer(task, seed):
 class RandomDrafts(VerifyAcceptLoop):
     """Drafts drawn at random from the vocabulary (an untrained drafter)."""
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
+    def propose(self, first, features, tokens, last, max_len):
         high = len(self.tgt_dict)
         return torch.randint(self.tgt_dict.nspecial, high, (first.size(0), self.block_size - 1), generator=self.rng)
 
@@ -54,7 +54,7 @@ class OracleDrafts(VerifyAcceptLoop):
     def reorder(self, keep):
         self.rows = self.rows[keep]
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
+    def propose(self, first, features, tokens, last, max_len):
         assert torch.equal(tokens.gather(1, (last + 1).unsqueeze(1)).squeeze(1), first)
         index = last.unsqueeze(1) + torch.arange(2, self.block_size + 1)
         return self.target[self.rows].gather(1, index)

@@ -105,7 +105,7 @@ class SpeculativeDecoder(VerifyAcceptLoop):
         self.drafter_decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
         self.drafted = self.drafted[keep]
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
+    def propose(self, first, features, tokens, last, max_len):
         """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad.
 
         The drafter's cache holds the prefix it read in its last call; it reads the tokens accepted since and ŷ_{j+1}

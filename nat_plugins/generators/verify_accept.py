@@ -1,10 +1,8 @@
 """Verify-accept decoding of ``blockwise_transformer`` (Stern, Shazeer & Uszkoreit, NeurIPS 2018).
 
 One decoder call per step (§4, "Combined Scoring and Proposal"): the k proposals ŷ_{j+1..j+k} made at the last
-accepted position j go in as new tokens; at each of their positions the call yields head 1's distribution p1,
-which verifies the next proposal, and the other heads' proposals, of which the last accepted position's are the
-next ones. All k heads at all k positions go through one output projection: on a CPU a call reads the projection's
-weights once (a second, smaller projection for the accepted position's heads would read them again).
+accepted position j go in as new tokens; at their positions the call yields head 1's distribution p1, which
+verifies the next proposal, and at the last position that gets accepted the k heads make the next proposals.
 Acceptance (§3, §5):
 
 * ``--block-accept exact``: the longest prefix with ŷ_{j+i} = argmax p1(· | ŷ_{<j+i}) — at least ŷ_{j+1}, which is
@@ -71,14 +69,13 @@ class VerifyAcceptGenerator(VerifyAcceptLoop):
                 )
             self.block_heads = int8_copy(self.block_heads, "the heads' feed-forward layer")
 
-    def score_block(self, features, position, max_len):
-        """Head 1's logits (p1 is the verifier) and, from the same projection, heads 2..k's argmax under the length
-        rules of the positions they predict (0-based output ``position`` + 1 .. + k-1)."""
-        logits = self.model.decoder.head_logits(features, range(self.block_size), block_heads=self.block_heads)
-        later = position.unsqueeze(-1) + torch.arange(1, self.block_size, device=position.device)
-        drafts = self.constrain_logits(logits[..., 1:, :], later, max_len).argmax(dim=-1)
-        return logits[..., 0, :], drafts
+    def verifier_logits(self, features):
+        """Head 1's logits: p1 is the verifier."""
+        return self.model.decoder.head_logits(features, range(1)).squeeze(-2)
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
-        """Heads 2..k at the last accepted position j (the state that predicted ŷ_{j+1}), made in the last call."""
-        return verifier_drafts
+    def propose(self, first, features, tokens, last, max_len):
+        """Heads 2..k at the last accepted position j (the state that predicted ŷ_{j+1}): their argmax, under the
+        length rules of the positions they predict."""
+        logits = self.model.decoder.head_logits(features, range(1, self.block_size), block_heads=self.block_heads)
+        position = last.unsqueeze(1) + torch.arange(1, self.block_size, device=last.device)
+        return self.constrain_logits(logits, position, max_len).argmax(dim=-1)

@@ -8,13 +8,11 @@ drafts the verifier agrees with is accepted (:func:`accepted_lengths`), the key/
 accepted tokens (:func:`rollback_cache`), and the verifier's argmax after the last accepted token is the next
 ŷ_{j+1}. With exact acceptance the output is exactly the verifier's greedy output, whatever the drafts.
 
-Cost of a step beyond the decoder call (so that it stays close to one greedy step, Stern et al.'s premise): drafts
-the verifier's own call can make (blockwise heads) come from the same output projection as its scores
-(:meth:`~VerifyAcceptLoop.score_block`); the verifier's k rows are reduced to an argmax and a logsumexp (scores of
-emitted tokens = logit - logsumexp, no log-softmax over the vocabulary; top-M compares logits); one device-to-host
-copy per step (finished sentences and the longest prefix); the cache rollback slices each layer's keys and values
-(batch 1) or gathers each row's kept slots to the front (batch > 1: the cache stays as long as the longest prefix,
-one shared key padding mask).
+Cost of a step beyond the decoder call (so that it stays close to one greedy step, Stern et al.'s premise): the
+verifier's k rows are reduced to an argmax and a logsumexp (scores of emitted tokens = logit - logsumexp, no
+log-softmax over the vocabulary; top-M compares logits); one device-to-host copy per step (finished sentences and the
+longest prefix); the cache rollback slices each layer's keys and values (batch 1) or gathers each row's kept slots to
+the front (batch > 1: the cache stays as long as the longest prefix, one shared key padding mask).
 
 Usage:
 
@@ -24,14 +22,13 @@ Usage:
 * :class:`VerifyAcceptLoop` is the batched loop (sentences accept different numbers of tokens and leave the batch
   when they end). A subclass passes ``verifier`` (a fairseq encoder-decoder) and ``block_size`` k (tokens per
   verifier call) to its ``__init__`` and implements :meth:`~VerifyAcceptLoop.propose` (the k-1 drafts); it may
-  override :meth:`~VerifyAcceptLoop.score_block` (default: the decoder's output projection, no drafts),
+  override :meth:`~VerifyAcceptLoop.verifier_logits` (default: the decoder's output projection),
   :meth:`~VerifyAcceptLoop.start` (per batch, e.g. a drafter's encoder) and :meth:`~VerifyAcceptLoop.reorder`
   (sentences leaving the batch). Drafts should obey fairseq's length rules (never pad; EOS only where allowed), as
   forced acceptance (``min_block_size`` > 1) emits them unverified: :meth:`~VerifyAcceptLoop.constrain_logits`
   applies the rules. Blockwise parallel decoding
   (:class:`~nat_plugins.generators.verify_accept.VerifyAcceptGenerator`) drafts with its k-1 extra heads at the
-  state that predicted ŷ_{j+1}, in the verifier's call; a speculative decoder drafts with a separate model given the
-  accepted prefix.
+  state that predicted ŷ_{j+1}; a speculative decoder drafts with a separate model given the accepted prefix.
 """
 
 import logging
@@ -262,27 +259,22 @@ class VerifyAcceptLoop(PluginGenerator):
         self.top_m, self.min_block_size, self.tolerance = top_m, min_block_size, tolerance
         self.use_cache = use_cache
         self.max_positions = verifier.max_decoder_positions()
-        self.may_reach_max_len = (
-            True  # whether the current call's positions (its drafts' too) can reach the length limit
-        )
+        self.may_reach_max_len = True  # whether the current step's positions can reach the length limit
 
     # ----- hooks ---------------------------------------------------------------------------------------------------
 
-    def score_block(self, features, position, max_len):
-        """The verifier's logits (..., V) for its decoder output ``features`` (..., d) of 0-based output ``position``
-        (...), and the drafts (..., k-1) its call makes there for the next k-1 positions, or None (the default: the
-        decoder's output projection, no drafts)."""
-        return self.verifier.decoder.output_layer(features), None
+    def verifier_logits(self, features):
+        """The verifier's logits (..., V) for its decoder output ``features`` (..., d)."""
+        return self.verifier.decoder.output_layer(features)
 
-    def propose(self, first, verifier_drafts, tokens, last, max_len):
+    def propose(self, first, features, tokens, last, max_len):
         """The k-1 drafts d_{j+2..j+k} (B, k-1) after ``first`` ŷ_{j+1} (B,), the verifier's argmax at j+1, for the
         sentences still decoding.
 
-        ``verifier_drafts`` (B, k-1): the drafts :meth:`score_block` made at the last accepted position j (``last``
-        (B,)), the state that predicted ``first``, or None; ``tokens`` (B, W): BOS, the accepted tokens and ``first``
-        at j+1, then pad (W: the longest such prefix); ``max_len``: the batch's length limit (output position
-        ``max_len`` may only be EOS). With :attr:`drafts_after_bos`, the first call has j = -1, ``first`` = BOS and
-        no ``verifier_drafts``."""
+        ``features`` (B, d): the verifier's decoder output at the last accepted position j (``last`` (B,)), the one
+        that predicted ``first``; ``tokens`` (B, W): BOS, the accepted tokens and ``first`` at j+1, then pad (W: the
+        longest such prefix); ``max_len``: the batch's length limit (output position ``max_len`` may only be EOS).
+        With :attr:`drafts_after_bos`, the first call has j = -1, ``first`` = BOS and no ``features``."""
         raise NotImplementedError
 
     def start(self, sample, encoder_out):
@@ -309,14 +301,12 @@ class VerifyAcceptLoop(PluginGenerator):
     def verify(self, features, position, max_len):
         """The verifier at decoder output ``features`` (..., d) of 0-based output ``position``: its argmax (...), the
         argmax's log-probability (float32, as ``SequenceGenerator``'s: logit - logsumexp), its constrained float32
-        logits (..., V), their logsumexp before the rules (...) and :meth:`score_block`'s drafts (..., k-1) or None.
-        No log-softmax over the vocabulary."""
-        logits, drafts = self.score_block(features, position, max_len)
-        logits = logits.float()
+        logits (..., V) and their logsumexp before the rules (...). No log-softmax over the vocabulary."""
+        logits = self.verifier_logits(features).float()
         logsumexp = logits.logsumexp(dim=-1)
         logits = self.constrain_logits(logits, position, max_len)
         best, greedy = logits.max(dim=-1)
-        return greedy, best - logsumexp, logits, logsumexp, drafts
+        return greedy, best - logsumexp, logits, logsumexp
 
     def recompute_block(self, tokens, proposals, index, encoder_out, max_len, width):
         """Cache-off step: run the decoder on the whole prefix (``width`` positions) with the proposals at ``index``,
@@ -357,12 +347,12 @@ class VerifyAcceptLoop(PluginGenerator):
         if bos_block:  # BOS plays ŷ_{j+1}
             steps = torch.zeros_like(last)
             last = last - 1
-            first, first_score, verifier_drafts = tokens[:, 0].clone(), scores[:, 0].clone(), None
+            first, first_score, features = tokens[:, 0].clone(), scores[:, 0].clone(), None
         else:  # first call: BOS -> the verifier's y_1 (ŷ_{j+1} of the first block)
             steps = torch.ones_like(last)
             self.may_reach_max_len = k >= max_len
             features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, cache)[:, 0]
-            first, first_score, _, _, verifier_drafts = self.verify(features, last, max_len)
+            first, first_score, _, _ = self.verify(features, last, max_len)
         finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # the last block ended with EOS
         accepted = None
         while True:
@@ -383,19 +373,17 @@ class VerifyAcceptLoop(PluginGenerator):
                 if remaining == 0:
                     break
                 active, last, first, first_score = active[keep], last[keep], first[keep], first_score[keep]
-                tokens, scores, steps = tokens[keep], scores[keep], steps[keep]
-                verifier_drafts = None if verifier_drafts is None else verifier_drafts[keep]
+                tokens, scores, steps, features = tokens[keep], scores[keep], steps[keep], features[keep]
                 encoder_out = verifier.encoder.reorder_encoder_out(encoder_out, keep)
                 if cache is not None:
                     decoder.reorder_incremental_state_scripting(cache, keep)
                 self.reorder(keep)
 
             # the block [ŷ_{j+1}, drafts]; one call scores it and holds the states for the next one
-            # the block is at output positions <= max_last + k, the drafts made there predict up to k - 1 further
-            self.may_reach_max_len = max_last + 2 * k - 1 >= max_len
+            self.may_reach_max_len = max_last + k >= max_len
             proposals = first.unsqueeze(1)
             if k > 1:
-                drafts = self.propose(first, verifier_drafts, tokens[:, : max_last + 2], last, max_len)
+                drafts = self.propose(first, features, tokens[:, : max_last + 2], last, max_len)
                 proposals = torch.cat([proposals, drafts], dim=1)
             index = last.unsqueeze(1) + offsets
             if cache is not None:
@@ -404,7 +392,7 @@ class VerifyAcceptLoop(PluginGenerator):
             else:
                 x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + k + 1)
             steps += 1
-            greedy, greedy_scores, logits, logsumexp, block_drafts = self.verify(x, index, max_len)
+            greedy, greedy_scores, logits, logsumexp = self.verify(x, index, max_len)
             # a first block's BOS (= EOS in fairseq) does not end it
             checked = proposals.masked_fill(offsets.eq(1), self.pad) if bos_block else proposals
             bos_block = False
@@ -417,9 +405,7 @@ class VerifyAcceptLoop(PluginGenerator):
             # the next block starts after the last accepted token
             at = (accepted - 1).unsqueeze(1)
             first, first_score = greedy.gather(1, at).squeeze(1), greedy_scores.gather(1, at).squeeze(1)
-            if block_drafts is not None:  # the drafts the call made at the last accepted position
-                verifier_drafts = block_drafts.gather(1, at.unsqueeze(2).expand(-1, -1, block_drafts.size(-1)))
-                verifier_drafts = verifier_drafts.squeeze(1)
+            features = x.gather(1, at.unsqueeze(2).expand(-1, -1, x.size(-1))).squeeze(1)
 
         return self.hypotheses(out_tokens, out_scores, out_lengths, out_steps)
 
