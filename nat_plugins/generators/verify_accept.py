@@ -10,7 +10,8 @@ Acceptance (§3, §5):
 * ``--block-accept topk:M``: ŷ_{j+i} only has to be among the M best tokens of p1 (§5.1, top-k selection);
 * ``--min-block-size l``: accept at least l proposals per step whatever the verification says (§5.3);
 * a block ends after its first EOS;
-* ``--int8-drafts`` (CPU): heads 2..k's feed-forward layer runs with int8 weights; only the drafts can change.
+* ``--int8-drafts`` (CPU): heads 2..k's feed-forward layer and their output projection run with int8 weights; only
+  the drafts can change.
 
 The batched loop, the cache rollback and the acceptance rule are :mod:`nat_plugins.modules.verify_accept` (shared
 with speculative decoding): sentences of a batch accept different numbers of tokens per step and leave the batch
@@ -20,6 +21,7 @@ also carries ``steps`` (decoder calls for its sentence, the first call on BOS in
 """
 
 import torch
+from torch import nn
 
 from ..modules.verify_accept import VerifyAcceptLoop, accepted_lengths, int8_copy  # noqa: F401  (re-export)
 
@@ -60,14 +62,20 @@ class VerifyAcceptGenerator(VerifyAcceptLoop):
             min_block_size=task.cfg.min_block_size,
             use_cache=use_cache,
         )
-        self.block_heads = model.decoder.block_heads
+        # what makes the drafts: heads 2..k and the output projection, or with --int8-drafts an int8 copy of both
+        decoder = model.decoder
+        self.draft_heads, self.draft_projection = decoder.block_heads, decoder.output_layer
         if task.cfg.int8_drafts:
-            if not self.block_heads.identity_first_head:
+            if not decoder.block_heads.identity_first_head:
                 raise ValueError(
                     "--int8-drafts needs a model trained with --identity-first-head: in this one head 1, the "
                     "verifier, goes through the heads' layer too, so int8 weights would change the output"
                 )
-            self.block_heads = int8_copy(self.block_heads, "the heads' feed-forward layer")
+            if getattr(decoder, "adaptive_softmax", None) is not None:
+                raise ValueError("--int8-drafts needs a decoder with an output projection (not --adaptive-softmax)")
+            drafting = nn.ModuleDict({"heads": decoder.block_heads, "projection": decoder.output_projection})
+            drafting = int8_copy(drafting, "the heads' feed-forward layer and output projection")
+            self.draft_heads, self.draft_projection = drafting["heads"], drafting["projection"]
 
     def verifier_logits(self, features):
         """Head 1's logits: p1 is the verifier."""
@@ -76,6 +84,6 @@ class VerifyAcceptGenerator(VerifyAcceptLoop):
     def propose(self, first, features, tokens, last, max_len):
         """Heads 2..k at the last accepted position j (the state that predicted ŷ_{j+1}): their argmax, under the
         length rules of the positions they predict."""
-        logits = self.model.decoder.head_logits(features, range(1, self.block_size), block_heads=self.block_heads)
+        logits = self.draft_projection(self.draft_heads(features, range(1, self.block_size)))
         position = last.unsqueeze(1) + torch.arange(1, self.block_size, device=last.device)
         return self.constrain_logits(logits, position, max_len).argmax(dim=-1)

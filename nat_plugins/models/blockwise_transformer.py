@@ -104,16 +104,14 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
             return self.head_logits(x, range(1)).squeeze(-2), extra
         return self.head_logits(x, heads, logits_at), extra
 
-    def head_logits(self, features, heads, logits_at=None, block_heads=None):
+    def head_logits(self, features, heads, logits_at=None):
         """Logits of the heads in ``heads`` for decoder output ``features`` (..., d) -> (..., len(heads), V); with
-        ``logits_at`` (..., len(heads) bool) those logits only, packed N x V. ``block_heads``: a stand-in for the
-        model's heads (an int8 copy at decoding)."""
-        block_heads = self.block_heads if block_heads is None else block_heads
-        if list(heads) == [0] and block_heads.identity_first_head:  # bit for bit the base model's logits
+        ``logits_at`` (..., len(heads) bool) those logits only, packed N x V."""
+        if list(heads) == [0] and self.block_heads.identity_first_head:  # bit for bit the base model's logits
             if logits_at is None:
                 return self.output_layer(features).unsqueeze(-2)
             return logits_at_positions(self.output_layer, features, logits_at[..., 0])
-        return logits_at_positions(self.output_layer, block_heads(features, heads), logits_at)
+        return logits_at_positions(self.output_layer, self.block_heads(features, heads), logits_at)
 
 
 @register_model("blockwise_transformer")

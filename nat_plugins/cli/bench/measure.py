@@ -135,14 +135,16 @@ def auxiliary_models(generator, models: List[nn.Module]) -> List[nn.Module]:
     """Models with decoder layers that ``generator`` decodes with besides the row's checkpoints ``models``, once each:
     the AR teacher of NPD (one rescoring pass) or of speculative decoding (the verifier), a copy of a decoder that
     drafts (``--int8-drafts``)."""
-    own = {id(module) for model in models for module in model.modules()}
-    found = {}
+    seen = {id(layer) for model in models for layer in decoder_stacks(model)}  # a wrapper of them is no new model
+    found = []
     for value in vars(generator).values():
         if isinstance(value, FrozenTeacher):
             value = value.model
-        if isinstance(value, nn.Module) and id(value) not in own and decoder_stacks(value):
-            found[id(value)] = value
-    return list(found.values())
+        layers = decoder_stacks(value) if isinstance(value, nn.Module) else []
+        if layers and not any(id(layer) in seen for layer in layers):
+            found.append(value)
+            seen.update(id(layer) for layer in layers)
+    return found
 
 
 @dataclass
