@@ -152,9 +152,9 @@ class TranslationNATConfig(TranslationConfig):
         default=False,
         metadata={
             "help": "blockwise_transformer, spec_drafter, CPU fp32 only: run the layers that only draft (heads "
-            "2..k's feed-forward layer; the drafter's decoder) with int8 weights (torch's dynamic quantization), "
-            "so each call reads a quarter of their bytes. Exact acceptance keeps its output (every draft is "
-            "verified); top-k or relaxed acceptance and --min-block-size may change it"
+            "2..k: their feed-forward layer and output projection; the drafter's decoder) with int8 weights "
+            "(torch's dynamic quantization), so each call reads a quarter of their bytes. Exact acceptance keeps "
+            "its output (every draft is verified); top-k or relaxed acceptance and --min-block-size may change it"
         },
     )
 
