@@ -8,8 +8,10 @@
 #    recipe of the same run).
 # Needs a finished quickstart's work directory (its checkpoints, data-bin, raw test references).
 #   [PRESET=cpu-long] bash run_scripts/before_after.sh BASE [WORK] [LATENCY_SENTENCES] [UPDATES]
-# (defaults: work/multi30k-$PRESET, 110 sentences of which 10 warm-up, 20 timed updates). Both sides run in this
-# checkout's Python environment with PYTHONPATH pointing at their own nat_plugins. Writes OUT=WORK/before-after:
+# (defaults: work/multi30k-$PRESET, 110 sentences of which 10 warm-up, 20 timed updates; UPDATES 0: decoding
+# only). Both sides run in this checkout's Python environment with PYTHONPATH pointing at their own nat_plugins.
+# Rows: the teacher's greedy search under --task translation_nat, every blockwise, SAT, RecoverSAT and speculative
+# checkpoint of WORK, the NAT (argmax, NPD) and Encoder-NAD-AD. Writes OUT=WORK/before-after:
 # before_after.md (both tables, and whether each row's hypotheses are identical before and after), the two
 # benchmark directories and the two speed.jsonl files.
 set -euo pipefail
@@ -31,7 +33,8 @@ log "before: $(git -C "$ROOT" log --oneline -1 "$BASE"); after: this checkout ($
 # the Python environment both sides use: this checkout's (common.sh activated it), unless NAT_VENV says otherwise
 export NAT_VENV=${NAT_VENV:-$ROOT/.venv}
 
-SYSTEMS=()
+SYSTEMS=(--system "AR teacher, greedy, translation_nat=$TEACHER::--beam 1")  # fairseq's greedy under the plugin's task
+if [ "$PRESET" = gpu ]; then DRAFT_ARGS=""; else DRAFT_ARGS=" --int8-drafts"; fi  # as the quickstart's rows
 row() {  # row NAME CHECKPOINT_DIR GENERATE_ARGS: a benchmark row whose checkpoint exists in WORK
   [ -e "$CKPT/$2/$STUDENT_CHECKPOINT" ] && SYSTEMS+=(--system "$1=$CKPT/$2/$STUDENT_CHECKPOINT::$3")
   return 0
@@ -39,7 +42,10 @@ row() {  # row NAME CHECKPOINT_DIR GENERATE_ARGS: a benchmark row whose checkpoi
 for dir in "$CKPT"/blockwise-*-frozen "$CKPT"/blockwise-*-finetuned; do
   [ -d "$dir" ] || continue
   name=$(basename "$dir")
-  row "Blockwise ${name#blockwise-}, exact" "$name" "--beam 1 --block-accept exact"
+  row "Blockwise ${name#blockwise-}, exact" "$name" "--beam 1 --block-accept exact$DRAFT_ARGS"
+done
+for dir in "$CKPT"/spec-drafter-*; do
+  [ -d "$dir" ] && row "Speculative k=${dir##*-}, exact" "$(basename "$dir")" "--beam 1 --speculative-teacher $TEACHER$DRAFT_ARGS"
 done
 for dir in "$CKPT"/sat-*; do [ -d "$dir" ] && row "SAT K=${dir##*-}, greedy" "$(basename "$dir")" "--beam 1"; done
 for dir in "$CKPT"/recover-sat-*; do [ -d "$dir" ] && row "RecoverSAT K=${dir##*-}" "$(basename "$dir")" "--beam 1"; done
@@ -56,6 +62,7 @@ for side in before after; do
     --reference "$WORK/raw/test.de" --out-dir "$OUT/bench-$side" --user-dir "$src/nat_plugins" \
     --latency-sentences "$LATENCY_SENTENCES" --warmup 10 --batch-size 64 \
     --generate-args "--max-len-a 1.2 --max-len-b 10" --title "$side" "${SYSTEMS[@]}") > "$OUT/bench-$side.log" 2>&1
+  [ "$UPDATES" = 0 ] && continue
   log "$side: training speed ($UPDATES timed updates per recipe)"
   (cd "$src" && PYTHONPATH=$src bash run_scripts/train_speed.sh "$WORK" "$UPDATES") > "$OUT/train-speed-$side.log" 2>&1
   mv "$WORK/train_speed/speed.jsonl" "$OUT/speed-$side.jsonl"
@@ -84,6 +91,8 @@ for name, after in rows["after"].items():
     same = "yes" if hyps("before", before) == hyps("after", after) else "**no**"
     print(f"| {name} | {before['latency_ms_median']:.1f} | {speedup(before)} | {after['latency_ms_median']:.1f} | "
           f"{speedup(after)} | {ratio:.2f} | {same} |")
+if not os.path.exists(os.path.join(out, "speed-after.jsonl")):  # UPDATES=0: decoding only
+    sys.exit()
 speed = {side: [json.loads(line) for line in open(os.path.join(out, f"speed-{side}.jsonl"))] for side in bench}
 reference = {"nad-ad": "ar-baseline"}
 print("\nTraining (updates/s; x = ratio to the AR recipe on the same batches in the same run)\n")

@@ -3,9 +3,11 @@ import shutil
 
 import pytest
 import torch
+from fairseq.data import Dictionary
 
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
 from nat_plugins.cli import distill
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .utils import (
     MULTI30K_DIR,
@@ -39,6 +41,15 @@ def one_thread():
 def no_torch_load_escape_hatch(monkeypatch):
     """Checkpoint loading must work without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (the plugin fixes it)."""
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
+
+
+@pytest.fixture(scope="module")
+def toy_task():
+    """A translation_nat task over a 24-word dictionary (w0..w23), shared by source and target, no data."""
+    dictionary = Dictionary()
+    for i in range(24):
+        dictionary.add_symbol(f"w{i}")
+    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
 
 
 @pytest.fixture(scope="session")

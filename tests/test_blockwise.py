@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 import torch
 from fairseq import options
-from fairseq.data import Dictionary, data_utils
+from fairseq.data import data_utils
 from fairseq.logging import metrics
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.sequence_generator import SequenceGenerator
@@ -21,7 +21,6 @@ from fairseq.sequence_generator import SequenceGenerator
 from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
 from nat_plugins.generators.verify_accept import VerifyAcceptGenerator, accepted_lengths, parse_block_accept
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
-from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
@@ -39,14 +38,6 @@ from .utils import (
 
 TINY_BLOCKWISE = ["--arch", "blockwise_transformer"] + TINY_TRANSFORMER[2:]
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
-
-
-@pytest.fixture(scope="module")
-def toy_task():
-    dictionary = Dictionary()
-    for i in range(24):
-        dictionary.add_symbol(f"w{i}")
-    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
 
 
 def build_model(task, block_size, seed=0, extra=(), arch_args=TINY_BLOCKWISE):
@@ -400,6 +391,7 @@ def test_exact_acceptance_is_greedy_decoding_of_head_1(toy_task, block_size):
     for seed in range(5):
         model = random_model(toy_task, block_size, seed, identity_first_head=seed % 2 == 1)
         sample = random_batch(toy_task.target_dictionary, 8, seed)
+        assert type(model.decoder.output_projection) is torch.nn.Linear  # the reference: fairseq's F.linear layers
         reference = greedy(model, toy_task, sample)
         for use_cache in (True, False):
             batched = verify_accept(model, toy_task, sample, use_cache=use_cache)

@@ -10,6 +10,8 @@ from fairseq.data import Dictionary
 
 from nat_plugins.generators.base import PluginGenerator
 
+NO_MODEL = torch.nn.Module()  # the options' tests need no layers
+
 
 class Toy(PluginGenerator):
     name = "toy decoding"
@@ -24,15 +26,15 @@ def task():
 
 
 def test_options_and_their_defaults(task):
-    toy = Toy([None], task, Namespace(max_len_a=1.5, max_len_b=3, lenpen=0.5, unnormalized=True))
+    toy = Toy([NO_MODEL], task, Namespace(max_len_a=1.5, max_len_b=3, lenpen=0.5, unnormalized=True))
     assert (toy.beam_size, toy.max_len_a, toy.max_len_b, toy.min_len) == (1, 1.5, 3, 1)
     assert (toy.len_penalty, toy.unk_penalty, toy.temperature, toy.normalize_scores) == (0.5, 0, 1.0, False)
     # max_len_a * source length + max_len_b, capped by the decoder's positions
     assert toy.max_lengths(torch.tensor([1, 4, 10]), cap=12).tolist() == [4, 9, 12]
     with pytest.raises(ValueError, match="--min-len 5 is larger than the maximum length 4"):
-        Toy([None], task, Namespace(min_len=5, max_len_b=4)).check_min_len(torch.tensor([6, 4]))
+        Toy([NO_MODEL], task, Namespace(min_len=5, max_len_b=4)).check_min_len(torch.tensor([6, 4]))
     with pytest.raises(ValueError, match="toy decoding .*: pass --beam 1 \\(got 3\\)"):
-        Toy([None], task, Namespace(beam=3)).require_greedy("is greedy")
+        Toy([NO_MODEL], task, Namespace(beam=3)).require_greedy("is greedy")
 
 
 @pytest.mark.parametrize(
@@ -47,7 +49,7 @@ def test_options_and_their_defaults(task):
 )
 def test_refused_options(task, options, message):
     with pytest.raises(ValueError, match=message):
-        Toy([None], task, Namespace(**options))
+        Toy([NO_MODEL], task, Namespace(**options))
 
 
 def test_one_model_only(task):
@@ -58,7 +60,7 @@ def test_one_model_only(task):
 def test_sequence_generator_rules(task):
     dictionary = task.target_dictionary
     pad, unk, eos = dictionary.pad(), dictionary.unk(), dictionary.eos()
-    toy = Toy([None], task, Namespace(min_len=2, unkpen=0.5))
+    toy = Toy([NO_MODEL], task, Namespace(min_len=2, unkpen=0.5))
     scores = torch.zeros(4, len(dictionary))
     scores[:, eos] = -1.0
     position = torch.tensor([0, 2, 3, 4])  # position 0: EOS too early; 3 and 4: at or past max_len 3
@@ -76,7 +78,7 @@ def test_sequence_generator_rules(task):
 def test_hypothesis_format_and_normalisation(task):
     eos = task.target_dictionary.eos()
     tokens, positional = torch.tensor([5, 6, eos]), torch.tensor([-1.0, -2.0, -3.0])
-    hypo = Toy([None], task, Namespace(lenpen=2)).hypothesis(tokens, positional, steps=2, extra=7)
+    hypo = Toy([NO_MODEL], task, Namespace(lenpen=2)).hypothesis(tokens, positional, steps=2, extra=7)
     assert hypo["score"] == pytest.approx(-6.0 / 9) and hypo["steps"] == 2 and hypo["extra"] == 7
     assert hypo["attention"] is None and hypo["alignment"] is None and hypo["positional_scores"] is positional
-    assert Toy([None], task, Namespace(unnormalized=True)).hypothesis(tokens, positional, 1)["score"] == -6.0
+    assert Toy([NO_MODEL], task, Namespace(unnormalized=True)).hypothesis(tokens, positional, 1)["score"] == -6.0

@@ -10,13 +10,12 @@ from argparse import Namespace
 import pytest
 import torch
 from fairseq import options
-from fairseq.data import Dictionary, data_utils
+from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, draft_examples
 from nat_plugins.generators.speculative_decoding import SpeculativeDecoder
 from nat_plugins.models.spec_drafter import HIDDEN, draft_attention_mask
-from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
@@ -31,14 +30,6 @@ from .utils import (
 
 MAX_LEN_B = 14  # random models rarely stop: keep their outputs short (max_len_a = 0, so batch-1 == batched limits)
 TINY_SIZES = [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"]
-
-
-@pytest.fixture(scope="module")
-def toy_task():
-    dictionary = Dictionary()
-    for i in range(24):
-        dictionary.add_symbol(f"w{i}")
-    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
 
 
 def build(task, arch_args, seed):

@@ -6,21 +6,11 @@ from argparse import Namespace
 
 import pytest
 import torch
-from fairseq.data import Dictionary
 
 from nat_plugins.modules.verify_accept import VerifyAcceptLoop, cached_length, decoder_block_features, rollback_cache
-from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .test_blockwise import MAX_LEN_B, build_model, greedy
 from .utils import TINY_TRANSFORMER, random_batch, sub_batch
-
-
-@pytest.fixture(scope="module")
-def toy_task():
-    dictionary = Dictionary()
-    for i in range(24):
-        dictionary.add_symbol(f"w{i}")
-    return TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
 
 
 def random_transformer(task, seed):

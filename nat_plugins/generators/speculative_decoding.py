@@ -30,8 +30,9 @@ import math
 
 import torch
 
+from ..modules.cpu_linear import int8_copy
 from ..modules.teacher import FrozenTeacher
-from ..modules.verify_accept import VerifyAcceptLoop, int8_copy, rollback_cache
+from ..modules.verify_accept import VerifyAcceptLoop, rollback_cache
 
 
 def share_unchanged_teacher_parts(drafter, teacher):

@@ -23,7 +23,8 @@ also carries ``steps`` (decoder calls for its sentence, the first call on BOS in
 import torch
 from torch import nn
 
-from ..modules.verify_accept import VerifyAcceptLoop, accepted_lengths, int8_copy  # noqa: F401  (re-export)
+from ..modules.cpu_linear import int8_copy
+from ..modules.verify_accept import VerifyAcceptLoop, accepted_lengths  # noqa: F401  (re-export)
 
 
 def parse_block_accept(spec):

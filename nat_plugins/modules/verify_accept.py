@@ -140,20 +140,6 @@ def decoder_stack_features(
     return x
 
 
-def int8_copy(module, owner):
-    """A copy of ``module`` whose ``nn.Linear`` layers hold int8 weights (torch's dynamic quantization: activations
-    quantized per call, int8 matrix products on the CPU), for layers that only draft (``--int8-drafts``): on a CPU a
-    small model's decoding step is bound by reading weights, and these weights are read in every call. ``owner``
-    names the layers in the error raised when ``module`` is not on the CPU in float32."""
-    weight = next(module.parameters())
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        raise ValueError(
-            f"--int8-drafts runs {owner} on the CPU in float32 (torch's dynamic int8 quantization); this model is "
-            f"on {weight.device} in {weight.dtype}: drop --int8-drafts"
-        )
-    return torch.ao.quantization.quantize_dynamic(module, {torch.nn.Linear}, dtype=torch.qint8)
-
-
 def rollback_cache(decoder, incremental_state, num_new, accepted, kept_length=None):
     """Keep the first ``accepted[b]`` of the ``num_new`` slots the last call appended to ``decoder``'s cache for
     sentence b (``accepted`` (B,) long).
