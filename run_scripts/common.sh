@@ -40,7 +40,7 @@ if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT
 # fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4.
 # cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation; cpu-long: CPU_UPDATE_FACTOR
 # times the updates and warm-up;
-# gpu: STUDENT_UPDATES (default 2000, so that the 25-minute plan of examples/multi30k/README.md fits) updates,
+# gpu: STUDENT_UPDATES (default 2000, so that the 27-minute plan of examples/multi30k/README.md fits) updates,
 # warm-up 500, checkpoints selected by validation BLEU through the system's own generator.
 student_args() {
   local lr=$2
