@@ -10,7 +10,7 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
 from nat_plugins.generators.verify_accept import VerifyAcceptGenerator
-from nat_plugins.modules.cpu_linear import MAX_ROWS, WeightFirstLinear, use_weight_first_linears
+from nat_plugins.modules.cpu_linear import MAX_ROWS, MIN_WEIGHT_FOR_ONE_ROW, WeightFirstLinear, use_weight_first_linears
 
 from .test_blockwise import random_model
 from .test_speculative import drafter, random_teacher, speculative
@@ -23,15 +23,21 @@ def weight_first(bias, seed=0):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(1, 24), (1, 1, 24), (3, 24), (4, 2, 24), (MAX_ROWS, 24), (5, 1, 24)])
-def test_weight_first_product_is_f_linear_up_to_rounding(bias, shape):
-    layer = weight_first(bias)
+@pytest.mark.parametrize(
+    "shape, out_features",
+    [((2, 24), 40), ((3, 1, 24), 40), ((4, 2, 24), 40), ((MAX_ROWS, 24), 40), ((1, 256), 4096), ((1, 1, 256), 4096)],
+)
+def test_weight_first_product_is_f_linear_up_to_rounding(bias, shape, out_features):
+    """2..MAX_ROWS rows, and one row of a weight with >= MIN_WEIGHT_FOR_ONE_ROW entries (as two columns)."""
+    assert shape[-1] * out_features >= MIN_WEIGHT_FOR_ONE_ROW or shape[:-1] != (1,) * (len(shape) - 1)
+    torch.manual_seed(0)
+    layer = use_weight_first_linears(nn.Sequential(nn.Linear(shape[-1], out_features, bias=bias)))[0]
     assert type(layer) is WeightFirstLinear
     x = torch.randn(shape)
     with torch.no_grad():
         out = layer(x)
     reference = F.linear(x, layer.weight, layer.bias)
-    assert out.shape == reference.shape == (*shape[:-1], 40)
+    assert out.shape == reference.shape == (*shape[:-1], out_features)
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
 
 
@@ -42,6 +48,7 @@ def test_weight_first_product_is_f_linear_up_to_rounding(bias, shape):
         ("more rows than MAX_ROWS", torch.randn(MAX_ROWS + 1, 24), False),
         ("float64", torch.randn(3, 24, dtype=torch.float64), False),
         ("no rows", torch.randn(0, 24), False),
+        ("one row of a small weight", torch.randn(1, 1, 24), False),
     ],
 )
 def test_f_linear_itself_where_the_layout_does_not_apply(why, x, grad):

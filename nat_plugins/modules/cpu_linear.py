@@ -19,25 +19,33 @@ from torch import nn
 
 # from about this many rows on, W·xᵀ is no faster than F.linear (measured up to 2048 rows, docs/results.md)
 MAX_ROWS = 256
+# one row is a matrix-vector product either way; as two columns it gains only on big weights (the output projection:
+# 7800 x 256 2.8x faster; 1024 x 256 not faster; run_scripts/bench_linear_layout.py)
+MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 
 
 class WeightFirstLinear(nn.Linear):
-    """``nn.Linear`` computing (W·xᵀ)ᵀ for 1..:data:`MAX_ROWS` rows of float32 on the CPU without gradients, and
-    ``F.linear`` otherwise."""
+    """``nn.Linear`` computing (W·xᵀ)ᵀ for 2..:data:`MAX_ROWS` rows of float32 on the CPU without gradients (and for
+    one row when the weight has at least :data:`MIN_WEIGHT_FOR_ONE_ROW` entries), ``F.linear`` otherwise."""
 
     def forward(self, x):
-        rows = x.reshape(-1, x.size(-1))
-        num_rows = rows.size(0)
-        applies = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
-        if not applies or not 0 < num_rows <= MAX_ROWS:
+        if not x.is_cpu or x.dtype is not torch.float32 or torch.is_grad_enabled():
             return super().forward(x)
-        # xᵀ as a transposed view (BLAS reads it column-major, the fast case); one row as two: the matrix-matrix path
-        columns = (rows if num_rows > 1 else rows.repeat(2, 1)).t()
-        if self.bias is None:
-            product = torch.mm(self.weight, columns)
+        rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))
+        num_rows = rows.size(0)
+        if 1 < num_rows <= MAX_ROWS:
+            product = self.weight_first(rows.t())  # xᵀ as a transposed view: BLAS reads it column-major, the fast case
+        elif num_rows == 1 and self.weight.numel() >= MIN_WEIGHT_FOR_ONE_ROW:
+            product = self.weight_first(rows.repeat(2, 1).t())[:1]  # two equal columns: the matrix-matrix path
         else:
-            product = torch.addmm(self.bias.unsqueeze(1), self.weight, columns)
-        return product[:, :num_rows].t().reshape(*x.shape[:-1], self.out_features)
+            return super().forward(x)
+        return product if x.dim() == 2 else product.view(*x.shape[:-1], self.out_features)
+
+    def weight_first(self, columns):
+        """(W·columns + b)ᵀ: rows x out_features, a transposed view."""
+        if self.bias is None:
+            return torch.mm(self.weight, columns).t()
+        return torch.addmm(self.bias.unsqueeze(1), self.weight, columns).t()
 
 
 def use_weight_first_linears(module):
