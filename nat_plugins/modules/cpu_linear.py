@@ -4,11 +4,12 @@ from memory, not from the cache.
 * :class:`WeightFirstLinear` computes the product as W·xᵀ instead of x·Wᵀ. On the 2-core CPU of docs/results.md
   torch's ``F.linear`` (BLAS with the weight as the transposed right operand) reads the weights at a third of the
   speed of the same product with the weight as the left operand: the 7800 x 256 output projection, cold cache,
-  4 rows 1.31 ms -> 0.35 ms, 1 row 1.0 ms -> 0.26 ms as two equal columns (one column takes BLAS's matrix-vector
-  path, as slow as ``F.linear``); from ~256 rows on the two orders cost the same. Every output is the same dot
-  product, so results change by rounding only. Training (gradients enabled), other devices and dtypes, and calls
-  with more rows keep ``F.linear``. Plugin generators, frozen teachers and models decoded through ``translation_nat``
-  use it (:func:`use_weight_first_linears`).
+  4 rows 1.09 ms -> 0.34 ms, 1 row 0.86 ms -> 0.31 ms as two equal columns (one column takes BLAS's matrix-vector
+  path, as slow as ``F.linear``); from a few hundred rows on the two orders cost about the same
+  (``run_scripts/bench_linear_layout.py``). Every output is the same dot product, so results change by rounding only.
+  Training (gradients enabled), other devices and dtypes, and calls with more rows keep ``F.linear``. Plugin
+  generators, frozen teachers and models decoded through ``translation_nat`` use it
+  (:func:`use_weight_first_linears`).
 * :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft.
 """
 
