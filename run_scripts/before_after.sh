@@ -34,7 +34,6 @@ log "before: $(git -C "$ROOT" log --oneline -1 "$BASE"); after: this checkout ($
 export NAT_VENV=${NAT_VENV:-$ROOT/.venv}
 
 SYSTEMS=(--system "AR teacher, greedy, translation_nat=$TEACHER::--beam 1")  # fairseq's greedy under the plugin's task
-if [ "$PRESET" = gpu ]; then DRAFT_ARGS=""; else DRAFT_ARGS=" --int8-drafts"; fi  # as the quickstart's rows
 row() {  # row NAME CHECKPOINT_DIR GENERATE_ARGS: a benchmark row whose checkpoint exists in WORK
   [ -e "$CKPT/$2/$STUDENT_CHECKPOINT" ] && SYSTEMS+=(--system "$1=$CKPT/$2/$STUDENT_CHECKPOINT::$3")
   return 0

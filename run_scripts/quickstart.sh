@@ -87,9 +87,6 @@ else
   BLOCK_SIZES="4"; SAT_KS="2"; RECOVER_SAT_KS="2"; NPD_SAMPLES="10"; DRAFT_SIZES="4"; STUDENT_JOBS=${STUDENT_JOBS:-1}
   if [ "$PRESET" = cpu-long ]; then SAT_KS="2 4"; fi
 fi
-# on a CPU the layers that only draft (blockwise heads 2..k, the speculative drafter) decode with int8 weights: the
-# exact rows' output is the same, each call reads fewer bytes (docs/results.md)
-if [ "$PRESET" = gpu ]; then DRAFT_ARGS=""; else DRAFT_ARGS=" --int8-drafts"; fi
 STUDENT_STEPS=()
 students() {  # students NAME... -- COMMAND...: steps that need only the teacher and the distilled data, in the
   # background when STUDENT_JOBS > 1 (each on 16/STUDENT_JOBS CPU threads, output in its log only)
