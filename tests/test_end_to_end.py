@@ -92,6 +92,19 @@ def test_distillation_shards_merge_in_corpus_order(dummy_data_bin, tiny_teacher,
         max_update=2,
     )
 
+    # a second distillation under another name (the speculative drafter's greedy one) leaves the first alone
+    distill.cli_main(common + ["--beam", "1", "--output-name", "kd-greedy"])
+    with open(os.path.join(data_bin, "train.kd.tgt.txt")) as f:
+        assert f.read() == whole
+    with open(os.path.join(data_bin, "train.kd-greedy.tgt.txt")) as f:
+        assert len(f.read().splitlines()) == 300
+    train_model(
+        data_bin,
+        str(tmp_path / "drafter"),
+        TINY_TRANSFORMER + ["--task", "translation_nat", "--use-distilled", "target", "--distilled-name", "kd-greedy"],
+        max_update=2,
+    )
+
 
 def test_distillation_merge_refuses_missing_shards(dummy_data_bin, tiny_teacher, tmp_path):
     data_bin = shutil.copytree(dummy_data_bin, str(tmp_path / "bin"))

@@ -6,11 +6,12 @@
     python -m nat_plugins.cli.distill DATA_BIN --num-shards 4 --merge-only
 
 Takes fairseq-generate's options (beam, lenpen, batching, --fp16, --cpu). Each shard writes
-``{shard_dir}/{split}.kd.{tgt}.shard{I}of{N}`` (``id<TAB>subwords`` lines, written to a temporary file and
+``{shard_dir}/{split}.{name}.{tgt}.shard{I}of{N}`` (``id<TAB>subwords`` lines, written to a temporary file and
 renamed when complete). Merging checks that every sentence id is there exactly once and writes, next to
-the binarized data, ``{split}.kd.{tgt}.txt`` (subword text, one line per sentence in corpus order) and
-``{split}.kd.{tgt}.bin/.idx`` (binarized with the teacher's target dictionary), which the
-``translation_nat`` task loads (``--use-distilled target|side``).
+the binarized data, ``{split}.{name}.{tgt}.txt`` (subword text, one line per sentence in corpus order) and
+``{split}.{name}.{tgt}.bin/.idx`` (binarized with the teacher's target dictionary), which the
+``translation_nat`` task loads (``--use-distilled target|side``). ``name`` is ``--output-name`` (default ``kd``; the
+task's ``--distilled-name``): the speculative drafter trains on greedy outputs beside the students' beam outputs.
 """
 
 import glob
@@ -29,6 +30,12 @@ logger = logging.getLogger("nat_plugins.cli.distill")
 
 def add_distill_args(parser):
     group = parser.add_argument_group("distillation")
+    group.add_argument(
+        "--output-name",
+        default="kd",
+        help="the distilled files' name: {split}.NAME.{tgt}.txt/.bin/.idx and their shards (default kd; the "
+        "translation_nat task reads another name with --distilled-name NAME)",
+    )
     group.add_argument("--shard-dir", default=None, help="where shard outputs go (default: DATA_BIN/kd-shards)")
     group.add_argument(
         "--no-merge",
@@ -41,8 +48,8 @@ def add_distill_args(parser):
     return parser
 
 
-def shard_path(shard_dir, split, tgt, shard_id, num_shards):
-    return os.path.join(shard_dir, f"{split}.kd.{tgt}.shard{shard_id}of{num_shards}")
+def shard_path(shard_dir, name, split, tgt, shard_id, num_shards):
+    return os.path.join(shard_dir, f"{split}.{name}.{tgt}.shard{shard_id}of{num_shards}")
 
 
 def decode_shard(cfg, task, shard_file):
@@ -118,20 +125,21 @@ def main(args):
     if not args.merge_only:
         if cfg.common_eval.path is None:
             raise ValueError("--path TEACHER.pt is required to decode (or pass --merge-only)")
-        decode_shard(cfg, task, shard_path(shard_dir, split, tgt, shard_id, num_shards))
+        decode_shard(cfg, task, shard_path(shard_dir, args.output_name, split, tgt, shard_id, num_shards))
         if args.no_merge:
             return
-    shard_files = [shard_path(shard_dir, split, tgt, i, num_shards) for i in range(num_shards)]
+    shard_files = [shard_path(shard_dir, args.output_name, split, tgt, i, num_shards) for i in range(num_shards)]
     absent = [p for p in shard_files if not os.path.exists(p)]
     if absent:
-        stale = sorted(set(glob.glob(os.path.join(shard_dir, f"{split}.kd.{tgt}.shard*"))) - set(shard_files))
+        pattern = os.path.join(shard_dir, f"{split}.{args.output_name}.{tgt}.shard*")
+        stale = sorted(set(glob.glob(pattern)) - set(shard_files))
         raise FileNotFoundError(
             f"cannot merge: missing shard file(s) {absent}; decode them with --shard-id"
             + (f" (found shards of another --num-shards: {stale})" if stale else "")
         )
     if split not in task.datasets:
         task.load_dataset(split)
-    prefix = os.path.join(data_dir, f"{split}.kd.{tgt}")
+    prefix = os.path.join(data_dir, f"{split}.{args.output_name}.{tgt}")
     merge_shards(shard_files, len(task.dataset(split)), prefix + ".txt", task.target_dictionary, prefix)
 
 

@@ -1,10 +1,10 @@
 """Criterion ``spec_drafter_loss``: training the drafter of speculative decoding (``spec_drafter``; Xia et al.
 2023, §3 Spec-Drafter).
 
-Each target y_1..y_n (EOS included, y_n = EOS) is cut ``--cuts-per-sentence`` times at prefix lengths c drawn
-uniformly from 0..n-1 (torch's generator, which fairseq seeds from (seed, update)); the drafter reads BOS y_1..y_c
-and its k query slots are trained with label-smoothed cross-entropy on y_{c+1..c+k} (slots past EOS are not
-scored). The cuts of a batch share one encoder pass. Train on the teacher's distilled outputs
+Each target y_1..y_n (EOS included, y_n = EOS) is cut at every prefix length c = 0..n-1: the drafter reads
+BOS y_1..y_c, and its k query slots are trained with label-smoothed cross-entropy on y_{c+1..c+k} (slots past EOS are
+not scored). All cuts of a batch share one encoder pass and one decoder pass (``every_cut`` of the model: n·k
+scored slots per sentence, where random cut points would score a few). Train on the teacher's distilled outputs
 (``--use-distilled target``): the drafts must be what the teacher itself will emit.
 
 Logged besides ``loss``/``nll_loss`` (per scored slot): ``acc`` (slots whose argmax is the target) and
@@ -31,55 +31,32 @@ from ._metrics import log_loss_and_nll, summed
 @dataclass
 class SpecDrafterLossConfig(FairseqDataclass):
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon (e.g. 0.1)"})
-    cuts_per_sentence: int = field(
-        default=2,
-        metadata={
-            "help": "random prefix cut points per sentence and batch, each a row of k draft slots; the encoder "
-            "runs once for all of them"
-        },
-    )
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
-def draft_examples(target, prev_output_tokens, cuts_per_sentence, draft_size, pad):
-    """Prefixes and draft targets at random cut points of right-padded ``target`` (B x T, each row ending with EOS)
-    and its ``prev_output_tokens`` (BOS y_1 .. y_{n-1}): returns ``prefix`` (R·B x P: BOS y_1..y_c, then pad),
-    ``prefix_lengths`` (R·B, = c + 1) and ``draft_target`` (R·B x k: y_{c+1..c+k}, pad past EOS); row r·B + b
-    is cut r of sentence b (R = ``cuts_per_sentence``)."""
-    lengths = target.ne(pad).long().sum(dim=1).repeat(cuts_per_sentence)
-    cuts = (torch.rand(lengths.shape, device=target.device) * lengths).long()  # uniform over 0..n-1
-    width = int(cuts.max()) + 1
-    prev = prev_output_tokens.repeat(cuts_per_sentence, 1)[:, :width]
-    columns = torch.arange(width, device=target.device)
-    prefix = prev.masked_fill(columns > cuts.unsqueeze(1), pad)
-    index = cuts.unsqueeze(1) + torch.arange(draft_size, device=target.device)
+def every_cut_targets(target, draft_size, pad):
+    """The draft targets of every cut of right-padded ``target`` (B x T: y_1..y_n, y_n = EOS, then pad): B x T·k,
+    slot i of cut c (the drafter read y_0..y_c) at column c·k + i is y_{c+1+i}, pad past EOS (so every slot of a
+    cut c >= n is pad)."""
+    width = target.size(1)
     padded = torch.cat([target, target.new_full((target.size(0), draft_size), pad)], dim=1)
-    draft_target = padded.repeat(cuts_per_sentence, 1).gather(1, index)
-    return prefix, cuts + 1, draft_target
+    slots = torch.arange(width, device=target.device).unsqueeze(1) + torch.arange(draft_size, device=target.device)
+    return padded[:, slots.flatten()]
 
 
 @register_criterion("spec_drafter_loss", dataclass=SpecDrafterLossConfig)
 class SpecDrafterLoss(FairseqCriterion):
-    def __init__(self, task, label_smoothing, cuts_per_sentence, sentence_avg):
+    def __init__(self, task, label_smoothing, sentence_avg):
         super().__init__(task)
-        if cuts_per_sentence < 1:
-            raise ValueError(f"--cuts-per-sentence must be at least 1, got {cuts_per_sentence}")
         self.eps = check_label_smoothing(label_smoothing)
-        self.cuts_per_sentence = cuts_per_sentence
         self.sentence_avg = sentence_avg
 
     def forward(self, model, sample, reduce=True):
         net_input = sample["net_input"]
-        prefix, prefix_lengths, draft_target = draft_examples(
-            sample["target"],
-            net_input["prev_output_tokens"],
-            self.cuts_per_sentence,
-            model.draft_size,
-            self.padding_idx,
-        )
+        draft_target = every_cut_targets(sample["target"], model.draft_size, self.padding_idx)
         scored = draft_target.ne(self.padding_idx)
         logits, _ = model(
-            net_input["src_tokens"], net_input["src_lengths"], prefix, prefix_lengths=prefix_lengths, logits_at=scored
+            net_input["src_tokens"], net_input["src_lengths"], net_input["prev_output_tokens"], logits_at=scored
         )
         targets = draft_target[scored]
         lprobs = utils.log_softmax(logits, dim=-1)
@@ -87,7 +64,8 @@ class SpecDrafterLoss(FairseqCriterion):
         correct = torch.zeros_like(scored)
         correct[scored] = lprobs.argmax(dim=-1).eq(targets)
         predicted = int(scored.sum())
-        sample_size = sample["target"].size(0) * self.cuts_per_sentence if self.sentence_avg else predicted
+        sample_size = sample["target"].size(0) if self.sentence_avg else predicted
+        leading = correct.view(correct.size(0), -1, model.draft_size).long().cumprod(dim=2)
         logging_output = {
             "loss": loss.data,
             "nll_loss": nll_loss.data,
@@ -96,8 +74,8 @@ class SpecDrafterLoss(FairseqCriterion):
             "sample_size": sample_size,
             "predicted": predicted,
             "correct": int(correct.sum()),
-            "cuts": prefix.size(0),
-            "leading_correct": int(correct.long().cumprod(dim=1).sum()),
+            "cuts": int(sample["target"].ne(self.padding_idx).sum()),  # one per target token
+            "leading_correct": int(leading.sum()),
         }
         return loss, sample_size, logging_output
 

@@ -14,8 +14,10 @@ prefix y_{<=j} accepted so far, in one pass; the AR teacher verifies all k in on
   The queries' outputs through the output projection (tied to the embeddings, shared with the teacher, under
   ``--share-all-embeddings``) are the k draft distributions.
 
-Training (criterion ``spec_drafter_loss``) cuts distilled targets at random prefix lengths; prefix + queries is the
-same forward at training and decoding time (:meth:`SpecDrafterDecoder.forward`).
+Training (criterion ``spec_drafter_loss``) drafts after every prefix of a distilled target in one pass: the prefix is
+read causally, so its states are the same for every cut point, and one group of k queries per cut point, each seeing
+the prefix up to its cut, gives every cut's drafts, each what decoding drafts after that prefix
+(:meth:`SpecDrafterDecoder.forward`).
 """
 
 import torch
@@ -49,6 +51,21 @@ def draft_attention_mask(prefix_width, num_queries, reference):
     return mask
 
 
+def every_cut_attention_mask(prefix_width, draft_size, reference):
+    """Additive self-attention mask ((P+P·k) x (P+P·k)) of a prefix of width P followed by one group of k queries
+    per cut column c = 0..P-1 (training): prefix rows causal and blind to the queries; the queries of cut c see
+    prefix columns 0..c and each other, as the k queries after the prefix y_0..y_c do in
+    :func:`draft_attention_mask`."""
+    width = prefix_width * (1 + draft_size)
+    mask = torch.full((width, width), HIDDEN, dtype=reference.dtype, device=reference.device)
+    mask[:prefix_width, :prefix_width] = draft_attention_mask(prefix_width, 0, reference)
+    columns = torch.arange(prefix_width, device=reference.device)
+    cut = columns.repeat_interleave(draft_size)  # the cut column of each query row
+    mask[prefix_width:, :prefix_width].masked_fill_(columns <= cut.unsqueeze(1), 0)
+    mask[prefix_width:, prefix_width:].masked_fill_(cut.unsqueeze(1) == cut, 0)
+    return mask
+
+
 class SpecDrafterDecoder(TransformerDecoder):
     """A fairseq Transformer decoder whose forward reads a prefix causally and predicts k query slots."""
 
@@ -72,6 +89,7 @@ class SpecDrafterDecoder(TransformerDecoder):
         prefix_lengths=None,
         incremental_state=None,
         prefix_start=None,
+        every_cut=False,
         features_only=False,
         logits_at=None,
         **kwargs,
@@ -82,24 +100,35 @@ class SpecDrafterDecoder(TransformerDecoder):
         (:func:`~nat_plugins.models.plugin_model.logits_at_positions`); with ``features_only`` the queries' states
         (B x k x C). Returns (output, extra) as fairseq decoders.
 
+        With ``every_cut`` (training) the drafts after every prefix y_0..y_c, c = 0..P-1, in one pass: B x P·k
+        slots, those of cut c at c·k..c·k+k-1, each what the call on ``prefix_tokens[:, :c+1]`` alone drafts
+        (:func:`every_cut_attention_mask`; the prefix is read causally, so all cuts share its states).
+
         With fairseq's ``incremental_state`` (decoding), the cache holds the prefix read by earlier calls and
         ``prefix_tokens`` are the new prefix tokens only, the first at position ``prefix_start`` (B,), padded after
         ``prefix_lengths``; the call appends P + k slots, of which the caller keeps the new prefix tokens
         (:func:`~nat_plugins.modules.verify_accept.rollback_cache` with ``prefix_lengths - prefix_start``)."""
         if prefix_lengths is None:
             prefix_lengths = prefix_tokens.ne(self.padding_idx).long().sum(dim=1)
-        k, width = self.draft_size, prefix_tokens.size(1)
-        prefix_positions = torch.arange(width, device=prefix_tokens.device).expand_as(prefix_tokens)
+        k, (bsz, width), device = self.draft_size, prefix_tokens.shape, prefix_tokens.device
+        prefix_positions = torch.arange(width, device=device).expand_as(prefix_tokens)
         if prefix_start is not None:
             prefix_positions = prefix_positions + prefix_start.unsqueeze(1)
-        query_positions = prefix_lengths.unsqueeze(1) + torch.arange(k, device=prefix_tokens.device)
-        positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=self.max_positions() - 1)
-
         prefix = self.embed_scale * self.embed_tokens(prefix_tokens)
-        queries = self.mask_embedding.to(prefix).expand(prefix.size(0), k, -1)
-        self_attn_mask = with_cached_columns(self, incremental_state, draft_attention_mask(width, k, prefix))
+        if every_cut:
+            if incremental_state is not None:
+                raise ValueError("every_cut drafts are a training forward: no incremental_state")
+            cuts = torch.arange(width, device=device).repeat_interleave(k)
+            slots = torch.arange(k, device=device).repeat(width)
+            query_positions = (cuts + slots + 1).expand(bsz, -1)  # slot i of cut c drafts y_{c+1+i}
+            self_attn_mask = every_cut_attention_mask(width, k, prefix)
+        else:
+            query_positions = prefix_lengths.unsqueeze(1) + torch.arange(k, device=device)
+            self_attn_mask = with_cached_columns(self, incremental_state, draft_attention_mask(width, k, prefix))
+        positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=self.max_positions() - 1)
+        queries = self.mask_embedding.to(prefix).expand(bsz, query_positions.size(1), -1)
         padding = prefix_positions >= prefix_lengths.unsqueeze(1)
-        self_attn_padding_mask = torch.cat([padding, padding.new_zeros(padding.size(0), k)], dim=1)
+        self_attn_padding_mask = torch.cat([padding, padding.new_zeros(query_positions.shape)], dim=1)
         x = decoder_stack_features(
             self,
             torch.cat([prefix, queries], dim=1),
@@ -162,17 +191,11 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
     def draft_size(self):
         return self.decoder.draft_size
 
-    def forward(self, src_tokens, src_lengths, prefix_tokens, prefix_lengths=None, logits_at=None, **kwargs):
-        """Draft logits for ``prefix_tokens`` of R·B rows for a batch of B sources: row r·B + b is a prefix of
-        sentence b (the criterion drafts at several cut points of each sentence; the encoder runs once)."""
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, logits_at=None, **kwargs):
+        """Training: the draft logits after every prefix y_0..y_c of ``prev_output_tokens`` (B x T: BOS y_1 ..
+        y_{n-1}), B x T·k (``every_cut`` of :meth:`SpecDrafterDecoder.forward`), or packed at ``logits_at``."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
-        copies, remainder = divmod(prefix_tokens.size(0), src_tokens.size(0))
-        if remainder:
-            raise ValueError(f"{prefix_tokens.size(0)} prefixes for {src_tokens.size(0)} sources: not a multiple")
-        if copies > 1:
-            order = torch.arange(src_tokens.size(0), device=src_tokens.device).repeat(copies)
-            encoder_out = self.encoder.reorder_encoder_out(encoder_out, order)
-        return self.decoder(prefix_tokens, encoder_out=encoder_out, prefix_lengths=prefix_lengths, logits_at=logits_at)
+        return self.decoder(prev_output_tokens, encoder_out=encoder_out, every_cut=True, logits_at=logits_at)
 
 
 @register_model_architecture("spec_drafter", "spec_drafter")

@@ -11,7 +11,8 @@ it
     the distilled target when one is loaded for the split, else the real one; batches carry it as
     ``sample["fertility"]`` (B x S, aligned with ``src_tokens``, 0 on padding and EOS);
   - ``{split}.kd.{tgt}.{bin,idx}``: sequence-level distilled targets binarized with the target
-    dictionary (written by ``nat_plugins.cli.distill``). ``--use-distilled target`` trains on them
+    dictionary (written by ``nat_plugins.cli.distill``; ``--distilled-name NAME`` reads
+    ``{split}.NAME.{tgt}``). ``--use-distilled target`` trains on them
     instead of the real targets (training split only: validation BLEU keeps the real references);
     ``--use-distilled side`` keeps the real targets and adds ``sample["kd_target"]`` (Encoder-NAD-AD);
 
@@ -79,6 +80,14 @@ class TranslationNATConfig(TranslationConfig):
             "help": "sequence-level distilled targets ({split}.kd.{tgt}.bin/.idx, made by nat_plugins.cli.distill): "
             "'none' trains on the real targets; 'target' replaces the targets of the training split (validation "
             "keeps real references); 'side' keeps the real targets and adds sample['kd_target'] (Encoder-NAD-AD)"
+        },
+    )
+    distilled_name: str = field(
+        default="kd",
+        metadata={
+            "help": "which distilled targets --use-distilled reads: {split}.NAME.{tgt}.bin/.idx "
+            "(nat_plugins.cli.distill --output-name NAME writes them; the speculative drafter's recipe trains on the "
+            "teacher's greedy outputs, kd-greedy)"
         },
     )
     # RecoverSAT (recover_sat, Ran et al. 2020): segment decoding options
@@ -165,11 +174,11 @@ def segments_string(dictionary, segments):
     return " | ".join(dictionary.string(segment) for segment in segments)
 
 
-def side_file_paths(data_path, split, src, tgt):
+def side_file_paths(data_path, split, src, tgt, distilled_name="kd"):
     """Where the side files of ``split`` live: {"fertility": text file, "kd_target": indexed-dataset prefix}."""
     return {
         "fertility": os.path.join(data_path, f"{split}.fert.{src}"),
-        "kd_target": os.path.join(data_path, f"{split}.kd.{tgt}"),
+        "kd_target": os.path.join(data_path, f"{split}.{distilled_name}.{tgt}"),
     }
 
 
@@ -214,7 +223,8 @@ def load_distilled_targets(prefix, dictionary, num_sentences, split, required):
             return None
         raise SideFileError(
             f"--use-distilled target needs {prefix}.bin/.idx: run `python -m nat_plugins.cli.distill` "
-            "(run_scripts/distill.sh) with the AR teacher on this data-bin first"
+            "(run_scripts/distill.sh) with the AR teacher on this data-bin first (--output-name NAME for "
+            "--distilled-name NAME)"
         )
     kd = data_utils.load_indexed_dataset(prefix, dictionary)
     if kd is None or len(kd) != num_sentences:
@@ -276,7 +286,9 @@ class TranslationNATTask(TranslationTask):
         paths = utils.split_paths(self.cfg.data)
         if split != self.cfg.train_subset:
             paths = paths[:1]
-        return side_file_paths(paths[(epoch - 1) % len(paths)], split, self.cfg.source_lang, self.cfg.target_lang)
+        return side_file_paths(
+            paths[(epoch - 1) % len(paths)], split, self.cfg.source_lang, self.cfg.target_lang, self.cfg.distilled_name
+        )
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
