@@ -93,15 +93,17 @@ def test_distillation_shards_merge_in_corpus_order(dummy_data_bin, tiny_teacher,
     )
 
     # a second distillation under another name (the speculative drafter's greedy one) leaves the first alone
-    distill.cli_main(common + ["--beam", "1", "--output-name", "kd-greedy"])
+    distill.cli_main(common + ["--beam", "1", "--output-name", "kd_greedy"])
     with open(os.path.join(data_bin, "train.kd.tgt.txt")) as f:
         assert f.read() == whole
-    with open(os.path.join(data_bin, "train.kd-greedy.tgt.txt")) as f:
+    with open(os.path.join(data_bin, "train.kd_greedy.tgt.txt")) as f:
         assert len(f.read().splitlines()) == 300
+    with pytest.raises(ValueError, match="--output-name 'kd-greedy': use a name without '-'"):
+        distill.cli_main(common + ["--output-name", "kd-greedy"])
     train_model(
         data_bin,
         str(tmp_path / "drafter"),
-        TINY_TRANSFORMER + ["--task", "translation_nat", "--use-distilled", "target", "--distilled-name", "kd-greedy"],
+        TINY_TRANSFORMER + ["--task", "translation_nat", "--use-distilled", "target", "--distilled-name", "kd_greedy"],
         max_update=2,
     )
 

@@ -194,8 +194,8 @@ def test_distilled_target_errors_name_the_file(data_bin):
     write_distilled(task, data_bin, "train", raw_lines(task, "valid", "tgt"))  # valid's 40 lines for train's 300
     with pytest.raises(SideFileError, match="holds 40 sentences but split 'train' has 300"):
         make_task(data_bin, use_distilled="side").load_dataset("train")
-    with pytest.raises(SideFileError, match=r"train\.kd-greedy\.tgt\.bin/\.idx.*--output-name NAME for --distilled"):
-        make_task(data_bin, use_distilled="target", distilled_name="kd-greedy").load_dataset("train")
+    with pytest.raises(SideFileError, match=r"train\.kd_greedy\.tgt\.bin/\.idx.*--output-name NAME for --distilled"):
+        make_task(data_bin, use_distilled="target", distilled_name="kd_greedy").load_dataset("train")
 
 
 # ----- models and generators ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 # next token, so exact verification outputs the teacher's greedy translation token for token. The drafter's encoder,
 # embeddings and decoder layers start as the teacher's (--init-from-ar); its decoder is shallow (DRAFTER_LAYERS,
 # default 1 on the CPU presets, where the teacher has 2 decoder layers; 2 with PRESET=gpu, the teacher has 6), and it
-# is trained on the teacher's greedy outputs (train.kd-greedy.TGT, distilled by this script when absent: the drafts
+# is trained on the teacher's greedy outputs (train.kd_greedy.TGT, distilled by this script when absent: the drafts
 # must be what exact verification accepts, the teacher's argmax) with spec_drafter_loss: cross-entropy of the K draft
 # slots after every prefix of each target.
 #   [PRESET=cpu|gpu] [DRAFTER_LAYERS=N] bash examples/multi30k/spec_drafter.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
@@ -18,12 +18,11 @@ DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}; K=${4:?$usag
 shift 4
 [ -f "$TEACHER" ] || { echo "spec_drafter.sh: teacher checkpoint $TEACHER does not exist" >&2; exit 1; }
 if [ "$PRESET" = gpu ]; then DRAFTER_LAYERS=${DRAFTER_LAYERS:-2}; else DRAFTER_LAYERS=${DRAFTER_LAYERS:-1}; fi
-# beam outputs (the students' train.kd) disagree with the teacher's argmax at ~10% of their tokens (the quickstart
-# teacher): a drafter trained on them learns drafts the teacher rejects (docs/results.md: 1.72 -> 1.91 tokens per
-# teacher call on greedy outputs)
-if ! compgen -G "$DATA_BIN/train.kd-greedy.*.idx" > /dev/null; then
-  log "distilling the training set with the teacher's greedy search (train.kd-greedy.*, once per data-bin)"
-  DISTILL_BEAM=1 bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --output-name kd-greedy
+# beam outputs (the students' train.kd) are not what exact verification accepts: a drafter trained on them learns
+# drafts the teacher rejects (docs/results.md: 1.72 -> 1.91 tokens per teacher call on greedy outputs)
+if ! compgen -G "$DATA_BIN/train.kd_greedy.*.idx" > /dev/null; then
+  log "distilling the training set with the teacher's greedy search (train.kd_greedy.*, once per data-bin)"
+  DISTILL_BEAM=1 bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --output-name kd_greedy
 fi
 arch_args spec_drafter
 if [ "$PRESET" = gpu ]; then
@@ -40,5 +39,5 @@ else
 fi
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" --decoder-layers "$DRAFTER_LAYERS" "${STUDENT_ARGS[@]}" --draft-size "$K" \
-  --init-from-ar "$TEACHER" --use-distilled target --distilled-name kd-greedy --criterion spec_drafter_loss --label-smoothing 0.1 \
+  --init-from-ar "$TEACHER" --use-distilled target --distilled-name kd_greedy --criterion spec_drafter_loss --label-smoothing 0.1 \
   --speculative-teacher "$TEACHER" --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"

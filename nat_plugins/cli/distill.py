@@ -116,6 +116,11 @@ def main(args):
         raise ValueError(f"--shard-id {shard_id} must be in [0, --num-shards {num_shards})")
     if args.merge_only and args.no_merge:
         raise ValueError("--merge-only and --no-merge exclude each other")
+    if not args.output_name or any(c in args.output_name for c in "-./"):
+        raise ValueError(
+            f"--output-name {args.output_name!r}: use a name without '-', '.' or '/' (fairseq reads the X-Y in a "
+            "data-bin file name {split}.X-Y.* as a language pair), e.g. kd_greedy"
+        )
     task = tasks.setup_task(cfg.task)
     data_dir = utils.split_paths(cfg.task.data)[0]
     split, tgt = cfg.dataset.gen_subset, task.cfg.target_lang

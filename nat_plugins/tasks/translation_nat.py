@@ -87,7 +87,7 @@ class TranslationNATConfig(TranslationConfig):
         metadata={
             "help": "which distilled targets --use-distilled reads: {split}.NAME.{tgt}.bin/.idx "
             "(nat_plugins.cli.distill --output-name NAME writes them; the speculative drafter's recipe trains on the "
-            "teacher's greedy outputs, kd-greedy)"
+            "teacher's greedy outputs, kd_greedy)"
         },
     )
     # RecoverSAT (recover_sat, Ran et al. 2020): segment decoding options
