@@ -32,8 +32,8 @@ if [ "$PRESET" = gpu ]; then
   STUDENT_ARGS+=(--best-checkpoint-metric accepted_drafts)
 else
   # the drafter learns per update more than per sentence: on 2 CPU cores 600 updates of 512 tokens at 2e-3 (above
-  # the students' <= 5e-4: the mask embedding and the queries start from nothing) drafted 1.41 -> 1.65 tokens per
-  # teacher call over 150 updates of 4,096 tokens at 5e-4, in the same time (docs/results.md)
+  # the students' <= 5e-4: the mask embedding and the queries start from nothing) drafted 1.72 tokens per teacher
+  # call against 1.45 for 150 updates of 4,096 tokens at 5e-4 (every cut point, beam targets; docs/results.md)
   student_args 600 2e-3 40
   STUDENT_ARGS+=(--max-tokens 512)
 fi

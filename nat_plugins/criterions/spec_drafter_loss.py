@@ -3,9 +3,10 @@
 
 Each target y_1..y_n (EOS included, y_n = EOS) is cut at every prefix length c = 0..n-1: the drafter reads
 BOS y_1..y_c, and its k query slots are trained with label-smoothed cross-entropy on y_{c+1..c+k} (slots past EOS are
-not scored). All cuts of a batch share one encoder pass and one decoder pass (``every_cut`` of the model: n·k
-scored slots per sentence, where random cut points would score a few). Train on the teacher's distilled outputs
-(``--use-distilled target``): the drafts must be what the teacher itself will emit.
+not scored). All cuts of a batch share one encoder pass and one decoder pass (``every_cut`` of the model: about
+n·k scored slots per sentence, where a few random cut points would score a few times k). Train on the teacher's
+greedy outputs (``--use-distilled target --distilled-name kd_greedy``, as examples/multi30k/spec_drafter.sh): the
+drafts must be what exact verification accepts, the teacher's argmax.
 
 Logged besides ``loss``/``nll_loss`` (per scored slot): ``acc`` (slots whose argmax is the target) and
 ``accepted_drafts``: per cut, how many leading slots are right — on distilled targets the drafts exact
@@ -24,6 +25,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
+from ..models.spec_drafter import every_cut_slots
 from ..modules.options import check_label_smoothing
 from ._metrics import log_loss_and_nll, summed
 
@@ -38,10 +40,8 @@ def every_cut_targets(target, draft_size, pad):
     """The draft targets of every cut of right-padded ``target`` (B x T: y_1..y_n, y_n = EOS, then pad): B x T·k,
     slot i of cut c (the drafter read y_0..y_c) at column c·k + i is y_{c+1+i}, pad past EOS (so every slot of a
     cut c >= n is pad)."""
-    width = target.size(1)
     padded = torch.cat([target, target.new_full((target.size(0), draft_size), pad)], dim=1)
-    slots = torch.arange(width, device=target.device).unsqueeze(1) + torch.arange(draft_size, device=target.device)
-    return padded[:, slots.flatten()]
+    return padded[:, every_cut_slots(target.size(1), draft_size, target.device)]
 
 
 @register_criterion("spec_drafter_loss", dataclass=SpecDrafterLossConfig)

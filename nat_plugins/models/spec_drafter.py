@@ -7,8 +7,8 @@ prefix y_{<=j} accepted so far, in one pass; the AR teacher verifies all k in on
 
 * encoder: fairseq's Transformer encoder, initialised from the teacher (``--init-from-ar``; the paper's drafter
   is "deep encoder, shallow decoder");
-* decoder: fairseq's Transformer decoder layers (shallow: the presets use 2 of the teacher's layers; they start as
-  the teacher's first layers) over the prefix y_0 = BOS .. y_j, read causally, followed by k query slots
+* decoder: fairseq's Transformer decoder layers (shallow: the presets use 1 (CPU) or 2 (GPU); they start as the
+  teacher's first layers) over the prefix y_0 = BOS .. y_j, read causally, followed by k query slots
   (``--draft-size k``), each a learned mask embedding + the positional embedding of its target position j+i. A
   query attends to the whole prefix and to every query (bidirectionally); the prefix never attends to the queries.
   The queries' outputs through the output projection (tied to the embeddings, shared with the teacher, under
@@ -49,6 +49,12 @@ def draft_attention_mask(prefix_width, num_queries, reference):
     mask[:prefix_width] = HIDDEN
     mask[:prefix_width, :prefix_width].triu_(1)  # keeps HIDDEN above the diagonal only
     return mask
+
+
+def every_cut_slots(prefix_width, draft_size, device):
+    """The layout of the every-cut training pass: for each of its P·k query slots (slot i of cut c at c·k + i),
+    c + i, the 0-based index of the target token y_{c+1+i} it drafts (its decoder position is c + i + 1)."""
+    return (torch.arange(prefix_width, device=device).unsqueeze(1) + torch.arange(draft_size, device=device)).flatten()
 
 
 def every_cut_attention_mask(prefix_width, draft_size, reference):
@@ -118,9 +124,7 @@ class SpecDrafterDecoder(TransformerDecoder):
         if every_cut:
             if incremental_state is not None:
                 raise ValueError("every_cut drafts are a training forward: no incremental_state")
-            cuts = torch.arange(width, device=device).repeat_interleave(k)
-            slots = torch.arange(k, device=device).repeat(width)
-            query_positions = (cuts + slots + 1).expand(bsz, -1)  # slot i of cut c drafts y_{c+1+i}
+            query_positions = (every_cut_slots(width, k, device) + 1).expand(bsz, -1)
             self_attn_mask = every_cut_attention_mask(width, k, prefix)
         else:
             query_positions = prefix_lengths.unsqueeze(1) + torch.arange(k, device=device)
