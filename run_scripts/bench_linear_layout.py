@@ -33,7 +33,12 @@ def main():
             total += time.perf_counter() - start
         return total / args.repeats * 1e6
 
-    print("| weight (out x in) | rows | F.linear µs | W·xᵀ µs | × |\n|---|---:|---:|---:|---:|")
+    # rows that are another layer's W·xᵀ output lie transposed (x = yᵀ, y row-major): WeightFirstLinear copies them
+    # row-major first; the last two columns time that against the product on the rows as they lie
+    print(
+        "| weight (out x in) | rows | F.linear µs | W·xᵀ µs | × | transposed rows: as they lie µs | copied µs |\n"
+        "|---|---:|---:|---:|---:|---:|---:|"
+    )
     with torch.no_grad():
         for out_features, in_features in SHAPES:
             layer = WeightFirstLinear(in_features, out_features, bias=False)
@@ -41,8 +46,14 @@ def main():
                 x = torch.randn(rows, in_features)
                 before = microseconds(F.linear, x, layer.weight)
                 after = microseconds(layer, x)
+                lying = torch.randn(in_features, rows).t()
+                as_they_lie = microseconds(torch.mm, layer.weight, lying.t())
+                copied = microseconds(layer, lying)
                 shape = f"{out_features} x {in_features}"
-                print(f"| {shape} | {rows} | {before:.0f} | {after:.0f} | {before / after:.2f} |")
+                print(
+                    f"| {shape} | {rows} | {before:.0f} | {after:.0f} | {before / after:.2f} | {as_they_lie:.0f} | "
+                    f"{copied:.0f} |"
+                )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,10 @@ class WeightFirstLinear(nn.Linear):
         rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))
         num_rows = rows.size(0)
         if 1 < num_rows <= MAX_ROWS:
-            product = self.weight_first(rows.t())  # xᵀ as a transposed view: BLAS reads it column-major, the fast case
+            # xᵀ as a transposed view of row-major rows: BLAS reads it column-major, the fast case. Rows that are
+            # themselves a transposed product (another such layer's output: fc1 -> fc2) are copied row-major first:
+            # read as they lie, the product is 3-4x slower (run_scripts/bench_linear_layout.py)
+            product = self.weight_first(rows.contiguous().t())
         elif num_rows == 1 and self.weight.numel() >= MIN_WEIGHT_FOR_ONE_ROW:
             product = self.weight_first(rows.repeat(2, 1).t())[:1]  # two equal columns: the matrix-matrix path
         else:

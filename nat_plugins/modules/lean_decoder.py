@@ -1,0 +1,132 @@
+"""A lean decoding forward of fairseq's ``TransformerDecoderLayer`` stack: the same parameters and the same
+incremental cache (fairseq's ``incremental_state`` buffers, so
+:func:`~nat_plugins.modules.verify_accept.rollback_cache` and ``reorder_incremental_state`` keep working), computed
+with fewer operations.
+
+At batch size 1 on a CPU, a decoder call on a few tokens of a small model pays per operation as much as for its
+arithmetic: fairseq's ``MultiheadAttention`` reshapes between (T, B, C) and (B·heads, T, d) and checks its inputs in
+Python on every call, and its encoder attention also averages attention weights over heads (``need_weights`` in
+evaluation). This forward keeps (B, T, C) throughout, attends with ``F.scaled_dot_product_attention`` (one call for
+q·kᵀ, mask, softmax and ·v), keeps the encoder's padding as an additive mask in the cache (none when the batch has no
+padding) and computes no attention weights. Its features equal fairseq's up to rounding (tests/test_lean_decoder.py),
+as those of one call on several new tokens already differ from fairseq's token-by-token calls; verify-accept decoding
+runs its verifier and the speculative drafter with it (docs/results.md: ~10% of a speculative step on 2 CPU cores).
+
+Layers with features it does not implement (NormFormer's extra norms and scales, ``--cross-self-attention``, bias
+key/values, zero attention, xformers) are reported by :func:`lean_unsupported`, and callers keep fairseq's forward;
+in training (dropout) fairseq's forward runs too.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def lean_unsupported(decoder):
+    """Why the lean forward cannot run ``decoder``'s layers (a string), or None when it can."""
+    for index, layer in enumerate(decoder.layers):
+        extras = [
+            name for name in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid") if getattr(layer, name, None) is not None
+        ]
+        if extras:
+            return f"layer {index} has {', '.join(extras)} (NormFormer options)"
+        if layer.cross_self_attention:
+            return "--cross-self-attention"
+        for attention in (layer.self_attn, layer.encoder_attn):
+            if attention is None:
+                continue
+            if attention.bias_k is not None or attention.add_zero_attn:
+                return "attention with bias key/values or zero attention"
+            if getattr(attention, "use_xformers", False):
+                return "xformers attention"
+    return None
+
+
+def split_heads(x, attention):
+    """(B, T, C) -> (B, heads, T, head_dim)."""
+    return x.view(x.size(0), x.size(1), attention.num_heads, attention.head_dim).transpose(1, 2)
+
+
+def attend(attention, query, keys, values, bias):
+    """``attention``'s output projection of softmax(q·kᵀ + bias)·v for (B, T, C) ``query`` and (B, heads, S, d)
+    keys and values; ``bias``: an additive mask broadcast to (B, heads, T, S), or None."""
+    q = split_heads(attention.q_proj(query), attention)
+    x = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=attention.scaling)
+    return attention.out_proj(x.transpose(1, 2).reshape(query.shape[:-1] + (-1,)))
+
+
+def padding_bias(mask, reference):
+    """A key padding ``mask`` (B, S; nonzero = hidden) as an additive (B, 1, 1, S) mask."""
+    return torch.zeros(mask.shape, dtype=reference.dtype, device=reference.device).masked_fill_(
+        mask.bool(), float("-inf")
+    )[:, None, None, :]
+
+
+def self_attention(layer, x, incremental_state, attn_mask, padding_mask):
+    """``layer``'s self-attention on the new slots ``x`` (B, T, C), appended to its cache (fairseq's layout:
+    keys/values (B, heads, S, d), key padding mask (B, S) float or absent)."""
+    attention = layer.self_attn
+    keys, values = split_heads(attention.k_proj(x), attention), split_heads(attention.v_proj(x), attention)
+    saved = attention._get_input_buffer(incremental_state) if incremental_state is not None else {}
+    if "prev_key" in saved:
+        keys = torch.cat([saved["prev_key"], keys], dim=2)
+        values = torch.cat([saved["prev_value"], values], dim=2)
+        previous = saved.get("prev_key_padding_mask")
+        if previous is not None or padding_mask is not None:  # as fairseq's _append_prev_key_padding_mask
+            previous = previous if previous is not None else x.new_zeros(x.size(0), keys.size(2) - x.size(1))
+            current = padding_mask if padding_mask is not None else x.new_zeros(x.shape[:2])
+            padding_mask = torch.cat([previous.float(), current.float()], dim=1)
+    if incremental_state is not None:
+        saved.update(prev_key=keys, prev_value=values, prev_key_padding_mask=padding_mask)
+        attention._set_input_buffer(incremental_state, saved)
+    bias = None if attn_mask is None else attn_mask.to(x.dtype)
+    if padding_mask is not None:
+        hidden = padding_bias(padding_mask, x)
+        bias = hidden if bias is None else bias + hidden
+    return attend(attention, x, keys, values, bias)
+
+
+def encoder_attention(layer, x, enc, enc_padding_mask, incremental_state):
+    """``layer``'s encoder attention; the encoder's keys and values are computed once and kept in the cache."""
+    attention = layer.encoder_attn
+    saved = attention._get_input_buffer(incremental_state) if incremental_state is not None else {}
+    if "prev_key" not in saved:
+        memory = enc.transpose(0, 1)
+        saved.update(
+            prev_key=split_heads(attention.k_proj(memory), attention),
+            prev_value=split_heads(attention.v_proj(memory), attention),
+            prev_key_padding_mask=enc_padding_mask,
+        )
+        # kept beside fairseq's entries (and reordered with them); none when no sentence of the batch is padded
+        if enc_padding_mask is not None and enc_padding_mask.any():
+            saved["lean_padding_bias"] = padding_bias(enc_padding_mask, x)
+        if incremental_state is not None:
+            attention._set_input_buffer(incremental_state, saved)
+    return attend(attention, x, saved["prev_key"], saved["prev_value"], saved.get("lean_padding_bias"))
+
+
+def feed_forward(layer, x):
+    """``layer``'s feed-forward block (no dropout)."""
+    return layer.fc2(layer.activation_fn(layer.fc1(x)))
+
+
+def residual_block(layer, norm, x, block, *args):
+    """``x`` + ``block(layer, ·, *args)`` with ``layer``'s pre-norm (normalised input) or post-norm (normalised sum)."""
+    if layer.normalize_before:
+        return x + block(layer, norm(x), *args)
+    return norm(x + block(layer, x, *args))
+
+
+def lean_layer_stack(decoder, x, enc, enc_padding_mask, incremental_state, attn_mask, padding_mask):
+    """``decoder``'s layers on ``x`` (B, T, C), in evaluation (no dropout): the encoder states ``enc`` (S, B, C) and
+    their ``enc_padding_mask`` (B, S), an additive ``attn_mask`` (T, cached + T) and a key ``padding_mask`` (B, T)
+    of the new slots, both optional, as fairseq's layer takes them. Returns (B, T, C)."""
+    for layer in decoder.layers:
+        x = residual_block(
+            layer, layer.self_attn_layer_norm, x, self_attention, incremental_state, attn_mask, padding_mask
+        )
+        if layer.encoder_attn is not None and enc is not None:
+            x = residual_block(
+                layer, layer.encoder_attn_layer_norm, x, encoder_attention, enc, enc_padding_mask, incremental_state
+            )
+        x = residual_block(layer, layer.final_layer_norm, x, feed_forward)
+    return x

@@ -1,0 +1,88 @@
+"""The lean decoding forward of fairseq's decoder layers (nat_plugins/modules/lean_decoder.py): the same features as
+fairseq's layers, with and without a cache, in batches with padding, post-norm and pre-norm, and the cache it leaves
+is the one fairseq's layers would leave (rollback and reorder keep working)."""
+
+import pytest
+import torch
+
+from nat_plugins.modules.lean_decoder import lean_unsupported
+from nat_plugins.modules.verify_accept import decoder_stack_features, rollback_cache, self_attention_buffers
+
+from .test_blockwise import build_model
+from .utils import TINY_TRANSFORMER, random_batch
+
+
+def random_decoder_model(task, pre_norm):
+    arch = [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"]
+    extra = ["--decoder-layers", "2"] + (["--decoder-normalize-before"] if pre_norm else [])
+    return build_model(task, None, 0, extra, arch).eval()
+
+
+def features(model, embedded, positions, encoder_out, cache, attn_mask, padding_mask, lean):
+    return decoder_stack_features(
+        model.decoder, embedded, positions, encoder_out, cache, attn_mask, padding_mask, lean=lean
+    )
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(toy_task, pre_norm):
+    """Three sentences read a padded prefix, then blocks of new slots against the cache, the cache rolled back to
+    different lengths per sentence in between: every call's features and the cache equal fairseq's."""
+    model = random_decoder_model(toy_task, pre_norm)
+    decoder = model.decoder
+    sample = random_batch(toy_task.target_dictionary, 3, seed=0)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    generator = torch.Generator().manual_seed(0)
+    caches = {False: {}, True: {}}
+    width = 4
+    prefix = torch.randn(3, width, 32, generator=generator)
+    padding = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 1, 1]], dtype=torch.bool)
+    causal = decoder.buffered_future_mask(prefix.transpose(0, 1))
+    positions = torch.arange(width).expand(3, -1)
+    with torch.no_grad():
+        outputs = {
+            lean: features(model, prefix, positions, encoder_out, caches[lean], causal, padding, lean)
+            for lean in (False, True)
+        }
+        torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+        cached = width
+        for accepted in ([1, 3, 2], [2, 1, 3]):
+            block = torch.randn(3, 3, 32, generator=generator)
+            mask = torch.cat([torch.zeros(3, cached), decoder.buffered_future_mask(block.transpose(0, 1))], dim=1)
+            positions = cached + torch.arange(3).expand(3, -1)
+            new_padding = torch.zeros(3, 3)
+            for lean in (False, True):
+                outputs[lean] = features(model, block, positions, encoder_out, caches[lean], mask, new_padding, lean)
+                rollback_cache(decoder, caches[lean], 3, torch.tensor(accepted))
+            torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+            cached = self_attention_buffers(decoder, caches[False])[0]["prev_key"].size(2)
+        buffers = [self_attention_buffers(decoder, caches[lean]) for lean in (False, True)]
+        for fairseqs, leans in zip(*buffers):
+            assert fairseqs.keys() == leans.keys()
+            for name in fairseqs:
+                torch.testing.assert_close(leans[name], fairseqs[name], rtol=1e-5, atol=1e-5)
+        # sentences leaving the batch: fairseq's reorder of the lean cache, then one more call each way
+        keep = torch.tensor([2, 0])
+        block = torch.randn(2, 1, 32, generator=generator)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, keep)
+        for lean in (False, True):
+            decoder.reorder_incremental_state_scripting(caches[lean], keep)
+            outputs[lean] = features(
+                model, block, torch.full((2, 1), cached), encoder_out, caches[lean], None, torch.zeros(2, 1), lean
+            )
+        torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+
+
+def test_lean_forward_runs_only_in_evaluation_and_on_supported_layers(toy_task):
+    """In training (dropout) and on layers it does not implement, fairseq's layers run: the result is theirs."""
+    model = random_decoder_model(toy_task, pre_norm=False)
+    assert lean_unsupported(model.decoder) is None
+    model.decoder.layers[0].attn_ln = torch.nn.LayerNorm(32)  # what --scale-attn adds
+    assert "attn_ln" in lean_unsupported(model.decoder)
+    sample = random_batch(toy_task.target_dictionary, 2, seed=1)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    embedded = torch.randn(2, 3, 32)
+    positions = torch.arange(3).expand(2, -1)
+    with torch.no_grad():
+        both = [features(model, embedded, positions, encoder_out, None, None, None, lean) for lean in (False, True)]
+    assert torch.equal(both[0], both[1])  # the unsupported layer ran fairseq's forward both times
