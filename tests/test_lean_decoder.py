@@ -86,3 +86,19 @@ def test_lean_forward_runs_only_in_evaluation_and_on_supported_layers(toy_task):
     with torch.no_grad():
         both = [features(model, embedded, positions, encoder_out, None, None, None, lean) for lean in (False, True)]
     assert torch.equal(both[0], both[1])  # the unsupported layer ran fairseq's forward both times
+
+
+def test_fused_projections_follow_the_weights(toy_task):
+    """The concatenated q/k/v weights are rebuilt when a projection changes (an optimizer step between two
+    validations is an in-place update): the lean forward keeps equal to fairseq's."""
+    model = random_decoder_model(toy_task, pre_norm=False)
+    sample = random_batch(toy_task.target_dictionary, 2, seed=2)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    embedded = torch.randn(2, 3, 32)
+    positions = torch.arange(3).expand(2, -1)
+    causal = model.decoder.buffered_future_mask(embedded.transpose(0, 1))
+    with torch.no_grad():
+        for _ in range(2):
+            both = [features(model, embedded, positions, encoder_out, None, causal, None, lean) for lean in (0, 1)]
+            torch.testing.assert_close(both[1], both[0], rtol=1e-5, atol=1e-5)
+            model.decoder.layers[0].self_attn.k_proj.weight.mul_(2.0)

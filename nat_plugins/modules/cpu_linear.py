@@ -16,6 +16,7 @@ from memory, not from the cache.
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # from about this many rows on, W·xᵀ is no faster than F.linear (measured up to 2048 rows, docs/results.md)
@@ -25,31 +26,37 @@ MAX_ROWS = 256
 MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 
 
+def linear(x, weight, bias=None):
+    """``F.linear(x, weight, bias)``, as (W·xᵀ)ᵀ for 2..:data:`MAX_ROWS` rows of float32 on the CPU without gradients
+    (and for one row when the weight has at least :data:`MIN_WEIGHT_FOR_ONE_ROW` entries): then a transposed view."""
+    if not x.is_cpu or x.dtype is not torch.float32 or torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))
+    num_rows = rows.size(0)
+    if 1 < num_rows <= MAX_ROWS:
+        # xᵀ as a transposed view of row-major rows: BLAS reads it column-major, the fast case. Rows that are
+        # themselves a transposed product (another such layer's output: fc1 -> fc2) are copied row-major first:
+        # read as they lie, the product is 3-4x slower (run_scripts/bench_linear_layout.py)
+        product = weight_first(weight, bias, rows.contiguous().t())
+    elif num_rows == 1 and weight.numel() >= MIN_WEIGHT_FOR_ONE_ROW:
+        product = weight_first(weight, bias, rows.repeat(2, 1).t())[:1]  # two equal columns: the matrix-matrix path
+    else:
+        return F.linear(x, weight, bias)
+    return product if x.dim() == 2 else product.view(*x.shape[:-1], weight.size(0))
+
+
+def weight_first(weight, bias, columns):
+    """(W·columns + b)ᵀ: rows x out_features, a transposed view."""
+    if bias is None:
+        return torch.mm(weight, columns).t()
+    return torch.addmm(bias.unsqueeze(1), weight, columns).t()
+
+
 class WeightFirstLinear(nn.Linear):
-    """``nn.Linear`` computing (W·xᵀ)ᵀ for 2..:data:`MAX_ROWS` rows of float32 on the CPU without gradients (and for
-    one row when the weight has at least :data:`MIN_WEIGHT_FOR_ONE_ROW` entries), ``F.linear`` otherwise."""
+    """``nn.Linear`` computed by :func:`linear`."""
 
     def forward(self, x):
-        if not x.is_cpu or x.dtype is not torch.float32 or torch.is_grad_enabled():
-            return super().forward(x)
-        rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))
-        num_rows = rows.size(0)
-        if 1 < num_rows <= MAX_ROWS:
-            # xᵀ as a transposed view of row-major rows: BLAS reads it column-major, the fast case. Rows that are
-            # themselves a transposed product (another such layer's output: fc1 -> fc2) are copied row-major first:
-            # read as they lie, the product is 3-4x slower (run_scripts/bench_linear_layout.py)
-            product = self.weight_first(rows.contiguous().t())
-        elif num_rows == 1 and self.weight.numel() >= MIN_WEIGHT_FOR_ONE_ROW:
-            product = self.weight_first(rows.repeat(2, 1).t())[:1]  # two equal columns: the matrix-matrix path
-        else:
-            return super().forward(x)
-        return product if x.dim() == 2 else product.view(*x.shape[:-1], self.out_features)
-
-    def weight_first(self, columns):
-        """(W·columns + b)ᵀ: rows x out_features, a transposed view."""
-        if self.bias is None:
-            return torch.mm(self.weight, columns).t()
-        return torch.addmm(self.bias.unsqueeze(1), self.weight, columns).t()
+        return linear(x, self.weight, self.bias)
 
 
 def use_weight_first_linears(module):

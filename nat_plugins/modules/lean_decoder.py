@@ -6,9 +6,10 @@ with fewer operations.
 At batch size 1 on a CPU, a decoder call on a few tokens of a small model pays per operation as much as for its
 arithmetic: fairseq's ``MultiheadAttention`` reshapes between (T, B, C) and (B·heads, T, d) and checks its inputs in
 Python on every call, and its encoder attention also averages attention weights over heads (``need_weights`` in
-evaluation). This forward keeps (B, T, C) throughout, attends with ``F.scaled_dot_product_attention`` (one call for
-q·kᵀ, mask, softmax and ·v), keeps the encoder's padding as an additive mask in the cache (none when the batch has no
-padding) and computes no attention weights. Its features equal fairseq's up to rounding (tests/test_lean_decoder.py),
+evaluation). This forward keeps (B, T, C) throughout, projects q, k and v in one product (their weights concatenated
+once, :func:`fused_projections`), attends with ``F.scaled_dot_product_attention`` (one call for q·kᵀ, mask, softmax
+and ·v), keeps the encoder's padding as an additive mask in the cache (none when the batch has no padding) and
+computes no attention weights. Its features equal fairseq's up to rounding (tests/test_lean_decoder.py),
 as those of one call on several new tokens already differ from fairseq's token-by-token calls; verify-accept decoding
 runs its verifier and the speculative drafter with it (docs/results.md: ~10% of a speculative step on 2 CPU cores).
 
@@ -19,6 +20,9 @@ in training (dropout) fairseq's forward runs too.
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from .cpu_linear import linear
 
 
 def lean_unsupported(decoder):
@@ -46,12 +50,39 @@ def split_heads(x, attention):
     return x.view(x.size(0), x.size(1), attention.num_heads, attention.head_dim).transpose(1, 2)
 
 
-def attend(attention, query, keys, values, bias):
-    """``attention``'s output projection of softmax(q·kᵀ + bias)·v for (B, T, C) ``query`` and (B, heads, S, d)
-    keys and values; ``bias``: an additive mask broadcast to (B, heads, T, S), or None."""
-    q = split_heads(attention.q_proj(query), attention)
-    x = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=attention.scaling)
-    return attention.out_proj(x.transpose(1, 2).reshape(query.shape[:-1] + (-1,)))
+def attend(attention, queries, keys, values, bias):
+    """``attention``'s output projection of softmax(q·kᵀ·scaling + bias)·v for (B, heads, T, d) ``queries`` and
+    (B, heads, S, d) keys and values; ``bias``: an additive mask broadcast to (B, heads, T, S), or None."""
+    x = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=attention.scaling)
+    return attention.out_proj(x.transpose(1, 2).flatten(2))
+
+
+def fused_projections(attention):
+    """The q, k and v projections of ``attention`` as one (3C x C) weight and bias, concatenated once and again when
+    one of them changes (another tensor or an in-place update); None unless all three are plain ``nn.Linear`` layers
+    with biases (int8 copies are not)."""
+    layers = (attention.q_proj, attention.k_proj, attention.v_proj)
+    if not all(isinstance(layer, nn.Linear) and layer.bias is not None for layer in layers):
+        return None
+    tensors = [t for layer in layers for t in (layer.weight, layer.bias)]
+    key = tuple((t.data_ptr(), t._version) for t in tensors)
+    cached = getattr(attention, "lean_fused_projections", None)
+    if cached is None or cached[0] != key:
+        weight = torch.cat([layer.weight.detach() for layer in layers])
+        bias = torch.cat([layer.bias.detach() for layer in layers])
+        cached = (key, weight, bias)
+        attention.lean_fused_projections = cached  # a tuple: not a parameter, buffer or state-dict entry
+    return cached[1:]
+
+
+def project_qkv(attention, x):
+    """q, k and v of ``x`` (B, T, C), each (B, heads, T, d); one product where :func:`fused_projections` allows."""
+    fused = fused_projections(attention)
+    if fused is None:
+        projected = (attention.q_proj(x), attention.k_proj(x), attention.v_proj(x))
+    else:
+        projected = linear(x, *fused).split(attention.embed_dim, dim=-1)
+    return [split_heads(part, attention) for part in projected]
 
 
 def padding_bias(mask, reference):
@@ -65,7 +96,7 @@ def self_attention(layer, x, incremental_state, attn_mask, padding_mask):
     """``layer``'s self-attention on the new slots ``x`` (B, T, C), appended to its cache (fairseq's layout:
     keys/values (B, heads, S, d), key padding mask (B, S) float or absent)."""
     attention = layer.self_attn
-    keys, values = split_heads(attention.k_proj(x), attention), split_heads(attention.v_proj(x), attention)
+    queries, keys, values = project_qkv(attention, x)
     saved = attention._get_input_buffer(incremental_state) if incremental_state is not None else {}
     if "prev_key" in saved:
         keys = torch.cat([saved["prev_key"], keys], dim=2)
@@ -82,7 +113,7 @@ def self_attention(layer, x, incremental_state, attn_mask, padding_mask):
     if padding_mask is not None:
         hidden = padding_bias(padding_mask, x)
         bias = hidden if bias is None else bias + hidden
-    return attend(attention, x, keys, values, bias)
+    return attend(attention, queries, keys, values, bias)
 
 
 def encoder_attention(layer, x, enc, enc_padding_mask, incremental_state):
@@ -101,7 +132,8 @@ def encoder_attention(layer, x, enc, enc_padding_mask, incremental_state):
             saved["lean_padding_bias"] = padding_bias(enc_padding_mask, x)
         if incremental_state is not None:
             attention._set_input_buffer(incremental_state, saved)
-    return attend(attention, x, saved["prev_key"], saved["prev_value"], saved.get("lean_padding_bias"))
+    queries = split_heads(attention.q_proj(x), attention)
+    return attend(attention, queries, saved["prev_key"], saved["prev_value"], saved.get("lean_padding_bias"))
 
 
 def feed_forward(layer, x):
