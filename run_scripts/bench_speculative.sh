@@ -3,14 +3,15 @@
 # trains the drafter if SAVE_DIR has none (examples/multi30k/spec_drafter.sh, the quickstart's step), then benchmarks
 # the teacher (fairseq beam 4 and greedy; CPU presets: CTranslate2 too) against exact and relaxed speculative decoding
 # with the quickstart's settings. Run it on an idle machine: the table's latencies are its point.
-#   [PRESET=cpu|cpu-long|gpu] bash run_scripts/bench_speculative.sh [WORK] [K]   (defaults: work/multi30k-$PRESET, 4)
+#   [PRESET=cpu|cpu-long|gpu] bash run_scripts/bench_speculative.sh [WORK] [K]
+# (defaults: work/multi30k-$PRESET; K as the quickstart's: 3 on the CPU presets, 8 with PRESET=gpu)
 # Writes WORK/bench-speculative-K/results.{md,json} and hyp.*.txt; `diff` hyp.speculative-k-K-exact.txt with
 # hyp.ar-teacher-greedy.txt is empty when the output is the teacher's; the tokens / step column is the mean accepted
 # tokens per teacher call.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WORK=${1:-$ROOT/work/multi30k-$PRESET}
-K=${2:-4}
+if [ "$PRESET" = gpu ]; then K=${2:-8}; else K=${2:-3}; fi
 DATA_BIN=$WORK/data-bin
 TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
 DRAFTER=$WORK/ckpt/spec-drafter-$K

@@ -84,7 +84,7 @@ if [ "$PRESET" = gpu ]; then
   BLOCK_SIZES="8"; SAT_KS="2 6"; RECOVER_SAT_KS="2 6"; NPD_SAMPLES="10 100"; DRAFT_SIZES="8"; STUDENT_JOBS=${STUDENT_JOBS:-11}
 else
   # (NPD S=100 decodes 100 candidates per sentence: ~10 min of the batched pass on 2 cores)
-  BLOCK_SIZES="4"; SAT_KS="2"; RECOVER_SAT_KS="2"; NPD_SAMPLES="10"; DRAFT_SIZES="4"; STUDENT_JOBS=${STUDENT_JOBS:-1}
+  BLOCK_SIZES="4"; SAT_KS="2"; RECOVER_SAT_KS="2"; NPD_SAMPLES="10"; DRAFT_SIZES="3"; STUDENT_JOBS=${STUDENT_JOBS:-1}
   if [ "$PRESET" = cpu-long ]; then SAT_KS="2 4"; fi
 fi
 STUDENT_STEPS=()

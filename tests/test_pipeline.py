@@ -73,10 +73,10 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     assert "SAT K=2, greedy" in names and "SAT K=2, beam 4" in names and "RecoverSAT K=2" in names
     assert {"NAT, argmax fertility", "NAT, average fertility", "NAT, NPD S=10"} <= set(names)
     assert "Encoder-NAD-AD, beam 4" in names and "AR teacher + same updates, beam 4" in names
-    assert "Speculative k=4, exact" in names and "Speculative k=4, relaxed" in names
+    assert "Speculative k=3, exact" in names and "Speculative k=3, relaxed" in names
     steps = {r["name"]: r["mean_steps"] for r in rows}
     assert steps["NAT, argmax fertility"] == 1 and steps["NAT, NPD S=10"] == 2  # one pass (+ the teacher's)
-    speculative = next(r for r in rows if r["name"] == "Speculative k=4, exact")
+    speculative = next(r for r in rows if r["name"] == "Speculative k=3, exact")
     assert speculative["tokens_per_step"] >= 1  # tokens per teacher call
     assert all(r["rep_ratio"] >= 0 and r["mis_ratio"] >= 0 for r in rows) and rows[1]["rep"] == rows[1]["mis"] == 0
 
@@ -104,7 +104,7 @@ def test_quickstart_rerun_skips_finished_steps(quickstart):
         "blockwise-4-frozen",
         "blockwise-4-finetuned",
         "fertility-nat",
-        "spec-drafter-4",
+        "spec-drafter-3",
         "nad-ad",
         "benchmark-",
     ):
@@ -129,7 +129,7 @@ def test_exact_speculative_decoding_outputs_the_teachers_greedy_translations(qui
     """The issue's check: the hypothesis files of exact speculative decoding and the teacher's greedy search do not
     differ (the drafter trained 2 updates: the guarantee does not depend on it)."""
     bench = os.path.join(quickstart["work"], "bench")
-    with open(os.path.join(bench, "hyp.speculative-k-4-exact.txt"), encoding="utf-8") as a:
+    with open(os.path.join(bench, "hyp.speculative-k-3-exact.txt"), encoding="utf-8") as a:
         with open(os.path.join(bench, "hyp.ar-teacher-greedy.txt"), encoding="utf-8") as b:
             assert a.read() == b.read()
 
