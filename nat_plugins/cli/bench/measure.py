@@ -122,7 +122,7 @@ def load_row(cfg, spec: RowSpec) -> RowDecoder:
 
 def decoder_stacks(model: nn.Module) -> List[nn.Module]:
     """The first layer of every stack of decoder layers (fairseq's ``TransformerDecoderLayerBase`` and its
-    subclasses, the plugin's NAD layers included) in ``model``: each call of one is one decoder pass, whichever
+    subclasses, the plugin's NAD layers included) in ``model``: each run of one is one decoder pass, whichever
     method entered the decoder (``forward``, ``extract_features``, Levenshtein's ``forward_word_ins``...)."""
     firsts = {}
     for module in model.modules():
@@ -149,8 +149,10 @@ def auxiliary_models(generator, models: List[nn.Module]) -> List[nn.Module]:
 
 @dataclass
 class DecoderPassCounter:
-    """Counts decoder passes while decoding, with forward pre-hooks on the first layer of every decoder stack
-    (:func:`decoder_stacks`) of the ensemble ``models`` and the generator's ``auxiliary`` models.
+    """Counts decoder passes while decoding, with forward pre-hooks on the self-attention layer norm of the first
+    layer of every decoder stack (:func:`decoder_stacks`) of the ensemble ``models`` and the generator's
+    ``auxiliary`` models: every pass runs it once, through fairseq's layer forward or the lean forward of
+    :mod:`~nat_plugins.modules.lean_decoder` (which does not call the layer itself).
 
     ``passes`` = the most passes of any ensemble member (members are called together, one pass each per step)
     + the auxiliary models' passes. Not observable (None) when a model has no such decoder layers."""
@@ -166,7 +168,8 @@ class DecoderPassCounter:
     def __enter__(self):
         for group, layers in enumerate(self.stacks):
             for layer in layers:
-                self.handles.append(layer.register_forward_pre_hook(functools.partial(self._count, group)))
+                hook = functools.partial(self._count, group)
+                self.handles.append(layer.self_attn_layer_norm.register_forward_pre_hook(hook))
         return self
 
     def __exit__(self, *exc):
