@@ -102,3 +102,24 @@ def test_fused_projections_follow_the_weights(toy_task):
             both = [features(model, embedded, positions, encoder_out, None, causal, None, lean) for lean in (0, 1)]
             torch.testing.assert_close(both[1], both[0], rtol=1e-5, atol=1e-5)
             model.decoder.layers[0].self_attn.k_proj.weight.mul_(2.0)
+
+
+def test_lean_forward_continues_a_cache_fairseqs_layers_filled(toy_task):
+    """A cache begun by fairseq's layers (its encoder keys and padding mask included) and continued by the lean
+    forward gives what fairseq's layers give on it: the padded sources stay hidden."""
+    model = random_decoder_model(toy_task, pre_norm=False)
+    sample = random_batch(toy_task.target_dictionary, 3, seed=3)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    assert encoder_out["encoder_padding_mask"][0].any()  # the batch's sources differ in length
+    generator = torch.Generator().manual_seed(3)
+    prefix, block = torch.randn(3, 2, 32, generator=generator), torch.randn(3, 1, 32, generator=generator)
+    caches = {False: {}, True: {}}
+    with torch.no_grad():
+        for cache in caches.values():
+            causal = model.decoder.buffered_future_mask(prefix.transpose(0, 1))
+            features(model, prefix, torch.arange(2).expand(3, -1), encoder_out, cache, causal, None, lean=False)
+        outputs = [
+            features(model, block, torch.full((3, 1), 2), encoder_out, caches[lean], None, None, lean)
+            for lean in (False, True)
+        ]
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)

@@ -121,16 +121,17 @@ def encoder_attention(layer, x, enc, enc_padding_mask, incremental_state):
     """``layer``'s encoder attention; the encoder's keys and values are computed once and kept in the cache."""
     attention = layer.encoder_attn
     saved = attention._get_input_buffer(incremental_state) if incremental_state is not None else {}
-    if "prev_key" not in saved:
-        memory = enc.transpose(0, 1)
-        saved.update(
-            prev_key=split_heads(attention.k_proj(memory), attention),
-            prev_value=split_heads(attention.v_proj(memory), attention),
-            prev_key_padding_mask=enc_padding_mask,
-        )
-        # kept beside fairseq's entries (and reordered with them); none when no sentence of the batch is padded
-        if enc_padding_mask is not None and enc_padding_mask.any():
-            saved["lean_padding_bias"] = padding_bias(enc_padding_mask, x)
+    if "lean_padding_bias" not in saved:  # once per cache (one fairseq's attention filled too)
+        if "prev_key" not in saved:
+            memory = enc.transpose(0, 1)
+            saved.update(
+                prev_key=split_heads(attention.k_proj(memory), attention),
+                prev_value=split_heads(attention.v_proj(memory), attention),
+                prev_key_padding_mask=enc_padding_mask,
+            )
+        # kept beside fairseq's entries (and reordered with them); None when no sentence of the batch is padded
+        mask = saved.get("prev_key_padding_mask")
+        saved["lean_padding_bias"] = padding_bias(mask, x) if mask is not None and mask.any() else None
         if incremental_state is not None:
             attention._set_input_buffer(incremental_state, saved)
     queries = split_heads(attention.q_proj(x), attention)
