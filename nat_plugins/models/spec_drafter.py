@@ -141,7 +141,6 @@ class SpecDrafterDecoder(TransformerDecoder):
             incremental_state,
             self_attn_mask,
             self_attn_padding_mask,
-            lean=True,
         )[:, width:]
         extra = {"attn": [None], "inner_states": None}
         return (x, extra) if features_only else (logits_at_positions(self.output_layer, x, logits_at), extra)

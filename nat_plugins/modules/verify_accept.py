@@ -91,7 +91,7 @@ def decoder_block_features(decoder, tokens, positions, encoder_out, incremental_
         # the new slots are never padding: fairseq appends this to the cached mask (float, as it stores it)
         self_attn_padding_mask = torch.zeros(tokens.shape, device=tokens.device)
     return decoder_stack_features(
-        decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask, lean=True
+        decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask
     )
 
 
@@ -105,14 +105,14 @@ def with_cached_columns(decoder, incremental_state, self_attn_mask):
 
 
 def decoder_stack_features(
-    decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask, lean=False
+    decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask, lean=True
 ):
     """The layers of a fairseq ``TransformerDecoder`` on ``embedded`` inputs (B, T, C: scaled embeddings, before
     ``project_in_dim``) at target ``positions`` (B, T), with an additive ``self_attn_mask`` (T, cached + T) and a key
     ``self_attn_padding_mask`` (B, T; appended to the cache's) or None; the new slots are appended to the cache when
     ``incremental_state`` is given. Returns (B, T, d) features (after the final layer norm and ``project_out_dim``).
-    ``lean``: in evaluation, the layers' lean forward (:mod:`~nat_plugins.modules.lean_decoder`) where it supports
-    them."""
+    In evaluation the layers run their lean forward (:mod:`~nat_plugins.modules.lean_decoder`) where it supports
+    them; ``lean=False``: fairseq's layer forward (the reference the tests compare with)."""
     if getattr(decoder, "cross_self_attention", False):
         raise ValueError("verify-accept decoding does not support --cross-self-attention")
     enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
