@@ -15,11 +15,13 @@ from fairseq import checkpoint_utils, options, tasks
 from fairseq.models.transformer import TransformerConfig, TransformerModel
 from fairseq.modules.fairseq_dropout import FairseqDropout
 from fairseq.sequence_generator import SequenceGenerator
+from torch import nn
 
 from nat_plugins.cli import distill
 from nat_plugins.criterions.nad_ad_loss import NADADLoss, nad_targets
 from nat_plugins.generators.nad_ad_decoding import NADADSequenceGenerator
 from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
+from nat_plugins.modules.cpu_linear import WeightFirstLinear
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
 from .utils import (
@@ -188,11 +190,29 @@ def test_zeroed_nad_ad_attention_is_the_ar_transformer(task):
         logits = model(**net_input)[0]
         ar_logits = ar(**net_input)[0]
     assert torch.equal(logits, ar_logits)
-    for beam in (4, 1):
-        ours = generator(model, task, beam).generate([model], sample)
-        theirs = SequenceGenerator([ar], task.target_dictionary, beam_size=beam, max_len_b=12).generate([ar], sample)
+    for beam in (4, 1):  # both through the task: the same (CPU) linear layout
+        gen_args = Namespace(beam=beam, max_len_b=12)
+        ours = task.build_generator([model], gen_args).generate([model], sample)
+        theirs = task.build_generator([ar], gen_args).generate([ar], sample)
         assert tokens_of(ours) == tokens_of(theirs)
         assert all(torch.equal(a[0]["positional_scores"], b[0]["positional_scores"]) for a, b in zip(ours, theirs))
+
+
+def test_nad_ad_and_its_ar_baseline_are_decoded_in_the_same_linear_layout(task):
+    """The task converts a plain AR Transformer's linear layers to WeightFirstLinear (the faster CPU layout) before
+    fairseq's SequenceGenerator decodes it; Encoder-NAD-AD decoded through the task must be timed in that layout too,
+    every linear layer of the encoder, the NAD, the AD and the NAD output layer."""
+    model = build(task)
+    ar = task.build_model(model_args(task.cfg.data, TINY_TRANSFORMER)).eval()
+    for decoded, expected in ((model, NADADSequenceGenerator), (ar, SequenceGenerator)):
+        assert any(type(m) is nn.Linear for m in decoded.modules())  # fairseq builds nn.Linear
+        assert type(task.build_generator([decoded], Namespace(beam=2))) is expected
+        linears = [name for name, m in decoded.named_modules() if isinstance(m, nn.Linear)]
+        assert len(linears) > 4 and all(type(decoded.get_submodule(n)) is WeightFirstLinear for n in linears), [
+            n for n in linears if type(decoded.get_submodule(n)) is not WeightFirstLinear
+        ]
+    assert type(model.decoder.nad_output_projection) is WeightFirstLinear
+    assert type(model.encoder.nad.layers[0].pos_attn.v_proj) is WeightFirstLinear
 
 
 def test_incremental_decoding_equals_full_recomputation_with_beam_reordering(task):
