@@ -19,7 +19,8 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
-from nat_plugins.generators.verify_accept import VerifyAcceptGenerator, accepted_lengths, parse_block_accept
+from nat_plugins.generators.blockwise_decoding import VerifyAcceptGenerator, parse_block_accept
+from nat_plugins.generators.verify_accept_loop import accepted_lengths
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
 
 from .utils import (

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-from nat_plugins.generators.verify_accept import VerifyAcceptGenerator
+from nat_plugins.generators.blockwise_decoding import VerifyAcceptGenerator
 from nat_plugins.modules.cpu_linear import MAX_ROWS, MIN_WEIGHT_FOR_ONE_ROW, WeightFirstLinear, use_weight_first_linears
 
 from .test_blockwise import random_model

@@ -1,13 +1,15 @@
-"""The shared verify-accept machinery (nat_plugins/modules/verify_accept.py) on a plain fairseq ``transformer``
-verifier, as speculative decoding uses it: exact acceptance == the verifier's greedy decoding whatever the drafts
-(batched and alone, cache on and off), and drafts that are always right are accepted k per call."""
+"""The shared verify-accept machinery (nat_plugins/generators/verify_accept_loop.py and the decoder helpers of
+nat_plugins/modules/verify_accept.py) on a plain fairseq ``transformer`` verifier, as speculative decoding uses it:
+exact acceptance == the verifier's greedy decoding whatever the drafts (batched and alone, cache on and off), and
+drafts that are always right are accepted k per call."""
 
 from argparse import Namespace
 
 import pytest
 import torch
 
-from nat_plugins.modules.verify_accept import VerifyAcceptLoop, cached_length, decoder_block_features, rollback_cache
+from nat_plugins.generators.verify_accept_loop import VerifyAcceptLoop
+from nat_plugins.modules.verify_accept import cached_length, decoder_block_features, rollback_cache
 
 from .test_blockwise import MAX_LEN_B, build_model, greedy
 from .utils import TINY_TRANSFORMER, random_batch, sub_batch

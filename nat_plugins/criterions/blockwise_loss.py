@@ -32,7 +32,7 @@ the graph so that the optimizer does not move them (fairseq's Adam applies momen
 parameter with a gradient, a zero one included).
 
 Validation scores every head and also decodes the batch with verify-accept
-(:class:`~nat_plugins.generators.verify_accept.VerifyAcceptGenerator`: the task's ``--block-accept`` and
+(:class:`~nat_plugins.generators.blockwise_decoding.VerifyAcceptGenerator`: the task's ``--block-accept`` and
 ``--min-block-size``, by default exact acceptance of single proposals, and fairseq-generate's default length limits)
 to log ``accepted_block``: emitted tokens (EOS included) per decoder call over the whole validation set, the
 number ``fairseq-generate --print-step`` reports (§5, "mean accepted block size"). Logged besides:
@@ -52,7 +52,7 @@ from fairseq.dataclass.configs import GenerationConfig
 from fairseq.logging import metrics
 from omegaconf import II
 
-from ..generators.verify_accept import VerifyAcceptGenerator
+from ..generators.blockwise_decoding import VerifyAcceptGenerator
 from ..modules.block_heads import block_targets
 from ..modules.options import check_label_smoothing
 from ._metrics import log_bits, log_loss_and_nll, summed

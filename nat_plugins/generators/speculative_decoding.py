@@ -3,9 +3,9 @@ Speculative Execution for Accelerating Seq2seq Generation"; also "Generalized Ag
 ``spec_drafter`` checkpoints, verified by the AR teacher ``--speculative-teacher``.
 
 The loop is verify-accept decoding with the teacher as the verifier
-(:class:`~nat_plugins.modules.verify_accept.VerifyAcceptLoop`: one batched teacher call per step on k+1 new tokens
-against its cache, rolled back per sentence to the accepted ones). Each step, for a sentence whose accepted prefix
-is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in its last call:
+(:class:`~nat_plugins.generators.verify_accept_loop.VerifyAcceptLoop`: one batched teacher call per step on k+1 new
+tokens against its cache, rolled back per sentence to the accepted ones). Each step, for a sentence whose accepted
+prefix is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in its last call:
 
 1. draft (§3 Spec-Drafter): the drafter reads BOS .. y_j, ŷ_{j+1} and proposes d_1..d_k for y_{j+2..j+k+1} in one
    pass (k = the checkpoint's ``--draft-size``);
@@ -32,7 +32,8 @@ import torch
 
 from ..modules.cpu_linear import int8_copy
 from ..modules.teacher import FrozenTeacher
-from ..modules.verify_accept import VerifyAcceptLoop, rollback_cache
+from ..modules.verify_accept import rollback_cache
+from .verify_accept_loop import VerifyAcceptLoop
 
 
 def share_unchanged_teacher_parts(drafter, teacher):

@@ -2,7 +2,7 @@
 
 A fairseq Transformer whose decoder output feeds k proposal heads (:class:`~nat_plugins.modules.block_heads.
 BlockHeads`, §6); head i is trained to predict y_{t+i} (criterion ``blockwise_loss``) and decoding is
-verify-accept (:mod:`nat_plugins.generators.verify_accept`). Recipes train on the teacher's distilled outputs (the
+verify-accept (:mod:`nat_plugins.generators.blockwise_decoding`). Recipes train on the teacher's distilled outputs (the
 heads must predict what p1 will emit) in two stages: the heads on the AR teacher (``--init-from-ar``
 ``--freeze-base``; with ``--identity-first-head`` p1 stays exactly the teacher, so exact acceptance reproduces its
 greedy output), then optionally everything (``--finetune-from-model`` the first stage's checkpoint), with head 1 in
@@ -25,7 +25,7 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de_big,
 )
 
-from ..generators.verify_accept import VerifyAcceptGenerator
+from ..generators.blockwise_decoding import VerifyAcceptGenerator
 from ..modules.block_heads import BlockHeads
 from ..modules.verify_accept import decoder_block_features
 from .plugin_model import NATPluginModel, logits_at_positions

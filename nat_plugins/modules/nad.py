@@ -21,7 +21,7 @@ import re
 
 import torch
 import torch.nn.functional as F
-from fairseq.modules import FairseqDropout, LayerNorm, PositionalEmbedding
+from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention, PositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
 
@@ -171,7 +171,7 @@ class NADLayer(TransformerDecoderLayerBase):
     def __init__(self, cfg):
         super().__init__(cfg)
         reject_normformer_options(self, "the non-autoregressive decoder layer")
-        self.pos_attn = self.build_encoder_attention(self.embed_dim, cfg)  # query/key/value from different inputs
+        self.pos_attn = self.build_positional_attention(self.embed_dim, cfg)
         self.pos_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
 
     def forward(self, x, positions, encoder_out, encoder_padding_mask, self_attn_mask=None, padding_mask=None):
@@ -185,6 +185,28 @@ class NADLayer(TransformerDecoderLayerBase):
         def positional_attention(h):
             return self.pos_attn(
                 query=positions, key=positions, value=h, key_padding_mask=padding_mask, need_weights=False
+    def build_positional_attention(self, embed_dim, cfg):
+        """Gu et al. §3.1 positional attention: positional encodings as query and key, the decoder states as value.
+
+        fairseq's ``MultiheadAttention`` with neither ``self_attention`` nor ``encoder_decoder_attention`` set: its
+        general branch projects query, key and value each from its own input on every path. (As encoder-decoder
+        attention, fairseq's reference path computes ``v_proj(key)``: the values would be the positions wherever
+        fairseq leaves the fused ``F.multi_head_attention_forward``: with an ``incremental_state``, under
+        TorchScript, ONNX export, ``skip_embed_dim_check``.) Parameter names, shapes and initialisation are those of
+        the encoder attention this sublayer was built as before (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``;
+        the encoder and decoder widths are equal wherever it ran, the copied inputs need it), so checkpoints load
+        unchanged."""
+        return MultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=embed_dim,
+            vdim=embed_dim,
+            dropout=cfg.attention_dropout,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.decoder.xformers_att_config,
+        )
+
             )
 
         def encoder_attention(h):

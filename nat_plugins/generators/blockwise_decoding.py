@@ -13,18 +13,18 @@ Acceptance (§3, §5):
 * ``--int8-drafts`` (CPU): heads 2..k's feed-forward layer and their output projection run with int8 weights; only
   the drafts can change.
 
-The batched loop, the cache rollback and the acceptance rule are :mod:`nat_plugins.modules.verify_accept` (shared
-with speculative decoding): sentences of a batch accept different numbers of tokens per step and leave the batch
-when they end. Exact acceptance prints the hypotheses ``fairseq-generate --beam 1`` prints for p1. Each hypothesis
-also carries ``steps`` (decoder calls for its sentence, the first call on BOS included) and
-``mean_accepted_block`` (emitted tokens, EOS included, per decoder call).
+The batched loop and the acceptance rule are :mod:`nat_plugins.generators.verify_accept_loop`, the block call and the
+cache rollback :mod:`nat_plugins.modules.verify_accept` (shared with speculative decoding): sentences of a batch accept
+different numbers of tokens per step and leave the batch when they end. Exact acceptance prints the hypotheses
+``fairseq-generate --beam 1`` prints for p1. Each hypothesis also carries ``steps`` (decoder calls for its sentence, the
+first call on BOS included) and ``mean_accepted_block`` (emitted tokens, EOS included, per decoder call).
 """
 
 import torch
 from torch import nn
 
 from ..modules.cpu_linear import int8_copy
-from ..modules.verify_accept import VerifyAcceptLoop, accepted_lengths  # noqa: F401  (re-export)
+from .verify_accept_loop import VerifyAcceptLoop
 
 
 def parse_block_accept(spec):

@@ -1,0 +1,272 @@
+"""Verify-accept decoding with an autoregressive verifier: the batched loop blockwise parallel decoding (Stern,
+Shazeer & Uszkoreit, NeurIPS 2018, §3-§5) shares with speculative decoding (Xia et al. 2023).
+
+Every step calls the verifier's decoder once on ``[ŷ_{j+1}, d_{j+2}, …, d_{j+k}]`` at positions j+1..j+k, where j is
+the last accepted position, ŷ_{j+1} is the verifier's own argmax from the previous call (accepted whatever happens)
+and the d are k-1 drafts. The call yields the verifier's distribution after each of them; the longest prefix of
+drafts the verifier agrees with is accepted (:func:`accepted_lengths`), the key/value cache is rolled back to the
+accepted tokens (:func:`~nat_plugins.modules.verify_accept.rollback_cache`), and the verifier's argmax after the last
+accepted token is the next ŷ_{j+1}. With exact acceptance the output is exactly the verifier's greedy output, whatever
+the drafts.
+
+Cost of a step beyond the decoder call (so that it stays close to one greedy step, Stern et al.'s premise): the
+verifier's k rows are reduced to an argmax and a logsumexp (scores of emitted tokens = logit - logsumexp, no
+log-softmax over the vocabulary; top-M compares logits); one device-to-host copy per step (finished sentences and the
+longest prefix); the cache rollback slices each layer's keys and values (batch 1) or gathers each row's kept slots to
+the front (batch > 1). Decoder calls (:func:`~nat_plugins.modules.verify_accept.decoder_block_features`) run the
+layers' lean forward (:mod:`~nat_plugins.modules.lean_decoder`) where it supports them.
+
+Usage: :class:`VerifyAcceptLoop` is the batched loop (sentences accept different numbers of tokens and leave the
+batch when they end); :func:`accepted_lengths` is the acceptance rule (exact, top-M, tolerance τ). A subclass passes
+``verifier`` (a fairseq encoder-decoder) and ``block_size`` k (tokens per verifier call) to its ``__init__`` and
+implements :meth:`~VerifyAcceptLoop.propose` (the k-1 drafts); it may override
+:meth:`~VerifyAcceptLoop.verifier_logits` (default: the decoder's output projection), :meth:`~VerifyAcceptLoop.start`
+(per batch, e.g. a drafter's encoder) and :meth:`~VerifyAcceptLoop.reorder` (sentences leaving the batch). Drafts
+should obey fairseq's length rules (never pad; EOS only where allowed), as forced acceptance (``min_block_size`` > 1)
+emits them unverified: :meth:`~VerifyAcceptLoop.constrain_logits` applies the rules. Blockwise parallel decoding
+(:class:`~nat_plugins.generators.blockwise_decoding.VerifyAcceptGenerator`) drafts with its k-1 extra heads at the
+state that predicted ŷ_{j+1}; speculative decoding (:class:`~nat_plugins.generators.speculative_decoding.
+SpeculativeDecoder`) drafts with a separate model given the accepted prefix.
+"""
+
+import logging
+import math
+
+import torch
+
+from ..modules.verify_accept import decoder_block_features, rollback_cache
+from .base import UNSUPPORTED_OPTIONS, PluginGenerator
+
+logger = logging.getLogger(__name__)
+
+
+def accepted_lengths(proposals, verify_scores, top_m, min_block_size, eos, tolerance=math.inf, greedy=None):
+    """How many of its k proposals each sentence accepts in one step (Stern et al. §3 verify/accept, §5
+    approximations; Xia et al. 2023's top-β with tolerance τ).
+
+    ``proposals`` (B, k) are ŷ_{j+1..j+k}; ``verify_scores`` (B, k-1, V) are the verifier's constrained scores of
+    y_{j+2..j+k} given the proposals before them: log-probabilities or anything that differs from them by a constant
+    per row (logits). ŷ_{j+1} (the verifier's argmax) is always accepted; ŷ_{j+i} needs ŷ_{j+2..j+i-1} accepted, a
+    score among the ``top_m`` best of its row (``top_m`` = 1: the argmax) and, with a finite ``tolerance`` τ, a score
+    at most τ below the row's best; then at least ``min_block_size`` are accepted, and the block is cut after its
+    first EOS. ``greedy`` (B, k-1): the argmax of ``verify_scores``, when the caller has it already.
+
+    Returns ``(accepted (B,), finished (B,): the block holds EOS, scores (B, k-1): the scores of ŷ_{j+2..j+k})``.
+    """
+    k = proposals.size(1)
+    scores = verify_scores.gather(-1, proposals[:, 1:].unsqueeze(-1)).squeeze(-1)
+    if top_m == 1:
+        verified = proposals[:, 1:].eq(verify_scores.argmax(-1) if greedy is None else greedy)
+    else:
+        best = verify_scores.topk(min(top_m, verify_scores.size(-1)), dim=-1).values
+        verified = scores.ge(best[..., -1]) & scores.gt(-math.inf)  # never a token the length rules forbid
+        if tolerance < math.inf:
+            verified &= scores.ge(best[..., 0] - tolerance)
+    accepted = (1 + verified.long().cumprod(dim=1).sum(dim=1)).clamp(min=min_block_size)
+    first_eos = torch.where(proposals.eq(eos), torch.arange(1, k + 1, device=proposals.device), k + 1).amin(dim=1)
+    return torch.minimum(accepted, first_eos), first_eos.le(accepted), scores
+
+
+class VerifyAcceptLoop(PluginGenerator):
+    """Batched verify-accept decoding against an AR ``verifier`` with a rolled-back cache (see the module).
+
+    Length limits, minimum length, pad/unk rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1
+    for the verifier (the maximum length is ``max_len_a`` × the padded source length of the batch + ``max_len_b``,
+    as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier. Each
+    hypothesis also carries ``steps`` (verifier calls for its sentence, a first call on BOS alone included) and
+    ``mean_accepted_block`` (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call
+    recomputes the whole prefix (the reference path).
+    """
+
+    name = "verify-accept decoding"
+    unsupported_options = {**UNSUPPORTED_OPTIONS, "nbest": 1, "temperature": 1.0}
+    # whether propose() can draft from BOS alone (a separate drafter, not heads on the verifier's state): the first
+    # call then verifies [BOS, d_1, …, d_{k-1}] instead of BOS alone, one verifier call fewer per sentence
+    drafts_after_bos = False
+
+    def __init__(
+        self,
+        models,
+        task,
+        gen_args,
+        verifier,
+        block_size,
+        top_m=1,
+        min_block_size=1,
+        tolerance=math.inf,
+        use_cache=True,
+    ):
+        super().__init__(models, task, gen_args)
+        if self.beam_size != 1:
+            logger.warning(f"--beam {self.beam_size} is ignored: {self.name} extends greedy decoding (pass --beam 1)")
+        if not 1 <= min_block_size <= block_size:
+            raise ValueError(f"the minimum block size must be between 1 and {block_size}, got {min_block_size}")
+        self.verifier = verifier
+        self.block_size = block_size
+        self.top_m, self.min_block_size, self.tolerance = top_m, min_block_size, tolerance
+        self.use_cache = use_cache
+        self.max_positions = verifier.max_decoder_positions()
+        self.may_reach_max_len = True  # whether the current step's positions can reach the length limit
+
+    # ----- hooks ---------------------------------------------------------------------------------------------------
+
+    def verifier_logits(self, features):
+        """The verifier's logits (..., V) for its decoder output ``features`` (..., d)."""
+        return self.verifier.decoder.output_layer(features)
+
+    def propose(self, first, features, tokens, last, max_len):
+        """The k-1 drafts d_{j+2..j+k} (B, k-1) after ``first`` ŷ_{j+1} (B,), the verifier's argmax at j+1, for the
+        sentences still decoding.
+
+        ``features`` (B, d): the verifier's decoder output at the last accepted position j (``last`` (B,)), the one
+        that predicted ``first``; ``tokens`` (B, W): BOS, the accepted tokens and ``first`` at j+1, then pad (W: the
+        longest such prefix); ``max_len``: the batch's length limit (output position ``max_len`` may only be EOS).
+        With :attr:`drafts_after_bos`, the first call has j = -1, ``first`` = BOS and no ``features``."""
+        raise NotImplementedError
+
+    def start(self, sample, encoder_out):
+        """Called once per batch before the first call (``encoder_out``: the verifier's)."""
+
+    def reorder(self, keep):
+        """Sentences ``keep`` (indices into the current batch) stay in the batch, the others have ended."""
+
+    # ----- the loop ------------------------------------------------------------------------------------------------
+
+    def constrain_logits(self, logits, position, max_len):
+        """``SequenceGenerator``'s rules on ``logits`` (..., V) of the 0-based output ``position``, in place (see
+        :meth:`~nat_plugins.generators.base.PluginGenerator.constrain`), skipping those that cannot apply: the
+        forced EOS at ``max_len`` is checked only when this step's positions can reach it."""
+        logits[..., self.pad] = -math.inf
+        if self.unk_penalty:
+            logits[..., self.unk] -= self.unk_penalty
+        if self.min_len > 0:
+            logits[..., self.eos].masked_fill_(position < self.min_len, -math.inf)
+        if self.may_reach_max_len:
+            self.force_eos(logits, position >= max_len)
+        return logits
+
+    def verify(self, features, position, max_len):
+        """The verifier at decoder output ``features`` (..., d) of 0-based output ``position``: its argmax (...), the
+        argmax's log-probability (float32, as ``SequenceGenerator``'s: logit - logsumexp), its constrained float32
+        logits (..., V) and their logsumexp before the rules (...). No log-softmax over the vocabulary."""
+        # contiguous: a CPU projection returns the transposed product (cpu_linear), whose rows reduce 3x slower
+        logits = self.verifier_logits(features).float().contiguous()
+        logsumexp = logits.logsumexp(dim=-1)
+        logits = self.constrain_logits(logits, position, max_len)
+        best, greedy = logits.max(dim=-1)
+        return greedy, best - logsumexp, logits, logsumexp
+
+    def recompute_block(self, tokens, proposals, index, encoder_out, max_len, width):
+        """Cache-off step: run the decoder on the whole prefix (``width`` positions) with the proposals at ``index``,
+        return the states of the proposals."""
+        sequence = tokens[:, :width].scatter(1, index, proposals)
+        positions = torch.arange(width, device=index.device).expand_as(sequence).clamp(max=max_len)
+        x = decoder_block_features(self.verifier.decoder, sequence, positions, encoder_out, None)
+        return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+
+    @torch.no_grad()
+    def generate(self, models, sample, bos_token=None, **kwargs):
+        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
+        verifier, decoder, k = self.verifier, self.verifier.decoder, self.block_size
+        net_input = sample["net_input"]
+        src_tokens = net_input["src_tokens"]
+        bsz, src_len = src_tokens.shape[:2]
+        device = src_tokens.device
+        # one limit for the batch, from its padded source length, as SequenceGenerator's
+        max_len = self.max_lengths(src_tokens.new_full((1,), src_len), self.max_positions - 1)
+        self.check_min_len(max_len)
+        max_len = int(max_len)
+
+        encoder_out = verifier.encoder.forward_torchscript(net_input)
+        self.start(sample, encoder_out)
+        cache = {} if self.use_cache else None
+        offsets = torch.arange(1, k + 1, device=device)
+        # rows of the sentences still decoding: tokens[:, t] = y_t (t = 0: BOS; pad after the next token),
+        # scores[:, t] = log p(y_t | y_<t)
+        tokens = src_tokens.new_full((bsz, max_len + k + 2), self.pad)
+        tokens[:, 0] = self.eos if bos_token is None else bos_token
+        scores = torch.zeros(bsz, max_len + k + 2, device=device)
+        active = torch.arange(bsz, device=device)
+        last = torch.zeros(bsz, dtype=torch.long, device=device)  # position of the last accepted token
+        out_tokens, out_scores = tokens.clone(), scores.clone()
+        out_lengths, out_steps = torch.zeros_like(last), torch.zeros_like(last)
+
+        bos_block = self.drafts_after_bos  # the first block is [BOS, drafts] at positions 0..k-1 (j = -1)
+        if bos_block:  # BOS plays ŷ_{j+1}
+            steps = torch.zeros_like(last)
+            last = last - 1
+            first, first_score, features = tokens[:, 0].clone(), scores[:, 0].clone(), None
+        else:  # first call: BOS -> the verifier's y_1 (ŷ_{j+1} of the first block)
+            steps = torch.ones_like(last)
+            self.may_reach_max_len = k >= max_len
+            features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, cache)[:, 0]
+            first, first_score, _, _ = self.verify(features, last, max_len)
+        finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # the last block ended with EOS
+        accepted = None
+        while True:
+            # ŷ_{j+1} is accepted whatever happens: write it, and end sentences whose next token is EOS
+            tokens.scatter_(1, (last + 1).unsqueeze(1), first.unsqueeze(1))
+            scores.scatter_(1, (last + 1).unsqueeze(1), first_score.unsqueeze(1))
+            done = finished if bos_block else finished | first.eq(self.eos)
+            num_done, max_last = torch.stack([done.sum(), last.max()]).tolist()  # the step's one host sync
+            if accepted is not None and cache is not None:
+                rollback_cache(decoder, cache, k, accepted, kept_length=max_last + 1)
+            if num_done:
+                remaining = last.size(0) - num_done
+                order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
+                gone, keep = order[remaining:], order[:remaining]
+                rows = active[gone]
+                out_tokens[rows], out_scores[rows], out_steps[rows] = tokens[gone], scores[gone], steps[gone]
+                out_lengths[rows] = torch.where(finished[gone], last[gone], last[gone] + 1)
+                if remaining == 0:
+                    break
+                active, last, first, first_score = active[keep], last[keep], first[keep], first_score[keep]
+                tokens, scores, steps, features = tokens[keep], scores[keep], steps[keep], features[keep]
+                encoder_out = verifier.encoder.reorder_encoder_out(encoder_out, keep)
+                if cache is not None:
+                    decoder.reorder_incremental_state_scripting(cache, keep)
+                self.reorder(keep)
+
+            # the block [ŷ_{j+1}, drafts]; one call scores it and holds the states for the next one
+            self.may_reach_max_len = max_last + k >= max_len
+            proposals = first.unsqueeze(1)
+            if k > 1:
+                drafts = self.propose(first, features, tokens[:, : max_last + 2], last, max_len)
+                proposals = torch.cat([proposals, drafts], dim=1)
+            index = last.unsqueeze(1) + offsets
+            if cache is not None:
+                positions = index.clamp(max=max_len) if self.may_reach_max_len else index
+                x = decoder_block_features(decoder, proposals, positions, encoder_out, cache)
+            else:
+                x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + k + 1)
+            steps += 1
+            greedy, greedy_scores, logits, logsumexp = self.verify(x, index, max_len)
+            # a first block's BOS (= EOS in fairseq) does not end it
+            checked = proposals.masked_fill(offsets.eq(1), self.pad) if bos_block else proposals
+            bos_block = False
+            accepted, finished, draft_scores = accepted_lengths(
+                checked, logits[:, :-1], self.top_m, self.min_block_size, self.eos, self.tolerance, greedy[:, :-1]
+            )
+            tokens.scatter_(1, index, proposals.masked_fill(offsets > accepted.unsqueeze(1), self.pad))
+            scores.scatter_(1, index, torch.cat([first_score.unsqueeze(1), draft_scores - logsumexp[:, :-1]], 1))
+            last = last + accepted
+            # the next block starts after the last accepted token
+            at = (accepted - 1).unsqueeze(1)
+            first, first_score = greedy.gather(1, at).squeeze(1), greedy_scores.gather(1, at).squeeze(1)
+            features = x.gather(1, at.unsqueeze(2).expand(-1, -1, x.size(-1))).squeeze(1)
+
+        return self.hypotheses(out_tokens, out_scores, out_lengths, out_steps)
+
+    def hypotheses(self, tokens, scores, lengths, steps):
+        """fairseq's hypothesis format, one (best-only) list per sentence."""
+        return [
+            [
+                self.hypothesis(
+                    tokens[row, 1 : length + 1],
+                    scores[row, 1 : length + 1],
+                    num_steps,
+                    mean_accepted_block=length / num_steps,
+                )
+            ]
+            for row, (length, num_steps) in enumerate(zip(lengths.tolist(), steps.tolist()))
+        ]
