@@ -174,17 +174,6 @@ class NADLayer(TransformerDecoderLayerBase):
         self.pos_attn = self.build_positional_attention(self.embed_dim, cfg)
         self.pos_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
 
-    def forward(self, x, positions, encoder_out, encoder_padding_mask, self_attn_mask=None, padding_mask=None):
-        """``x``, ``positions``: T x B x C; ``encoder_out``: S x B x C; masks as fairseq's (True = padding)."""
-
-        def self_attention(h):
-            return self.self_attn(
-                query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask, need_weights=False
-            )
-
-        def positional_attention(h):
-            return self.pos_attn(
-                query=positions, key=positions, value=h, key_padding_mask=padding_mask, need_weights=False
     def build_positional_attention(self, embed_dim, cfg):
         """Gu et al. §3.1 positional attention: positional encodings as query and key, the decoder states as value.
 
@@ -207,6 +196,17 @@ class NADLayer(TransformerDecoderLayerBase):
             xformers_att_config=cfg.decoder.xformers_att_config,
         )
 
+    def forward(self, x, positions, encoder_out, encoder_padding_mask, self_attn_mask=None, padding_mask=None):
+        """``x``, ``positions``: T x B x C; ``encoder_out``: S x B x C; masks as fairseq's (True = padding)."""
+
+        def self_attention(h):
+            return self.self_attn(
+                query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask, need_weights=False
+            )
+
+        def positional_attention(h):
+            return self.pos_attn(
+                query=positions, key=positions, value=h, key_padding_mask=padding_mask, need_weights=False
             )
 
         def encoder_attention(h):
