@@ -30,7 +30,7 @@ from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune
 from nat_plugins.generators import fertility_decoding
 from nat_plugins.generators.fertility_decoding import FertilityDecoder, cap_total, first_occurrences, nat_output
 from nat_plugins.modules.log_probs import token_log_probs
-from nat_plugins.modules.nad import NADLayer, fertility_copy_index
+from nat_plugins.modules.nad import FertilityPredictor, NADLayer, fertility_copy_index
 from nat_plugins.modules.teacher import FrozenTeacher
 from nat_plugins.tasks.translation_nat import SideFileError
 
@@ -304,6 +304,30 @@ def test_self_masking_reaches_the_decoder(fert_data_bin, task, monkeypatch, mask
         assert masks[0].clone().fill_diagonal_(0).eq(0).all()
     else:
         assert masks[0] is None
+
+
+@pytest.mark.parametrize("hidden_layers", [None, 0, 1])
+def test_fertility_predictor_hidden_layers(fert_data_bin, task, hidden_layers):
+    """--fertility-hidden-layers 0: the softmax classifier alone on the top encoder states (an affine map, L x C);
+    1 (the default): a C x C ReLU layer before it. Logits B x S x L either way."""
+    extra = [] if hidden_layers is None else ["--fertility-hidden-layers", str(hidden_layers)]
+    model = build(fert_data_bin, task, extra)
+    dim, classes = 32, model.max_fertility
+    shapes = {name: tuple(p.shape) for name, p in model.fertility_predictor.named_parameters()}
+    expected = {"out.weight": (classes, dim), "out.bias": (classes,)}
+    if hidden_layers != 0:
+        expected.update({"hidden.weight": (dim, dim), "hidden.bias": (dim,)})
+    assert shapes == expected
+    sample = batch(task, range(3))
+    src_tokens = sample["net_input"]["src_tokens"]
+    logits = model(**sample["net_input"], fertility=sample["fertility"])["fertility"]["out"]
+    assert logits.shape == (*src_tokens.shape, classes)
+    if hidden_layers == 0:
+        states = model.encode(src_tokens, sample["net_input"]["src_lengths"])["encoder_out"][0].transpose(0, 1)
+        out = model.fertility_predictor.out
+        torch.testing.assert_close(logits, states @ out.weight.T + out.bias)
+    with pytest.raises(ValueError, match="--fertility-hidden-layers must be 0 or 1, got 2"):
+        FertilityPredictor(dim, classes, hidden_layers=2)
 
 
 def test_gold_fertility_inference_equals_training_forward(fert_data_bin, task, tiny_teacher, monkeypatch):

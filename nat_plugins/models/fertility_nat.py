@@ -2,9 +2,10 @@
 Translation"): model ``fertility_nat``.
 
 * encoder: fairseq's Transformer encoder;
-* fertility predictor (§3.3): one hidden layer + softmax over fertilities 0..L-1 (``--max-fertility L``, default
+* fertility predictor (§3.3): a softmax over fertilities 0..L-1 (``--max-fertility L``, default
   :data:`~nat_plugins.modules.options.DEFAULT_MAX_FERTILITY`) on the top encoder state of every source subword (EOS
-  and padding always get fertility 0);
+  and padding always get fertility 0), after one ReLU hidden layer (``--fertility-hidden-layers 1``, the default) or
+  directly, a one-layer softmax classifier (``--fertility-hidden-layers 0``);
 * decoder inputs (§3.1, "copy source inputs"): the source token embedding *plus the source positional embedding*
   (as the released salesforce code does; the decoder then adds its own target positions) of source position j,
   copied f_j times (``--decoder-input-copy fertility``); or spread uniformly over the target length
@@ -92,6 +93,8 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
 
     required_side_inputs = ("fertility",)
     generator_class = FertilityDecoder
+    ar_init_paper_prefixes = ("encoder.",)
+    ar_init_paper = "the encoder, its embeddings included (Gu et al. 2018 initialise the encoder from the teacher)"
 
     @classmethod
     def add_args(cls, parser):
@@ -102,6 +105,14 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
             metavar="L",
             help=f"fertilities are predicted with a softmax over 0..L-1 (default {DEFAULT_MAX_FERTILITY}; "
             "Gu et al. §3.3); larger training fertilities are clamped to L-1 in the fertility loss",
+        )
+        parser.add_argument(
+            "--fertility-hidden-layers",
+            type=int,
+            choices=(0, 1),
+            help="hidden layers of the fertility predictor: 1 (default) = a ReLU layer of the encoder's width, then "
+            "the softmax classifier; 0 = the softmax classifier alone on the top encoder states (Gu et al. §3.3's "
+            "one-layer classifier)",
         )
         parser.add_argument(
             "--decoder-input-copy",
@@ -129,7 +140,9 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     def build_model(cls, args, task):
         fertility_nat_base_architecture(args)
         model = super().build_model(args, task)
-        model.fertility_predictor = FertilityPredictor(args.encoder_embed_dim, args.max_fertility, dropout=args.dropout)
+        model.fertility_predictor = FertilityPredictor(
+            args.encoder_embed_dim, args.max_fertility, dropout=args.dropout, hidden_layers=args.fertility_hidden_layers
+        )
         model.copy_mode = args.decoder_input_copy
         return model
 
@@ -210,6 +223,8 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
 def fertility_nat_base_architecture(args):
     if getattr(args, "max_fertility", None) is None:
         args.max_fertility = DEFAULT_MAX_FERTILITY
+    if getattr(args, "fertility_hidden_layers", None) is None:
+        args.fertility_hidden_layers = 1
     if getattr(args, "decoder_input_copy", None) is None:
         args.decoder_input_copy = "fertility"
     if getattr(args, "self_attn_mask_diagonal", None) is None:

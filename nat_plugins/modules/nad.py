@@ -5,7 +5,7 @@ and the NAD of ``nad_ad_transformer`` (Zhou, Zhang & Zong 2020, §3).
   position t to the source position whose fertility span covers t; uniform copy is the same with
   :func:`uniform_fertility` (target length spread evenly over the source tokens, Gu et al.'s
   "Round(T't/T)"), so both modes go through one gather, :func:`copy_source`;
-* :class:`FertilityPredictor` (§3.3: one hidden layer and a softmax over 0..L-1 on the top encoder states) and
+* :class:`FertilityPredictor` (§3.3: a softmax over 0..L-1 on the top encoder states, after 0 or 1 hidden layer) and
   :class:`LengthPredictor` (mean-pooled encoder states -> softmax over target lengths, for uniform copy);
 * :class:`NADLayer`: self-attention (optionally masking each query's own position, §3.1 "we mask out each query
   position only from attending to itself") -> positional attention (positional encodings as query and key,
@@ -110,20 +110,31 @@ def self_attention_mask(length, mask_diagonal, reference):
 
 
 class FertilityPredictor(nn.Module):
-    """Gu et al. §3.3: a one-hidden-layer network with a softmax over fertilities 0..L-1 on each top encoder state."""
+    """Gu et al. §3.3: a softmax classifier over fertilities 0..L-1 on each top encoder state.
 
-    def __init__(self, embed_dim, max_fertility, dropout=0.0):
+    ``hidden_layers`` 0: the classifier alone, a single linear layer before the softmax (reading §3.3's "one-layer
+    neural network with a softmax classifier" as that one layer); 1 (default, as before the option existed): a ReLU
+    hidden layer of the encoder's width, with dropout, before it (parameters ``hidden`` and ``out``)."""
+
+    def __init__(self, embed_dim, max_fertility, dropout=0.0, hidden_layers=1):
         super().__init__()
         if max_fertility < 2:
             raise ValueError(f"--max-fertility must be at least 2, got {max_fertility}")
+        if hidden_layers not in (0, 1):
+            raise ValueError(f"--fertility-hidden-layers must be 0 or 1, got {hidden_layers}")
         self.max_fertility = max_fertility
-        self.hidden = nn.Linear(embed_dim, embed_dim)
+        if hidden_layers:
+            self.hidden = nn.Linear(embed_dim, embed_dim)
+            self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
+        else:
+            self.hidden = None
         self.out = nn.Linear(embed_dim, max_fertility)
-        self.dropout_module = FairseqDropout(dropout, module_name=type(self).__name__)
 
     def forward(self, encoder_states):
         """Logits (B x S x L) of the fertility of every source position (``encoder_states``: B x S x C)."""
-        return self.out(self.dropout_module(F.relu(self.hidden(encoder_states))))
+        if self.hidden is not None:
+            encoder_states = self.dropout_module(F.relu(self.hidden(encoder_states)))
+        return self.out(encoder_states)
 
 
 class LengthPredictor(nn.Module):
