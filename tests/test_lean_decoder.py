@@ -4,6 +4,7 @@ is the one fairseq's layers would leave (rollback and reorder keep working)."""
 
 import pytest
 import torch
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from nat_plugins.modules.lean_decoder import lean_unsupported
 from nat_plugins.modules.verify_accept import decoder_stack_features, rollback_cache, self_attention_buffers
@@ -73,19 +74,49 @@ def test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(t
         torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
 
 
+class ExtendedLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer with one more sublayer (as Encoder-NAD-AD's layers add an attention)."""
+
+    def forward(self, x, *args, **kwargs):
+        x, attn, state = super().forward(x, *args, **kwargs)
+        return x + 1, attn, state
+
+
 def test_lean_forward_runs_only_in_evaluation_and_on_supported_layers(toy_task):
-    """In training (dropout) and on layers it does not implement, fairseq's layers run: the result is theirs."""
+    """In training (dropout) and on layers it does not implement (NormFormer's ``attn_ln``; a subclass of fairseq's
+    layer, whose extra sublayers it would skip), the layers' own forward runs: the result is theirs."""
     model = random_decoder_model(toy_task, pre_norm=False)
     assert lean_unsupported(model.decoder) is None
-    model.decoder.layers[0].attn_ln = torch.nn.LayerNorm(32)  # what --scale-attn adds
-    assert "attn_ln" in lean_unsupported(model.decoder)
     sample = random_batch(toy_task.target_dictionary, 2, seed=1)
     encoder_out = model.encoder.forward_torchscript(sample["net_input"])
     embedded = torch.randn(2, 3, 32)
     positions = torch.arange(3).expand(2, -1)
+
+    def both():
+        """The features with the lean forward asked for and not, under the same dropout masks."""
+        outputs = []
+        for lean in (False, True):
+            torch.manual_seed(0)
+            outputs.append(features(model, embedded, positions, encoder_out, None, None, None, lean))
+        return outputs
+
     with torch.no_grad():
-        both = [features(model, embedded, positions, encoder_out, None, None, None, lean) for lean in (False, True)]
-    assert torch.equal(both[0], both[1])  # the unsupported layer ran fairseq's forward both times
+        evaluation = both()[0]
+        model.train()
+        trained = both()
+        assert model.decoder.dropout_module.p > 0 and not torch.allclose(trained[0], evaluation)  # dropout ran
+        assert torch.equal(trained[1], trained[0])  # fairseq's forward, dropout included, both times
+        model.eval()
+        model.decoder.layers[0].attn_ln = torch.nn.LayerNorm(32)  # what --scale-attn adds
+        assert "attn_ln" in lean_unsupported(model.decoder)
+        normformer = both()
+        assert torch.equal(normformer[1], normformer[0])  # the unsupported layer ran fairseq's forward both times
+        model.decoder.layers[0].attn_ln = None
+        model.decoder.layers[1].__class__ = ExtendedLayer
+        assert lean_unsupported(model.decoder) == "layer 1 is a ExtendedLayer, not fairseq's TransformerDecoderLayer"
+        extended = both()
+        assert torch.equal(extended[1], extended[0])
+        torch.testing.assert_close(extended[0], evaluation + 1)  # its own forward: the extra sublayer ran
 
 
 def test_fused_projections_follow_the_weights(toy_task):

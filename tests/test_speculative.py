@@ -5,13 +5,14 @@ drafter that is always right emitting k+1 tokens per teacher call, relaxed verif
 synthetic task."""
 
 import copy
+import logging
 import math
 from argparse import Namespace
 
 import pytest
 import torch
 from fairseq import options
-from fairseq.data import data_utils
+from fairseq.data import Dictionary, data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
@@ -41,17 +42,25 @@ def build(task, arch_args, seed):
     return task.build_model(args).eval(), args
 
 
-def random_teacher(task, seed, path):
+def save_checkpoint(model, args, path):
+    """``model`` (built from ``args``) as a fairseq checkpoint at ``path``."""
+    history = [{"criterion_name": "none", "optimizer_name": "none", "lr_scheduler_state": {}, "num_updates": 0}]
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history, "extra_state": {}}, path)
+
+
+def random_teacher(task, seed, path, data=None):
     """A random 2-layer AR Transformer saved as a checkpoint at ``path``, whose greedy outputs vary in length and
-    content (large learned positional embeddings, a random EOS direction; as tests/test_blockwise.py)."""
+    content (large learned positional embeddings, a random EOS direction; as tests/test_blockwise.py); ``data``: the
+    data directory its checkpoint names (target language ``tgt``)."""
     teacher, args = build(
         task, ["--arch", "transformer", "--decoder-layers", "2", "--decoder-learned-pos"] + TINY_SIZES, seed
     )
     with torch.no_grad():
         teacher.decoder.embed_positions.weight.mul_(10)
         teacher.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
-    history = [{"criterion_name": "none", "optimizer_name": "none", "lr_scheduler_state": {}, "num_updates": 0}]
-    torch.save({"args": args, "model": teacher.state_dict(), "optimizer_history": history, "extra_state": {}}, path)
+    if data is not None:
+        args.data, args.source_lang, args.target_lang = data, "src", "tgt"
+    save_checkpoint(teacher, args, path)
     return teacher
 
 
@@ -364,6 +373,52 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
         SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
     with pytest.raises(ValueError, match="--int8-drafts runs the drafter's decoder on the CPU in float32.*bfloat16"):
         speculative(drafter(toy_task, 2, 0).bfloat16(), toy_task, path, int8_drafts=True)
+
+
+@pytest.mark.parametrize("arch", ["nad_ad_transformer", "blockwise_transformer", "sat_transformer"])
+def test_a_teacher_the_verifier_does_not_reproduce_is_refused(toy_task, tmp_path, arch):
+    """The verifier recomputes fairseq's Transformer decoder layer by layer: an Encoder-NAD-AD teacher (its layers'
+    NAD-AD attention would be skipped), a blockwise one (head 1 may pass the heads' layer) or a SAT one (other
+    decoder inputs) would be verified as another model, so they are refused."""
+    teacher, args = build(toy_task, ["--arch", arch] + TINY_SIZES, 0)
+    path = str(tmp_path / "teacher.pt")
+    save_checkpoint(teacher, args, path)
+    decoder = type(teacher.decoder).__name__
+    with pytest.raises(
+        ValueError,
+        match=f"--speculative-teacher .* cannot verify the drafts exactly: its decoder is a "
+        f"{decoder}, not fairseq's TransformerDecoder.*--arch transformer",
+    ):
+        speculative(drafter(toy_task, 2, 0), toy_task, path)
+
+
+def test_a_teacher_trained_with_another_target_dictionary_is_refused(toy_task, tmp_path, caplog):
+    """The teacher's checkpoint names its data directory: a target dictionary there of the task's size but other
+    symbols is refused; the task's own is accepted; a checkpoint whose directory is gone is accepted with a
+    warning."""
+    model = drafter(toy_task, 2, 0)
+    symbols = toy_task.target_dictionary.symbols[toy_task.target_dictionary.nspecial :]
+    for name, order in (("same", symbols), ("other", [symbols[1], symbols[0]] + symbols[2:])):
+        data = tmp_path / name
+        data.mkdir()
+        dictionary = Dictionary()
+        for symbol in order:
+            dictionary.add_symbol(symbol)
+        dictionary.save(str(data / "dict.tgt.txt"))
+        random_teacher(toy_task, 0, str(data / "teacher.pt"), data=str(data))
+    with caplog.at_level(logging.WARNING):
+        speculative(model, toy_task, str(tmp_path / "same" / "teacher.pt"))
+    assert "cannot check" not in caplog.text
+    with pytest.raises(
+        ValueError,
+        match="--speculative-teacher .* was trained with the target dictionary .*other/dict"
+        ".tgt.txt, which is not this data-bin's .*Pass a teacher trained on this data-bin",
+    ):
+        speculative(model, toy_task, str(tmp_path / "other" / "teacher.pt"))
+    random_teacher(toy_task, 0, str(tmp_path / "moved.pt"), data=str(tmp_path / "gone"))
+    with caplog.at_level(logging.WARNING):
+        speculative(model, toy_task, str(tmp_path / "moved.pt"))
+    assert "cannot check that the teacher was trained with this data-bin's target dictionary" in caplog.text
 
 
 # ----- learning (the synthetic task of tests/utils.py, from the synthetic_teacher fixture) --------------------------

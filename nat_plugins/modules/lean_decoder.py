@@ -14,21 +14,28 @@ as those of one call on several new tokens already differ from fairseq's token-b
 runs its verifier and the speculative drafter with it (docs/results.md, 2026-11-25: with the changes to
 :mod:`~nat_plugins.modules.cpu_linear`, 2-15% less time per sentence for the verify-accept rows on 2 CPU cores).
 
-Layers with features it does not implement (NormFormer's extra norms and scales, ``--cross-self-attention``, bias
-key/values, zero attention, xformers) are reported by :func:`lean_unsupported`, and callers keep fairseq's forward;
-in training (dropout) fairseq's forward runs too.
+Layers with features it does not implement (a layer class other than fairseq's ``TransformerDecoderLayer``, whose
+extra sublayers it would skip; NormFormer's extra norms and scales, ``--cross-self-attention``, bias key/values, zero
+attention, xformers) are reported by :func:`lean_unsupported`, and callers keep the layers' own forward; in training
+(dropout) fairseq's forward runs too.
 """
 
 import torch
 import torch.nn.functional as F
+from fairseq.modules.transformer_layer import TransformerDecoderLayer, TransformerDecoderLayerBase
 from torch import nn
 
 from .cpu_linear import linear
+
+# the layer classes this forward implements: fairseq's Transformer decoder layer (a subclass may add sublayers)
+FAIRSEQ_DECODER_LAYERS = (TransformerDecoderLayerBase, TransformerDecoderLayer)
 
 
 def lean_unsupported(decoder):
     """Why the lean forward cannot run ``decoder``'s layers (a string), or None when it can."""
     for index, layer in enumerate(decoder.layers):
+        if type(layer) not in FAIRSEQ_DECODER_LAYERS:
+            return f"layer {index} is a {type(layer).__name__}, not fairseq's TransformerDecoderLayer"
         extras = [
             name for name in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid") if getattr(layer, name, None) is not None
         ]

@@ -26,7 +26,7 @@ class FrozenTeacher:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{option}: teacher checkpoint {path!r} does not exist")
         try:
-            models, _cfg = checkpoint_utils.load_model_ensemble([path], task=task)
+            models, cfg = checkpoint_utils.load_model_ensemble([path], task=task)
         except RuntimeError as err:  # state-dict size mismatch: another dictionary
             raise ValueError(
                 f"{option} {path!r} does not fit this data-bin (was it trained with the same dictionaries?): {err}"
@@ -41,6 +41,7 @@ class FrozenTeacher:
         for parameter in model.parameters():
             parameter.requires_grad_(False)
         self.model = use_weight_first_linears(model)  # CPU decoding: faster few-row products
+        self.cfg = cfg  # the checkpoint's own configuration (the data it was trained on, ...)
         self.option = option
 
     def to(self, reference):

@@ -8,14 +8,21 @@ decoding).
   included) on several new tokens at explicit positions against its cache (:func:`decoder_stack_features`: the layers
   on given embeddings; the layers' lean forward, :mod:`~nat_plugins.modules.lean_decoder`, where it supports them);
 * :func:`rollback_cache` keeps the accepted slots per sentence: the cache stays compact (each row's accepted prefix
-  first, as long as the longest prefix, one shared key padding mask; batch 1: exactly the prefix, no mask).
+  first, as long as the longest prefix, one shared key padding mask; batch 1: exactly the prefix, no mask);
+* :func:`inexact_verifier` says why these functions would not compute a decoder's own features (a decoder or layer
+  class other than fairseq's, which may add sublayers or change the forward), so that such a verifier is refused
+  rather than silently approximated.
 """
 
 import torch
 import torch.nn.functional as F
+from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-from .lean_decoder import lean_layer_stack, lean_unsupported
+from .lean_decoder import FAIRSEQ_DECODER_LAYERS, lean_layer_stack, lean_unsupported
+
+# the decoder classes whose forward decoder_stack_features recomputes: fairseq's Transformer decoder (not a subclass)
+FAIRSEQ_DECODERS = (TransformerDecoderBase, TransformerDecoder)
 
 
 def target_position_embeddings(decoder, positions):
@@ -25,6 +32,23 @@ def target_position_embeddings(decoder, positions):
     if isinstance(decoder.embed_positions, SinusoidalPositionalEmbedding):
         return F.embedding(index, decoder.embed_positions.weights)
     return F.embedding(index, decoder.embed_positions.weight)
+
+
+def inexact_verifier(decoder):
+    """Why :func:`decoder_block_features` would not compute ``decoder``'s own features (a string naming the class or
+    option), or None when it computes what fairseq's forward computes (up to rounding): for fairseq's
+    ``TransformerDecoder`` with fairseq's ``TransformerDecoderLayer`` layers, not subclasses, without
+    ``--cross-self-attention`` and with an output projection (no ``--adaptive-softmax-cutoff``)."""
+    if type(decoder) not in FAIRSEQ_DECODERS:
+        return f"its decoder is a {type(decoder).__name__}, not fairseq's TransformerDecoder"
+    others = sorted({type(layer).__name__ for layer in decoder.layers if type(layer) not in FAIRSEQ_DECODER_LAYERS})
+    if others:
+        return f"its decoder layers are {', '.join(others)}, not fairseq's TransformerDecoderLayer"
+    if decoder.cross_self_attention:
+        return "it was trained with --cross-self-attention"
+    if decoder.adaptive_softmax is not None:
+        return "its output layer is an adaptive softmax (--adaptive-softmax-cutoff)"
+    return None
 
 
 def self_attention_buffers(decoder, incremental_state):
