@@ -14,6 +14,7 @@ import sacrebleu
 import torch
 from fairseq import options
 from fairseq.data import data_utils
+from fairseq.dataclass.configs import GenerationConfig
 from fairseq.logging import metrics
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.sequence_generator import SequenceGenerator
@@ -452,6 +453,12 @@ def test_decoding_options_are_checked(toy_task):
         VerifyAcceptGenerator([model, model], toy_task, Namespace(beam=1))
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
         VerifyAcceptGenerator([model], toy_task, Namespace(nbest=2))
+    # fairseq's default --beam is 5: forgetting --beam 1 is an error, not greedy output and a log line
+    with pytest.raises(
+        ValueError,
+        match=r"verify-accept decoding \(blockwise_transformer\) emits one greedy .*: pass --beam 1 \(got 5\)",
+    ):
+        VerifyAcceptGenerator([model], toy_task, GenerationConfig())
     with pytest.raises(ValueError, match="--int8-drafts needs a model trained with --identity-first-head"):
         VerifyAcceptGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
 

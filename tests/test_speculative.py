@@ -371,6 +371,10 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
         speculative(teacher, toy_task, path)
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
         SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
+    with pytest.raises(
+        ValueError, match=r"speculative decoding \(spec_drafter\) emits one greedy .*: pass --beam 1 \(got 4\)"
+    ):
+        SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(beam=4))
     with pytest.raises(ValueError, match="--int8-drafts runs the drafter's decoder on the CPU in float32.*bfloat16"):
         speculative(drafter(toy_task, 2, 0).bfloat16(), toy_task, path, int8_drafts=True)
 

@@ -29,15 +29,12 @@ state that predicted ŷ_{j+1}; speculative decoding (:class:`~nat_plugins.genera
 SpeculativeDecoder`) drafts with a separate model given the accepted prefix.
 """
 
-import logging
 import math
 
 import torch
 
 from ..modules.verify_accept import decoder_block_features, rollback_cache
 from .base import UNSUPPORTED_OPTIONS, PluginGenerator
-
-logger = logging.getLogger(__name__)
 
 
 def accepted_lengths(proposals, verify_scores, top_m, min_block_size, eos, tolerance=math.inf, greedy=None):
@@ -97,8 +94,7 @@ class VerifyAcceptLoop(PluginGenerator):
         use_cache=True,
     ):
         super().__init__(models, task, gen_args)
-        if self.beam_size != 1:
-            logger.warning(f"--beam {self.beam_size} is ignored: {self.name} extends greedy decoding (pass --beam 1)")
+        self.require_greedy("emits one greedy hypothesis per sentence (no beam search)")
         if not 1 <= min_block_size <= block_size:
             raise ValueError(f"the minimum block size must be between 1 and {block_size}, got {min_block_size}")
         self.verifier = verifier
