@@ -11,22 +11,13 @@ the plugin decoders' task options per call (``fertility_decoding="npd"``, ``npd_
 ``block_accept="topk:2"``, ...); they are set on ``task.cfg`` for that call only.
 """
 
-import dataclasses
 import os
 
 from fairseq import hub_utils
-from fairseq.tasks.translation import TranslationConfig
 
-from .tasks.translation_nat import TranslationNATConfig
+from .tasks.translation_nat import DECODING_OPTIONS
 
 USER_DIR = os.path.dirname(os.path.abspath(__file__))
-
-# the task options the plugin decoders read from ``task.cfg``
-DECODING_OPTIONS = frozenset(
-    {f.name for f in dataclasses.fields(TranslationNATConfig)}
-    - {f.name for f in dataclasses.fields(TranslationConfig)}
-    - {"use_distilled"}
-)
 
 # subword models written by nat_plugins.cli.prepare_data, and the fairseq bpe options that apply them
 SUBWORD_FILES = (("spm.model", "sentencepiece", "sentencepiece_model"), ("bpe.codes", "subword_nmt", "bpe_codes"))
@@ -53,7 +44,9 @@ class NATHubInterface(hub_utils.GeneratorHubInterface):
         return super().sample(sentences, beam, verbose, **kwargs)
 
     def generate(self, tokenized_sentences, beam=None, verbose=False, **kwargs):
-        """fairseq's ``generate``; ``kwargs`` named in :data:`DECODING_OPTIONS` go to ``task.cfg`` during the call."""
+        """fairseq's ``generate``; ``kwargs`` named in the task's table of decoding options
+        (:data:`~nat_plugins.tasks.translation_nat.DECODING_OPTIONS`) go to ``task.cfg`` during the call, and the
+        task refuses those the model's decoder does not read."""
         if beam is None:
             beam = getattr(getattr(self.models[0], "generator_class", None), "default_beam", 5)
         task_options = {name: kwargs.pop(name) for name in list(kwargs) if name in DECODING_OPTIONS}

@@ -1,13 +1,17 @@
 """The Python API (nat_plugins.hub): translate() == fairseq-generate for every system, per-call decoding options
 that do not leak into the next call, drafts/segments as data, and the sentencepiece model applied automatically."""
 
+import dataclasses
 import os
 
 import pytest
 import torch
+from fairseq import options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.tasks.translation import TranslationConfig
 
-from nat_plugins.hub import from_pretrained
-from nat_plugins.tasks.translation_nat import segments_string
+from nat_plugins.hub import NATHubInterface, from_pretrained
+from nat_plugins.tasks.translation_nat import DECODING_OPTIONS, TranslationNATConfig, segments_string
 
 from .test_blockwise import TINY_BLOCKWISE
 from .test_fertility_nat import TINY_FNAT, fert_data_bin  # noqa: F401  (fixture)
@@ -15,7 +19,7 @@ from .test_nad_ad import TRAIN_ARGS as NAD_AD_ARGS
 from .test_nad_ad import distilled_bin  # noqa: F401  (fixture)
 from .test_recover_sat import TINY_RECOVER_SAT
 from .test_sat import TINY_SAT
-from .utils import binarize, generate_lines, hypotheses, train_model
+from .utils import TINY_TRANSFORMER, binarize, generate_lines, hypotheses, train_model
 
 TASK = ["--task", "translation_nat"]
 
@@ -174,3 +178,38 @@ def test_sentencepiece_model_is_found_and_applied(dummy_raw, tiny_teacher, tmp_p
     )
     assert hub.translate(raw, beam=1) == [expected[i] for i in range(len(raw))]
     assert "▁" not in " ".join(expected.values())
+
+
+# ----- without training: random models behind the hub interface ------------------------------------------------
+
+
+def random_hub(task, arch_args):
+    """A hub interface over a random model built by ``task`` (no checkpoint, no data)."""
+    parse = options.parse_args_and_arch
+    args = parse(options.get_training_parser(), ["unused-data", "--task", "translation_nat"] + list(arch_args))
+    torch.manual_seed(0)
+    model = task.build_model(args).eval()
+    cfg = convert_namespace_to_omegaconf(
+        parse(options.get_generation_parser(), ["unused-data", "--task", "translation_nat", "--max-len-b", "5"])
+    )
+    return NATHubInterface(cfg, task, [model])
+
+
+def test_decoding_options_are_the_tasks_one_table():
+    """Every option translation_nat adds to fairseq's translation task is a decoding option in its table (the
+    table the task checks and the hub's per-call options), except the two that choose training data."""
+    added = {f.name for f in dataclasses.fields(TranslationNATConfig)} - {
+        f.name for f in dataclasses.fields(TranslationConfig)
+    }
+    assert added - {"use_distilled", "distilled_name"} == set(DECODING_OPTIONS)
+
+
+def test_speculative_options_through_the_hub_are_refused_for_other_models(toy_task):
+    """A per-call speculative option on a blockwise model is refused (it was set on task.cfg and ignored), and the
+    failed call leaves task.cfg as it was."""
+    hub = random_hub(toy_task, TINY_BLOCKWISE[:2] + [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"])
+    tokens = [torch.tensor([5, 6, 7, toy_task.target_dictionary.eos()])]
+    assert hub.generate(tokens, block_accept="topk:2")[0][0]["tokens"][-1] == toy_task.target_dictionary.eos()
+    with pytest.raises(ValueError, match="--speculative-verify relaxed is a decoding option of spec_drafter models"):
+        hub.generate(tokens, speculative_verify="relaxed")
+    assert hub.task.cfg.speculative_verify == "exact"

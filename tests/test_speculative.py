@@ -425,6 +425,25 @@ def test_a_teacher_trained_with_another_target_dictionary_is_refused(toy_task, t
     assert "cannot check that the teacher was trained with this data-bin's target dictionary" in caplog.text
 
 
+@pytest.mark.parametrize("arch", ["sat_transformer", "transformer"])
+def test_speculative_options_are_refused_for_other_models(toy_task, tmp_path, arch):
+    """The speculative options are decoding options of spec_drafter checkpoints only: on any other model (an SAT
+    student, the AR teacher itself) the task refuses them rather than decoding without them."""
+    model, _args = build(toy_task, ["--arch", arch] + TINY_SIZES, 0)
+    path = str(tmp_path / "teacher.pt")
+    random_teacher(toy_task, 0, path)
+    for task_options, given in (
+        ({"speculative_verify": "relaxed"}, "--speculative-verify relaxed"),
+        ({"speculative_teacher": path}, f"--speculative-teacher {path}"),
+        ({"speculative_beta": 5}, "--speculative-beta 5"),
+        ({"speculative_tau": 2.0}, "--speculative-tau 2.0"),
+    ):
+        with pytest.raises(
+            ValueError, match=f"{given} is a decoding option of spec_drafter models; this checkpoint is a {arch} model"
+        ):
+            with_task_options(toy_task, **task_options).build_generator([model], Namespace(beam=1))
+
+
 # ----- learning (the synthetic task of tests/utils.py, from the synthetic_teacher fixture) --------------------------
 
 

@@ -53,7 +53,8 @@ SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 
 
 # the task's decoding options and the registered model(s) whose decoder reads each; build_generator refuses a value
-# other than the default for any other model (the option would be ignored without a word)
+# other than the default for any other model (the option would be ignored without a word). The one table: the hub's
+# per-call options (nat_plugins.hub) are its keys
 DECODING_OPTIONS = {
     "segment_length_margin": "recover_sat",
     "print_segments": "recover_sat",
@@ -65,6 +66,10 @@ DECODING_OPTIONS = {
     "npd_teacher": "fertility_nat",
     "npd_length_normalize": "fertility_nat",
     "int8_drafts": ("blockwise_transformer", "spec_drafter"),
+    "speculative_teacher": "spec_drafter",
+    "speculative_verify": "spec_drafter",
+    "speculative_beta": "spec_drafter",
+    "speculative_tau": "spec_drafter",
 }
 
 
@@ -139,8 +144,8 @@ class TranslationNATConfig(TranslationConfig):
     speculative_teacher: Optional[str] = field(
         default=None,
         metadata={
-            "help": "spec_drafter: the AR teacher checkpoint that verifies the drafts (its greedy output is the "
-            "output in --speculative-verify exact)"
+            "help": "spec_drafter: the AR teacher checkpoint that verifies the drafts: fairseq's transformer "
+            "architecture trained on this data-bin (its greedy output is the output in --speculative-verify exact)"
         },
     )
     speculative_verify: SPECULATIVE_VERIFY_MODES = field(
