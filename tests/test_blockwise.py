@@ -461,6 +461,9 @@ def test_decoding_options_are_checked(toy_task):
         VerifyAcceptGenerator([model], toy_task, GenerationConfig())
     with pytest.raises(ValueError, match="--int8-drafts needs a model trained with --identity-first-head"):
         VerifyAcceptGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
+    generator = VerifyAcceptGenerator([model], toy_task, Namespace(beam=1))
+    with pytest.raises(ValueError, match="prefix_tokens .* are not supported by verify-accept decoding"):
+        generator.generate([model], random_batch(toy_task.target_dictionary, 2, 0), prefix_tokens=torch.tensor([[5]]))
 
 
 # ----- end to end ------------------------------------------------------------------------------------------------

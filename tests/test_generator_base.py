@@ -52,6 +52,16 @@ def test_refused_options(task, options, message):
         Toy([NO_MODEL], task, Namespace(**options))
 
 
+def test_prefix_tokens_and_constraints_are_refused(task):
+    """Given to ``generate`` rather than as options (the hub's ``inference_step_args``), they are refused too."""
+    toy = Toy([NO_MODEL], task, Namespace())
+    toy.refuse_search_inputs(None, None)
+    with pytest.raises(ValueError, match="prefix_tokens .*--prefix-size.* are not supported by toy decoding"):
+        toy.refuse_search_inputs(prefix_tokens=torch.tensor([[5]]))
+    with pytest.raises(ValueError, match="constraints .*--constraints.* are not supported by toy decoding"):
+        toy.refuse_search_inputs(constraints=torch.tensor([[1, 5, 0]]))
+
+
 def test_one_model_only(task):
     with pytest.raises(ValueError, match="toy decoding decodes one model, got an ensemble of 2"):
         Toy([None, None], task, Namespace())

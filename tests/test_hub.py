@@ -213,3 +213,25 @@ def test_speculative_options_through_the_hub_are_refused_for_other_models(toy_ta
     with pytest.raises(ValueError, match="--speculative-verify relaxed is a decoding option of spec_drafter models"):
         hub.generate(tokens, speculative_verify="relaxed")
     assert hub.task.cfg.speculative_verify == "exact"
+
+
+@pytest.mark.parametrize(
+    "arch_args, decoder",
+    [
+        (TINY_BLOCKWISE[:2], r"verify-accept decoding \(blockwise_transformer\)"),
+        (["--arch", "sat_transformer", "--group-size", "2"], "SAT group decoding"),
+    ],
+)
+def test_prefix_tokens_constraints_and_prefix_allowed_tokens_fn_are_refused(toy_task, arch_args, decoder):
+    """What fairseq's hub hands its search besides the source (``inference_step_args``' prefix tokens and
+    constraints, ``prefix_allowed_tokens_fn``) is refused, as --prefix-size and --constraints are: the plugin
+    decoders would drop it."""
+    hub = random_hub(toy_task, arch_args + [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"])
+    tokens = [torch.tensor([5, 6, 7, toy_task.target_dictionary.eos()])]
+    hub.generate(tokens)
+    with pytest.raises(ValueError, match=f"prefix_tokens .*--prefix-size.* are not supported by {decoder}"):
+        hub.generate(tokens, inference_step_args={"prefix_tokens": torch.tensor([[5]])})
+    with pytest.raises(ValueError, match=f"constraints .*--constraints.* are not supported by {decoder}"):
+        hub.generate(tokens, inference_step_args={"constraints": torch.tensor([[1, 5, 0]])})
+    with pytest.raises(ValueError, match="prefix_allowed_tokens_fn .* is not supported by the decoder of"):
+        hub.generate(tokens, prefix_allowed_tokens_fn=lambda batch, prefix: [5])

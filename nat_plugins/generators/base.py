@@ -31,8 +31,9 @@ class PluginGenerator:
     options it lacks take fairseq's defaults), the decoder's own options are the task's (``task.cfg``).
 
     Subclasses set ``name`` (error messages), may extend ``unsupported_options`` and implement
-    ``generate(models, sample, **kwargs)`` (fairseq's generator interface; ``prefix_tokens`` and ``constraints``
-    are never given, since ``--prefix-size`` and ``--constraints`` are refused here)."""
+    ``generate(models, sample, **kwargs)`` (fairseq's generator interface). ``--prefix-size`` and ``--constraints``
+    are refused here; prefix tokens and constraints given otherwise (the hub's ``inference_step_args``) are refused by
+    :meth:`refuse_search_inputs`, which the task's ``inference_step`` calls."""
 
     name = "plugin decoding"
     unsupported_options = UNSUPPORTED_OPTIONS
@@ -59,6 +60,19 @@ class PluginGenerator:
         self.temperature = option("temperature")
         if self.temperature <= 0:
             raise ValueError(f"--temperature must be > 0, got {self.temperature}")
+
+    def refuse_search_inputs(self, prefix_tokens=None, constraints=None):
+        """Refuse what fairseq's beam search takes besides the source: the plugin decoders start from BOS and search
+        without lexical constraints, so they would drop them."""
+        for value, name, flag in (
+            (prefix_tokens, "prefix_tokens", "--prefix-size"),
+            (constraints, "constraints", "--constraints"),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{name} (fairseq-generate's {flag}, the hub's inference_step_args) are not supported by "
+                    f"{self.name}: decode without them"
+                )
 
     def require_greedy(self, why):
         if self.beam_size != 1:

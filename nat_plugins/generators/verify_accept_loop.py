@@ -161,8 +161,11 @@ class VerifyAcceptLoop(PluginGenerator):
         return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.size(-1)))
 
     @torch.no_grad()
-    def generate(self, models, sample, bos_token=None, **kwargs):
-        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None):
+        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses (no
+        ``prefix_tokens`` or ``constraints``: :meth:`~nat_plugins.generators.base.PluginGenerator.
+        refuse_search_inputs`)."""
+        self.refuse_search_inputs(prefix_tokens, constraints)
         verifier, decoder, k = self.verifier, self.verifier.decoder, self.block_size
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]

@@ -42,6 +42,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..compat import PluginCheckpointMarker
+from ..generators.base import PluginGenerator
 from ..modules.cpu_linear import use_weight_first_linears
 
 logger = logging.getLogger(__name__)
@@ -400,7 +401,8 @@ class TranslationNATTask(TranslationTask):
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         """``generator_class(models, task, args)`` of the model; fairseq's generator for models that declare none
         (AR teachers) and fairseq's scorer for ``--score-reference`` where the model declares ``scored_by_fairseq``.
-        Every model's linear layers become :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (CPU decoding)."""
+        Every model's linear layers become :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (CPU decoding).
+        A declared generator takes no ``prefix_allowed_tokens_fn`` (the hub's ``generate``): refused."""
         self.check_decoding_options(models[0])
         generator_class = getattr(models[0], "generator_class", None)
         if generator_class is None or (getattr(args, "score_reference", False) and models[0].scored_by_fairseq):
@@ -421,6 +423,11 @@ class TranslationNATTask(TranslationTask):
             if name not in owners and value != getattr(defaults, option):
                 flag = "--" + option.replace("_", "-")
                 given = flag if isinstance(value, bool) else f"{flag} {value}"
+        if kwargs.get("prefix_allowed_tokens_fn") is not None:
+            raise ValueError(
+                f"prefix_allowed_tokens_fn (the hub's generate) is not supported by the decoder of "
+                f"{type(models[0]).__name__}: decode without it"
+            )
                 raise ValueError(
                     f"{given} is a decoding option of {' and '.join(owners)} models; this checkpoint is a {name} "
                     f"model, whose decoder does not read it: drop {flag}"
@@ -431,7 +438,10 @@ class TranslationNATTask(TranslationTask):
 
         fairseq-generate has no hook for extra lines, so they are printed here, to ``sys.stdout``: the stream
         fairseq-generate and fairseq-interactive print to, unless ``--results-path`` sends the hypotheses to a
-        file (the task does not see that option)."""
+        file (the task does not see that option). A plugin generator refuses ``prefix_tokens`` and ``constraints``
+        (:meth:`~nat_plugins.generators.base.PluginGenerator.refuse_search_inputs`) rather than drop them."""
+        if isinstance(generator, PluginGenerator):
+            generator.refuse_search_inputs(prefix_tokens, constraints)
         hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
         lines = []
         for sample_id, sentence_hypos in zip(sample["id"].tolist() if "id" in sample else [], hypos):
