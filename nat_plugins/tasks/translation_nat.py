@@ -411,6 +411,11 @@ class TranslationNATTask(TranslationTask):
             return super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             )
+        if kwargs.get("prefix_allowed_tokens_fn") is not None:
+            raise ValueError(
+                f"prefix_allowed_tokens_fn (the hub's generate) is not supported by the decoder of "
+                f"{type(models[0]).__name__}: decode without it"
+            )
         return generator_class(models, self, args)
 
     def check_decoding_options(self, model):
@@ -423,11 +428,6 @@ class TranslationNATTask(TranslationTask):
             if name not in owners and value != getattr(defaults, option):
                 flag = "--" + option.replace("_", "-")
                 given = flag if isinstance(value, bool) else f"{flag} {value}"
-        if kwargs.get("prefix_allowed_tokens_fn") is not None:
-            raise ValueError(
-                f"prefix_allowed_tokens_fn (the hub's generate) is not supported by the decoder of "
-                f"{type(models[0]).__name__}: decode without it"
-            )
                 raise ValueError(
                     f"{given} is a decoding option of {' and '.join(owners)} models; this checkpoint is a {name} "
                     f"model, whose decoder does not read it: drop {flag}"
