@@ -35,9 +35,6 @@ arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the pre
 NAD_AD_BUDGET=(30 5e-4 10)
 # the checkpoint a student's recipe leaves for decoding
 if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT_CHECKPOINT=checkpoint_last.pt; fi
-# decoding arguments of the exact blockwise and speculative rows: on a CPU the layers that only draft (blockwise heads
-# 2..k, the speculative drafter) run with int8 weights; the output is the same, each call reads fewer bytes
-if [ "$PRESET" = gpu ]; then DRAFT_ARGS=""; else DRAFT_ARGS=" --int8-drafts"; fi
 # student_args CPU_UPDATES LR CPU_WARMUP: STUDENT_ARGS, the training options every plugin model (student) shares,
 # with the learning rate and warm-up its recipe chose. A student starts from the converged teacher's weights, so a
 # fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4.

@@ -24,19 +24,17 @@ elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
   log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~100 min on 2 cores)."
 fi
-if [ "$PRESET" = gpu ]; then
-  # batch-1 latency on every test sentence (the first 20 are warm-up), unless LATENCY_SENTENCES says how many
-  BENCH_ARGS=(--batch-size 128 --warmup 20 ${LATENCY_SENTENCES:+--latency-sentences "$LATENCY_SENTENCES"})
-else
-  # batch-1 latency: 100 sentences timed after 10 of warm-up (machine noise is ±15% between runs; ~1 min per 100)
-  BENCH_ARGS=(--cpu --latency-sentences "${LATENCY_SENTENCES:-110}" --warmup 10 --batch-size 64)
-fi
-# one length limit for every row (Multi30k targets are ~1.1x the source): an undertrained model that never
-# emits EOS stops there instead of at fairseq's default 200 tokens
-BENCH_ARGS+=(--generate-args "--max-len-a 1.2 --max-len-b 10")
-# the teacher decoded by CTranslate2 too: the production baseline a fast decoder has to beat (CPU presets: the GPU
-# machine's checkout cannot carry a CTranslate2 wheel beside fairseq's)
-[ "$PRESET" = gpu ] || BENCH_ARGS+=(--ctranslate2)
+# the systems of the preset, their benchmark rows and the benchmark's options: nat_plugins/recipes.py
+TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
+RECIPES=(--preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" --teacher "$TEACHER"
+  --checkpoint-name "$STUDENT_CHECKPOINT")
+PLAN=$(python -m nat_plugins.recipes steps "${RECIPES[@]}")  # one training step a line: JOB STEP SCRIPT ARGS...
+ROWS=$(python -m nat_plugins.recipes rows "${RECIPES[@]}")  # --system and --paired-test options, a word a line
+OPTIONS=$(python -m nat_plugins.recipes options --preset "$PRESET" \
+  ${LATENCY_SENTENCES:+--latency-sentences "$LATENCY_SENTENCES"})
+mapfile -t STEPS <<< "$PLAN"
+mapfile -t SYSTEMS <<< "$ROWS"
+mapfile -t BENCH_ARGS <<< "$OPTIONS"
 
 mkdir -p "$WORK/logs"
 step() {  # step NAME COMMAND...: run once; a marker file records success; the output also goes to WORK/logs/NAME.log
@@ -55,8 +53,7 @@ PREP_ARGS=(--vocab-size "${VOCAB_SIZE:-8000}")
 [ -n "${MAX_LINES:-}" ] && PREP_ARGS+=(--max-lines "$MAX_LINES")
 
 step data bash "$ROOT/run_scripts/prepare_data.sh" "$WORK" "${PREP_ARGS[@]}"
-step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$WORK/ckpt/teacher" --no-progress-bar
-TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
+step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$(dirname "$TEACHER")" --no-progress-bar
 step distill bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER"
 # a teacher that stutters teaches its students to stutter (DESIGN.md §10): the log and the report say how much it does
 KD_TARGETS=$(find "$DATA_BIN" -maxdepth 1 -name 'train.kd.*.txt' | head -n 1)
@@ -70,97 +67,26 @@ PY
 log "distilled targets $KD_TARGETS: $KD_REPEATS of the subwords repeat the one before"
 BENCH_ARGS+=(--distilled-targets "$KD_TARGETS")
 
-EXAMPLES=$ROOT/examples/multi30k
-CKPT=$WORK/ckpt
-SYSTEMS=()
-add_row() {  # add_row NAME CHECKPOINT_DIR GENERATE_ARGS: one benchmark row
-  SYSTEMS+=(--system "$1=$2/$STUDENT_CHECKPOINT::$3")
-}
-
-# The CPU presets train one headline configuration of every system (PRESET=cpu-long adds SAT K=4); the GPU preset
-# the configurations its targets are about (docs/results.md), the students STUDENT_JOBS at a time: one of these
-# models leaves most of an H100 idle, so its 27-minute plan (examples/multi30k/README.md) trains them side by side.
-if [ "$PRESET" = gpu ]; then
-  BLOCK_SIZES="8"; SAT_KS="2 6"; RECOVER_SAT_KS="2 6"; NPD_SAMPLES="10 100"; DRAFT_SIZES="8"; STUDENT_JOBS=${STUDENT_JOBS:-11}
-else
-  # (NPD S=100 decodes 100 candidates per sentence: ~10 min of the batched pass on 2 cores)
-  BLOCK_SIZES="4"; SAT_KS="2"; RECOVER_SAT_KS="2"; NPD_SAMPLES="10"; DRAFT_SIZES="3"; STUDENT_JOBS=${STUDENT_JOBS:-1}
-  if [ "$PRESET" = cpu-long ]; then SAT_KS="2 4"; fi
-fi
+# The students need only the teacher and the distilled data: on a GPU (PRESET=gpu) STUDENT_JOBS train side by side
+# (one of these models leaves most of an H100 idle, so its 27-minute plan, examples/multi30k/README.md, trains them
+# together), each job's steps in order.
+if [ "$PRESET" = gpu ]; then STUDENT_JOBS=${STUDENT_JOBS:-11}; else STUDENT_JOBS=${STUDENT_JOBS:-1}; fi
 STUDENT_STEPS=()
-students() {  # students NAME... -- COMMAND...: steps that need only the teacher and the distilled data, in the
-  # background when STUDENT_JOBS > 1 (each on 16/STUDENT_JOBS CPU threads, output in its log only)
-  local names=()
-  while [ "$1" != -- ]; do names+=("$1"); shift; done
-  shift
-  STUDENT_STEPS+=("${names[@]}")
-  if [ "$STUDENT_JOBS" -le 1 ]; then "$@"; return; fi
-  while [ "$(jobs -rp | wc -l)" -ge "$STUDENT_JOBS" ]; do wait -n || true; done
-  ( export OMP_NUM_THREADS=$(( ($(nproc) + STUDENT_JOBS - 1) / STUDENT_JOBS )); "$@" > /dev/null 2>&1 ) &
-}
-blockwise_chain() {  # Blockwise parallel decoding (Stern et al. 2018): heads on the frozen teacher, then all fine-tuned
-  step "blockwise-$1-frozen" bash "$EXAMPLES/blockwise.sh" "$DATA_BIN" "$TEACHER" "$CKPT/blockwise-$1-frozen" "$1" frozen
-  step "blockwise-$1-finetuned" bash "$EXAMPLES/blockwise.sh" "$DATA_BIN" \
-    "$CKPT/blockwise-$1-frozen/$STUDENT_CHECKPOINT" "$CKPT/blockwise-$1-finetuned" "$1" finetuned
-}
-fertility_chain() {  # NAT with fertility (Gu et al. 2018): eflomal fertilities on the distilled targets, then the NAT
-  # eflomal is not deterministic: its links are kept (fertility.sh DATA_BIN --aligner links --links-dir WORK/links)
-  step fertility bash "$ROOT/run_scripts/fertility.sh" "$DATA_BIN" --save-links "$WORK/links"
-  step fertility-nat bash "$EXAMPLES/fertility_nat.sh" "$DATA_BIN" "$TEACHER" "$CKPT/fertility-nat"
-}
-
-for K in $BLOCK_SIZES; do
-  students "blockwise-$K-frozen" "blockwise-$K-finetuned" -- blockwise_chain "$K"
-  add_row "Blockwise k=$K frozen, exact" "$CKPT/blockwise-$K-frozen" "--beam 1 --block-accept exact$DRAFT_ARGS"
-  add_row "Blockwise k=$K fine-tuned, exact" "$CKPT/blockwise-$K-finetuned" "--beam 1 --block-accept exact$DRAFT_ARGS"
-done
-
-# Speculative decoding (Xia et al. 2023): a shallow non-autoregressive drafter proposes K tokens, the teacher verifies
-# them in one call; exact verification prints the teacher's greedy output, relaxed (top-3 within 1 nat) accepts more
-for K in $DRAFT_SIZES; do
-  students "spec-drafter-$K" -- step "spec-drafter-$K" bash "$EXAMPLES/spec_drafter.sh" "$DATA_BIN" "$TEACHER" "$CKPT/spec-drafter-$K" "$K"
-  add_row "Speculative k=$K, exact" "$CKPT/spec-drafter-$K" "--beam 1 --speculative-teacher $TEACHER$DRAFT_ARGS"
-  add_row "Speculative k=$K, relaxed" "$CKPT/spec-drafter-$K" \
-    "--beam 1 --speculative-teacher $TEACHER --speculative-verify relaxed --speculative-beta 3 --speculative-tau 1"
-done
-
-# Semi-Autoregressive Transformer (Wang et al. 2018) on distilled data, greedy and beam 4
-for K in $SAT_KS; do
-  students "sat-$K" -- step "sat-$K" bash "$EXAMPLES/sat.sh" "$DATA_BIN" "$TEACHER" "$CKPT/sat-$K" "$K"
-  add_row "SAT K=$K, greedy" "$CKPT/sat-$K" "--beam 1"
-  add_row "SAT K=$K, beam 4" "$CKPT/sat-$K" "--beam 4"
-done
-
-# RecoverSAT (Ran et al. 2020): K segments in parallel
-for K in $RECOVER_SAT_KS; do
-  students "recover-sat-$K" -- step "recover-sat-$K" bash "$EXAMPLES/recover_sat.sh" "$DATA_BIN" "$TEACHER" "$CKPT/recover-sat-$K" "$K"
-  add_row "RecoverSAT K=$K" "$CKPT/recover-sat-$K" "--beam 1"
-done
-
-# the NAT decoded with argmax, average and noisy parallel decoding (S fertility samples rescored by the teacher)
-students fertility fertility-nat -- fertility_chain
-add_row "NAT, argmax fertility" "$CKPT/fertility-nat" "--beam 1 --fertility-decoding argmax"
-add_row "NAT, average fertility" "$CKPT/fertility-nat" "--beam 1 --fertility-decoding average"
-for S in $NPD_SAMPLES; do
-  add_row "NAT, NPD S=$S" "$CKPT/fertility-nat" "--beam 1 --fertility-decoding npd --npd-samples $S --npd-teacher $TEACHER"
-done
-
-# Encoder-NAD-AD (Zhou et al. 2020): the AR decoder also attends to a NAD run once per sentence; compared with the
-# teacher trained for the same number of updates (same optimiser settings, real targets)
-students nad-ad -- step nad-ad bash "$EXAMPLES/nad_ad.sh" "$DATA_BIN" "$TEACHER" "$CKPT/nad-ad"
-students ar-baseline -- step ar-baseline bash "$EXAMPLES/ar_baseline.sh" "$DATA_BIN" "$TEACHER" "$CKPT/ar-baseline"
-add_row "Encoder-NAD-AD, beam 4" "$CKPT/nad-ad" "--beam 4"
-add_row "AR teacher + same updates, beam 4" "$CKPT/ar-baseline" "--beam 4"
-BENCH_ARGS+=(--paired-test "AR teacher + same updates, beam 4::Encoder-NAD-AD, beam 4")  # significance of the gain
-
-# fairseq's own NAT and CMLM (Mask-Predict, 10 iterations) at the NAT's number of updates, from scratch
-if [ "$PRESET" != cpu ]; then
-  for MODEL in nat cmlm; do
-    students "fairseq-$MODEL" -- step "fairseq-$MODEL" bash "$EXAMPLES/fairseq_nat.sh" "$DATA_BIN" "$CKPT/fairseq-$MODEL" "$MODEL"
+run_job() {  # run_job JOB: the steps of JOB (lines of STEPS), in order
+  local line fields
+  for line in "${STEPS[@]}"; do
+    IFS=$'\t' read -r -a fields <<< "$line"
+    if [ "${fields[0]}" = "$1" ]; then step "${fields[1]}" bash "$ROOT/${fields[2]}" "${fields[@]:3}"; fi
   done
-  add_row "fairseq NAT (nonautoregressive_transformer)" "$CKPT/fairseq-nat" "--task translation_lev --iter-decode-max-iter 0"
-  add_row "fairseq CMLM, 10 iterations" "$CKPT/fairseq-cmlm" "--task translation_lev --iter-decode-max-iter 9"
-fi
+}
+for JOB in $(cut -f1 <<< "$PLAN" | uniq); do  # in the background when STUDENT_JOBS > 1 (output in its logs only)
+  mapfile -t NAMES < <(awk -F'\t' -v job="$JOB" '$1 == job { print $2 }' <<< "$PLAN")
+  STUDENT_STEPS+=("${NAMES[@]}")
+  if [ "$STUDENT_JOBS" -le 1 ]; then run_job "$JOB"; continue; fi
+  while [ "$(jobs -rp | wc -l)" -ge "$STUDENT_JOBS" ]; do wait -n || true; done
+  # each on its share of the CPU threads
+  ( export OMP_NUM_THREADS=$(( ($(nproc) + STUDENT_JOBS - 1) / STUDENT_JOBS )); run_job "$JOB" > /dev/null 2>&1 ) &
+done
 
 if [ "$STUDENT_JOBS" -gt 1 ]; then
   log "training ${#STUDENT_STEPS[@]} steps, $STUDENT_JOBS at a time (progress: ls $WORK/.*.done; logs: $WORK/logs)"
@@ -176,11 +102,8 @@ step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --
   --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --title "Multi30k en-de test2016 (PRESET=$PRESET)" \
   "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
 
-# the report: targets, the teacher's validation curve, step times, the benchmark's tables; the quality runs
-# (cpu-long, gpu) also regenerate their section of docs/results.md
-REPORT_ARGS=()
-[ "$PRESET" = cpu ] || REPORT_ARGS=(--docs "$ROOT/docs/results.md")
-python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
+# the report: the preset's targets, the teacher's validation curve, step times, the benchmark's tables
+python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" > /dev/null
 log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (report: $WORK/report.md, benchmark tables and plots: $WORK/bench)"
 echo
 cat "$WORK/report.md"

@@ -136,6 +136,7 @@ def test_exact_speculative_decoding_outputs_the_teachers_greedy_translations(qui
 
 @pytest.mark.slow
 def test_train_speed_times_every_recipe_with_its_own_options(quickstart):
+    """Every fairseq-train step of the preset's catalogue (nat_plugins.recipes), the speculative drafter included."""
     work = quickstart["work"]
     run = subprocess.run(
         ["bash", os.path.join(REPO_ROOT, "run_scripts", "train_speed.sh"), work, "1"],
@@ -147,15 +148,16 @@ def test_train_speed_times_every_recipe_with_its_own_options(quickstart):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     with open(os.path.join(work, "train_speed", "speed.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    assert [(r["label"], r["arch"], r["criterion"]) for r in rows] == [
-        ("teacher-on-distilled", "transformer", "label_smoothed_cross_entropy"),
-        ("sat-2", "sat_transformer", "label_smoothed_cross_entropy"),
-        ("recover-sat-2", "recover_sat", "recover_sat_loss"),
-        ("blockwise-4-frozen", "blockwise_transformer", "blockwise_loss"),
-        ("blockwise-4-finetuned", "blockwise_transformer", "blockwise_loss"),
-        ("fertility-nat", "fertility_nat", "fertility_nat_loss"),
-        ("ar-baseline", "transformer", "label_smoothed_cross_entropy"),
-        ("nad-ad", "nad_ad_transformer", "nad_ad_loss"),
+    assert [(r["label"], r["arch"], r["criterion"], r["compared_with"]) for r in rows] == [
+        ("teacher-on-distilled", "transformer", "label_smoothed_cross_entropy", "teacher-on-distilled"),
+        ("blockwise-4-frozen", "blockwise_transformer", "blockwise_loss", "teacher-on-distilled"),
+        ("blockwise-4-finetuned", "blockwise_transformer", "blockwise_loss", "teacher-on-distilled"),
+        ("spec-drafter-3", "spec_drafter", "spec_drafter_loss", "teacher-on-distilled"),
+        ("sat-2", "sat_transformer", "label_smoothed_cross_entropy", "teacher-on-distilled"),
+        ("recover-sat-2", "recover_sat", "recover_sat_loss", "teacher-on-distilled"),
+        ("fertility-nat", "fertility_nat", "fertility_nat_loss", "teacher-on-distilled"),
+        ("nad-ad", "nad_ad_transformer", "nad_ad_loss", "ar-baseline"),
+        ("ar-baseline", "transformer", "label_smoothed_cross_entropy", "teacher-on-distilled"),
     ]
     assert all(r["updates"] == 1 and r["updates_per_s"] > 0 for r in rows)
     assert "| recipe | updates/s |" in run.stdout and "| nad-ad |" in run.stdout

@@ -1,10 +1,18 @@
-"""The quickstart's report: targets checked against the benchmark's rows, the teacher's curve and step times from
-the run's logs, and the preset's section of a results file replaced in place."""
+"""The quickstart's report: the preset's targets (nat_plugins.recipes) checked against the benchmark's rows, a
+target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders' tool
+that puts a report into docs/results.md (dev/results_section.py)."""
 
+import importlib.util
 import json
 import os
 
+import pytest
+
+from nat_plugins import recipes
 from nat_plugins.cli import report
+from nat_plugins.cli.bench.rows import TEACHER_BEAM, TEACHER_GREEDY
+
+from .utils import REPO_ROOT
 
 META = {
     "date": "2026-11-24T00:00:00",
@@ -16,9 +24,10 @@ META = {
 }
 
 
-def row(name, bleu, latency, **extra):
+def row(name, bleu, latency, role="system", **extra):
     return {
         "name": name,
+        "role": role,
         "bleu": bleu,
         "latency_ms_median": latency,
         "hyp_file": f"hyp.{len(name)}-{bleu}.txt",
@@ -38,7 +47,7 @@ def write_run(work, rows, paired=()):
         f.write("# Decoding benchmark\n\n| system | BLEU |\n")
     for r in rows:
         with open(os.path.join(bench, r["hyp_file"]), "w") as f:
-            same = "frozen" in r["name"] or r["name"].startswith("Speculative") or r["name"] == report.TEACHER_GREEDY
+            same = "frozen" in r["name"] or r["name"].startswith("Speculative") or r["role"] == TEACHER_GREEDY
             f.write("same\n" if same else "other\n")
     with open(os.path.join(work, "logs", "teacher.log"), "w") as f:
         for updates, loss in ((250, 5.5), (500, 4.75)):
@@ -50,53 +59,90 @@ def write_run(work, rows, paired=()):
         f.write("teacher\t100\nsat-2\t30\nteacher\t125\n")
 
 
-def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
-    rows = [
-        row(report.TEACHER_BEAM, 30.0, 100.0),
-        row(report.TEACHER_GREEDY, 29.0, 80.0),
-        row("SAT K=2, beam 4", 28.6, 60.0),  # 95.3% of the teacher: met
-        row("SAT K=4, greedy", 23.0, 30.0),  # 76.7%: missed
-        row("Blockwise k=4 frozen, exact", 29.0, 60.0, tokens_per_call=1.6),  # identical output, block 1.6
-        row("Blockwise k=4 fine-tuned, exact", 27.5, 50.0, tokens_per_call=2.5),  # 1.5 BLEU below greedy
-        row("Speculative k=4, exact", 29.0, 40.0, tokens_per_step=3.2, latency_speedup_vs_ct2_greedy=0.9),
-        row(report.NAD_AD, 30.5, 110.0),
-        row(report.NAD_AD_BASELINE, 30.0, 100.0),
-        row(report.FAIRSEQ_ROWS[0], 10.0, 5.0),
+def cpu_long_rows():
+    """Every row of a cpu-long run: the teacher's two and the catalogue's, each with a measurement the test needs."""
+    measured = {
+        "SAT K=2, beam 4": row("SAT K=2, beam 4", 28.6, 60.0),  # 95.3% of the teacher: met
+        "SAT K=4, greedy": row("SAT K=4, greedy", 23.0, 30.0),  # 76.7%: missed
+        "Blockwise k=4 frozen, exact": row("Blockwise k=4 frozen, exact", 29.0, 60.0, tokens_per_call=1.6),
+        "Blockwise k=4 fine-tuned, exact": row("Blockwise k=4 fine-tuned, exact", 27.5, 50.0, tokens_per_call=2.5),
+        "Speculative k=3, exact": row(
+            "Speculative k=3, exact", 29.0, 40.0, tokens_per_step=3.2, latency_speedup_vs_ct2_greedy=0.9
+        ),
+        recipes.NAD_AD_ROW: row(recipes.NAD_AD_ROW, 30.5, 110.0),
+        recipes.AR_SAME_UPDATES_ROW: row(recipes.AR_SAME_UPDATES_ROW, 30.0, 100.0),
+        recipes.FAIRSEQ_NAT_ROW: row(recipes.FAIRSEQ_NAT_ROW, 10.0, 5.0),
+        recipes.FAIRSEQ_CMLM_ROW: row(recipes.FAIRSEQ_CMLM_ROW, 12.0, 50.0),
+    }
+    teacher = [
+        row("AR teacher, beam 4", 30.0, 100.0, TEACHER_BEAM),
+        row("AR teacher, greedy", 29.0, 80.0, TEACHER_GREEDY),
     ]
-    paired = [{"system": report.NAD_AD, "p_value": 0.04}]
-    write_run(str(tmp_path), rows, paired)
-    text = report.build_report(str(tmp_path), "cpu-long")
-    verdicts = {
+    return teacher + [measured.get(r.name) or row(r.name, 25.0, 20.0) for r in recipes.rows("cpu-long")]
+
+
+def verdicts_of(text):
+    return {
         line.split(" | ")[0][2:]: line.rsplit(" | ", 2)[1:]
         for line in text.splitlines()
         if line.startswith("| ") and line.endswith(("yes |", "**no** |"))
     }
+
+
+def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
+    paired = [{"system": recipes.NAD_AD_ROW, "p_value": 0.04}]
+    write_run(str(tmp_path), cpu_long_rows(), paired)
+    text = report.build_report(str(tmp_path), "cpu-long")
+    verdicts = verdicts_of(text)
+    assert len(verdicts) == len(recipes.targets("cpu-long"))  # every target checked
     assert verdicts["SAT K=2, beam 4: BLEU >= 95% of the teacher's beam"] == ["95.3% at 1.67x", "yes |"]
     assert verdicts["SAT K=4, greedy: BLEU >= 80% of the teacher's beam"][1] == "**no** |"
     frozen = next(v for k, v in verdicts.items() if k.startswith("Blockwise k=4 frozen"))
     assert frozen == ["identical to greedy, block 1.60, 1.33x vs greedy", "yes |"]
     finetuned = next(v for k, v in verdicts.items() if k.startswith("Blockwise k=4 fine-tuned"))
     assert finetuned[1] == "**no** |"
-    spec = next(v for k, v in verdicts.items() if k.startswith("Speculative k=4, exact"))
+    spec = next(v for k, v in verdicts.items() if k.startswith("Speculative k=3, exact"))  # the row the run makes
     assert spec == [
         "identical to greedy, 3.20 tokens per teacher call, 2.00x vs greedy (0.90x vs CTranslate2 greedy)",
         "yes |",
     ]
-    nad = next(v for k, v in verdicts.items() if k.startswith(report.NAD_AD))
+    nad = next(v for k, v in verdicts.items() if k.startswith(recipes.NAD_AD_ROW))
     assert nad == ["+0.50 BLEU (p = 0.040), +10% time", "yes |"]
     fairseq = next(v for k, v in verdicts.items() if k.startswith("every plugin row"))
     assert fairseq[1] == "yes |" and "SAT K=2, beam 4: BLEU" in fairseq[0]
-    assert not any(k.startswith("RecoverSAT") for k in verdicts)  # rows the run lacks are not checked
+    assert recipes.AR_SAME_UPDATES_ROW not in fairseq[0]  # a baseline, not a plugin row
     assert "250 updates: loss 5.500 / ppl 16.00, 500 updates: loss 4.750" in text
     assert "| teacher | 2 min 05 s |" in text and "| all steps | 2 min 35 s |" in text  # the last run of a step
+    assert str(tmp_path) not in text  # nothing of the machine's paths
 
 
-def test_the_presets_section_is_replaced_in_place(tmp_path):
+def test_a_target_whose_row_the_benchmark_lacks_is_an_error(tmp_path, capsys):
+    rows = [r for r in cpu_long_rows() if r["name"] != "RecoverSAT K=2"]
+    write_run(str(tmp_path), rows)
+    with pytest.raises(recipes.MissingRow, match="'RecoverSAT K=2'"):
+        report.build_report(str(tmp_path), "cpu-long")
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path), "--preset", "cpu-long"])
+    assert exit_info.value.code == 2 and "RecoverSAT K=2" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "report.md")
+
+
+def test_the_cpu_preset_has_no_targets_and_reports_its_tables(tmp_path):
+    write_run(str(tmp_path), [row("AR teacher, beam 4", 30.0, 100.0, TEACHER_BEAM)])
+    report.main([str(tmp_path), "--preset", "cpu"])
+    text = (tmp_path / "report.md").read_text()
+    assert "| target |" not in text and "| system | BLEU |" in text
+
+
+def test_the_presets_section_of_the_results_file_is_replaced_in_place(tmp_path):
+    spec = importlib.util.spec_from_file_location("results_section", os.path.join(REPO_ROOT, "dev/results_section.py"))
+    results_section = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results_section)
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\nkept above\n")
-    report.replace_section(str(doc), "cpu-long", "first\n")
-    report.replace_section(str(doc), "gpu", "gpu body\n")
-    report.replace_section(str(doc), "cpu-long", "second\n")
+    results_section.replace_section(str(doc), "cpu-long", "first\n")
+    results_section.replace_section(str(doc), "gpu", "gpu body\n")
+    results_section.replace_section(str(doc), "cpu-long", "second\n")
     text = doc.read_text()
     assert text.startswith("# Results\n\nkept above\n") and "first" not in text
     assert text.count("<!-- report:cpu-long -->\nsecond\n<!-- /report:cpu-long -->") == 1

@@ -41,11 +41,13 @@ def test_times_the_updates_of_a_fairseq_train_command_and_saves_nothing(dummy_da
     save_dir = tmp_path / "checkpoints"
     for label in ("first", "second"):
         train_speed.main(
-            ["--label", label, "--updates", "3", "--warmup", "1", "--output", str(output), "--"]
+            ["--label", label, "--compared-with", "first", "--updates", "3", "--warmup", "1", "--output", str(output)]
+            + ["--"]
             + train_options(dummy_data_bin, str(save_dir))
         )
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["label"] for row in rows] == ["first", "second"]  # appended, one line per run
+    assert [row["compared_with"] for row in rows] == ["first", "first"]
     for row in rows:
         assert row["updates"] == 3 and row["seconds"] > 0 and row["device"] == "cpu"
         assert row["updates_per_s"] == pytest.approx(3 / row["seconds"], rel=0.05)  # both rounded
@@ -71,3 +73,22 @@ def test_a_small_training_set_is_cycled_through_epochs(dummy_data_bin, tmp_path)
         + train_options(dummy_data_bin, str(tmp_path / "ckpt"), max_tokens="4000")
     )
     assert json.loads(output.read_text())["updates"] == 6
+
+
+def test_the_table_divides_each_run_by_the_one_it_is_compared_with(tmp_path, capsys):
+    runs = [
+        {"label": "teacher", "compared_with": "teacher", "updates_per_s": 2.0},
+        {"label": "sat-2", "compared_with": "teacher", "updates_per_s": 1.0},
+        {"label": "alone", "compared_with": None, "updates_per_s": 0.5},
+    ]
+    output = tmp_path / "speed.jsonl"
+    output.write_text(
+        "".join(
+            json.dumps({**r, "updates": 5, "target_tokens_per_s": 100.0, "device": "cpu", "threads": 2}) + "\n"
+            for r in runs
+        )
+    )
+    train_speed.main(["--table", str(output)])
+    table = capsys.readouterr().out
+    assert "5 timed updates per recipe on cpu (2 threads)" in table
+    assert "| sat-2 | 1.000 | 100 | 0.50 (teacher) |" in table and "| alone | 0.500 | 100 | – |" in table

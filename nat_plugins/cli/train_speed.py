@@ -1,7 +1,8 @@
 """Training throughput of a fairseq-train command line: updates/s over the same batches for every system.
 
-    python -m nat_plugins.cli.train_speed --label "SAT K=2" --updates 20 --output speed.jsonl -- \\
+    python -m nat_plugins.cli.train_speed --label sat-2 --updates 20 --output speed.jsonl -- \\
         DATA_BIN --user-dir nat_plugins --task translation_nat --arch sat_transformer ...  # fairseq-train's options
+    python -m nat_plugins.cli.train_speed --table speed.jsonl  # the runs as a markdown table
 
 Takes exactly fairseq-train's options after ``--`` and builds what fairseq-train builds (task, model with its
 ``--init-from-ar``/``--finetune-from-model`` initialisation, criterion, optimizer, fairseq's ``Trainer``), then
@@ -10,7 +11,8 @@ runs ``Trainer.train_step`` — fairseq-train's own update — on the first ``--
 depend only on the data, the
 batching options and ``--seed``, so commands that share them time the same batches (students trained on the
 distilled targets batch by those targets' lengths). One JSON line per run is appended to ``--output``;
-``run_scripts/train_speed.sh`` runs every recipe through it (``FAIRSEQ_TRAIN``) and writes the table.
+``run_scripts/train_speed.sh`` runs every recipe through it (``FAIRSEQ_TRAIN``), each ``--compared-with`` the recipe
+trained on the same batches (:mod:`nat_plugins.recipes`), and prints the table.
 """
 
 import argparse
@@ -19,6 +21,7 @@ import json
 import logging
 import sys
 import time
+from typing import List
 
 import torch
 from fairseq import options, tasks, utils
@@ -30,15 +33,26 @@ logger = logging.getLogger("nat_plugins.cli.train_speed")
 
 
 def parse(argv):
-    if "--" not in argv:
-        raise SystemExit("train_speed: put fairseq-train's options after '--' (see --help)")
-    split = argv.index("--")
+    """(options, fairseq-train's config), or (options, None) for ``--table``."""
+    split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--label", required=True, help="name of the row (e.g. the recipe)")
+    parser.add_argument("--table", metavar="FILE", help="print the runs of this JSON-lines file as a table and exit")
+    parser.add_argument("--label", help="name of the row (e.g. the recipe)")
+    parser.add_argument(
+        "--compared-with",
+        metavar="LABEL",
+        help="the row whose updates/s the table divides this one's by (a recipe trained on the same batches)",
+    )
     parser.add_argument("--updates", type=int, default=20, help="timed updates (default: 20)")
     parser.add_argument("--warmup", type=int, default=3, help="updates run before timing starts (default: 3)")
-    parser.add_argument("--output", required=True, help="JSON-lines file the result is appended to")
+    parser.add_argument("--output", help="JSON-lines file the result is appended to")
     args = parser.parse_args(argv[:split])
+    if args.table:
+        return args, None
+    if split == len(argv):
+        raise SystemExit("train_speed: put fairseq-train's options after '--' (see --help)")
+    if not args.label or not args.output:
+        parser.error("--label and --output are required to time a fairseq-train command")
     if args.updates < 1 or args.warmup < 0:
         parser.error(f"--updates must be >= 1 and --warmup >= 0 (got {args.updates}, {args.warmup})")
     train_args = options.parse_args_and_arch(options.get_training_parser(), argv[split + 1 :])
@@ -75,12 +89,33 @@ def measure(cfg, updates, warmup, label):
     return seconds, tokens
 
 
+def table(rows: List[dict]) -> str:
+    """The runs as a markdown table: updates/s, target tokens/s and the ratio to the run each is compared with."""
+    speed = {row["label"]: row["updates_per_s"] for row in rows}
+    lines = [
+        f"{rows[0]['updates']} timed updates per recipe on {rows[0]['device']} ({rows[0]['threads']} threads)",
+        "",
+        "| recipe | updates/s | target tokens/s | × the AR recipe on the same batches |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        base = row.get("compared_with")
+        ratio = f"{row['updates_per_s'] / speed[base]:.2f} ({base})" if base in speed else "–"
+        lines.append(f"| {row['label']} | {row['updates_per_s']:.3f} | {row['target_tokens_per_s']:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args, cfg = parse(sys.argv[1:] if argv is None else argv)
+    if cfg is None:
+        with open(args.table, encoding="utf-8") as f:
+            print(table([json.loads(line) for line in f]))
+        return
     seconds, tokens = measure(cfg, args.updates, args.warmup, args.label)
     device = "cpu" if cfg.common.cpu or not torch.cuda.is_available() else torch.cuda.get_device_name()
     result = {
         "label": args.label,
+        "compared_with": args.compared_with,
         "updates": args.updates,
         "seconds": round(seconds, 3),
         "updates_per_s": round(args.updates / seconds, 4),

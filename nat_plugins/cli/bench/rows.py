@@ -76,6 +76,21 @@ class RowSpec:
     def slug(self) -> str:
         return slugify(self.name)
 
+    def option(self) -> str:
+        """The row as the benchmark's ``--system`` option value (:func:`parse_system_spec` reads it back)."""
+        return f"{self.name}={self.checkpoint}::{shlex.join(self.args)}"
+
+    def relative_to(self, base: str) -> "RowSpec":
+        """The row with its checkpoint and every argument that names a file written relative to ``base``."""
+        args = [relative_path(arg, base) if os.path.exists(arg) else arg for arg in self.args]
+        return RowSpec(self.name, relative_path(self.checkpoint, base), args, self.role)
+
+
+def relative_path(path: str, base: str) -> str:
+    """``path`` (every path of a ':'-separated ensemble) relative to the directory ``base``: reports name the files
+    of a run from its work directory, not from the machine's root."""
+    return ":".join(os.path.relpath(part, base) for part in path.split(":"))
+
 
 def parse_system_spec(spec: str) -> RowSpec:
     """Parse ``'NAME=CHECKPOINT::EXTRA ARGS'`` (``::EXTRA ARGS`` optional; split at the last ``=`` before ``::``,
@@ -121,6 +136,28 @@ def ctranslate2_specs(teacher: str, beam: int) -> List[RowSpec]:
         RowSpec(f"AR teacher, beam {beam} (CTranslate2)", teacher, ["ctranslate2", "--beam", str(beam)], CT2_BEAM),
         RowSpec("AR teacher, greedy (CTranslate2)", teacher, ["ctranslate2", "--beam", "1"], CT2_GREEDY),
     ]
+
+
+def npd_name(samples: int) -> str:
+    """The display name of the noisy-parallel-decoding row with ``samples`` fertility samples."""
+    return f"NAT, NPD S={samples}"
+
+
+def npd_args(samples: int, teacher) -> list:
+    """fairseq-generate arguments of noisy parallel decoding: ``samples`` candidates rescored by ``teacher``."""
+    return ["--beam", "1", "--fertility-decoding", "npd", "--npd-samples", str(samples), "--npd-teacher", teacher]
+
+
+def npd_specs(checkpoint: str, teacher: str, text: str) -> List[RowSpec]:
+    """``--npd-checkpoint`` and ``--npd-samples 'S,S,...'``: one noisy-parallel-decoding row of the fertility_nat
+    ``checkpoint`` per number of samples S (distinct, >= 1, in the given order), rescored by ``teacher``."""
+    try:
+        samples = [int(part) for part in text.split(",")]
+    except ValueError:
+        samples = []
+    if not samples or min(samples) < 1 or len(set(samples)) != len(samples):
+        raise BenchmarkError(f"--npd-samples {text!r}: expected distinct numbers >= 1, e.g. 1,5,10,25,100")
+    return [RowSpec(npd_name(s), checkpoint, npd_args(s, teacher)) for s in samples]
 
 
 def parse_paired_tests(texts: List[str], names: List[str]) -> List[tuple]:

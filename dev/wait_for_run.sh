@@ -2,7 +2,7 @@
 # Poll a quickstart started in the background (e.g. on a remote GPU machine whose commands may run 10 minutes):
 # returns when LOG says it finished (exit 0), failed (exit 1) or after SECONDS (exit 3: call again), printing the
 # steps done so far and the log's last lines.
-#   bash run_scripts/wait_for_run.sh LOG WORK [SECONDS]
+#   bash dev/wait_for_run.sh LOG WORK [SECONDS]
 set -uo pipefail
 LOG=${1:?usage: wait_for_run.sh LOG WORK [SECONDS]}; WORK=${2:?usage: wait_for_run.sh LOG WORK [SECONDS]}
 LIMIT=${3:-540}

@@ -1,7 +1,7 @@
 """Time a linear layer's product both ways on this CPU, cold cache (docs/results.md, modules/cpu_linear.py):
 torch's F.linear (x·Wᵀ) against W·xᵀ as WeightFirstLinear computes it, for the teacher's layer shapes and row counts.
 
-    python run_scripts/bench_linear_layout.py [--threads 2] [--repeats 200]
+    python dev/bench_linear_layout.py [--threads 2] [--repeats 200]
 """
 
 import argparse

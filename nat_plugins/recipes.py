@@ -1,0 +1,728 @@
+"""The catalogue of the systems the Multi30k quickstart trains, decodes and checks: one entry per system.
+
+For every preset (``cpu``, ``cpu-long``, ``gpu``: run_scripts/common.sh) an entry says which configurations of the
+system the run trains (the recipe scripts of examples/multi30k and their arguments, step by step: each script sets
+its own updates, learning rate and warm-up per preset), the benchmark rows each configuration decodes (display name,
+checkpoint, fairseq-generate arguments) and the quality targets the report (:mod:`nat_plugins.cli.report`) checks on
+those rows. A target or paired test that names a row its preset does not make is an error (:func:`check`), and so
+is a target whose row a finished benchmark lacks (:class:`MissingRow`). The scripts read the catalogue through its
+command line, one item per line:
+
+    python -m nat_plugins.recipes steps --preset P --work W --data-bin D --teacher T --checkpoint-name N
+        one training step per line, tab-separated: JOB, STEP, SCRIPT (relative to the repository), its arguments
+        (run_scripts/quickstart.sh runs the steps of a job in order, jobs side by side)
+    python -m nat_plugins.recipes speed-steps ... --save-dir DIR
+        the fairseq-train steps, each with the recipe its speed is compared with (run_scripts/train_speed.sh)
+    python -m nat_plugins.recipes options --preset P [--latency-sentences N]
+        the preset's benchmark options, one word per line
+    python -m nat_plugins.recipes rows --preset P --work W ... [--only SYSTEM] [--values K,...] [--existing]
+        the benchmark options of the rows (--system, --paired-test), one word per line
+
+A new system is one :class:`System` in :data:`SYSTEMS`; a new preset one :class:`Preset` in :data:`PRESETS` and
+its configurations and targets in the systems' entries.
+"""
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .cli.bench.rows import TEACHER_BEAM, TEACHER_GREEDY, RowSpec, npd_args, npd_name
+
+EXAMPLES = "examples/multi30k"
+# train_speed's reference: the teacher's recipe trained on the distilled targets, the batches of most students
+TEACHER_ON_DISTILLED = "teacher-on-distilled"
+LENGTH_LIMIT = ("--generate-args", "--max-len-a 1.2 --max-len-b 10")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a preset changes in the benchmark: the options of its protocol on its device, the default number of
+    batch-1 latency sentences (None: the whole test set) and the decoding options of the rows whose layers only draft
+    (``Row.drafts``)."""
+
+    device_options: Tuple[str, ...]
+    latency_sentences: Optional[int]
+    draft_args: Tuple[str, ...]
+
+    def benchmark_options(self, latency_sentences: Optional[int] = None) -> List[str]:
+        """The benchmark's options of this preset; ``latency_sentences`` replaces its default."""
+        sentences = latency_sentences or self.latency_sentences
+        latency = ["--latency-sentences", str(sentences)] if sentences else []
+        return list(self.device_options) + latency + list(LENGTH_LIMIT)
+
+
+# every preset decodes with one length limit for every row (Multi30k targets are ~1.1x the source), so an undertrained
+# model that never emits EOS stops there instead of at fairseq's default 200 tokens.
+# CPU presets: 100 sentences timed after 10 of warm-up (machine noise is ±15% between runs; ~1 min per 100), the
+# teacher decoded by CTranslate2 too (the production baseline a fast decoder has to beat), and the layers that only
+# draft (blockwise heads 2..k, the speculative drafter) in int8: the output is the same, each call reads fewer bytes.
+# GPU: every test sentence timed (the first 20 are warm-up); no CTranslate2 (the GPU machine's checkout cannot carry
+# its wheel beside fairseq's).
+CPU_DEVICE_OPTIONS = ("--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2")
+PRESETS = {
+    "cpu": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
+    "cpu-long": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
+    "gpu": Preset(("--batch-size", "128", "--warmup", "20"), None, ()),
+}
+
+
+@dataclass(frozen=True)
+class RunPath:
+    """A path of the run that a step's or a row's argument stands for (:meth:`Run.resolve`)."""
+
+    name: str
+
+
+DATA_BIN, TEACHER, SAVE_DIR, LINKS = RunPath("data-bin"), RunPath("teacher"), RunPath("save-dir"), RunPath("links")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint that step ``step`` leaves for decoding (WORK/ckpt/STEP/<the run's checkpoint name>)."""
+
+    step: str
+
+
+Word = Union[str, int, RunPath, Checkpoint]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A quickstart run's paths: its work directory, data-bin and teacher checkpoint, the file a student's training
+    leaves for decoding (run_scripts/common.sh's STUDENT_CHECKPOINT) and, for train_speed, one scratch directory
+    every step saves into instead of its own WORK/ckpt/STEP."""
+
+    work: str
+    data_bin: str
+    teacher: str
+    checkpoint_name: str
+    save_dir: Optional[str] = None
+
+    def checkpoint(self, step: str) -> str:
+        return os.path.join(self.work, "ckpt", step, self.checkpoint_name)
+
+    def resolve(self, word: Word, step: str = "") -> str:
+        """The text of a step's (``step``) or a row's argument."""
+        if isinstance(word, Checkpoint):
+            return self.checkpoint(word.step)
+        paths = {
+            DATA_BIN: self.data_bin,
+            TEACHER: self.teacher,
+            SAVE_DIR: self.save_dir or os.path.join(self.work, "ckpt", step),
+            LINKS: os.path.join(self.work, "links"),  # eflomal is not deterministic: its links are kept
+        }
+        return paths[word] if isinstance(word, RunPath) else str(word)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a run: ``name`` (its .done marker and log; it saves into WORK/ckpt/NAME) runs the bash script
+    ``script`` (relative to the repository) with ``args``. ``compared_with``: the recipe whose updates/s train_speed
+    divides this one's by, trained on the same batches (None: not a fairseq-train recipe, not timed)."""
+
+    name: str
+    script: str
+    args: Tuple[Word, ...]
+    compared_with: Optional[str] = TEACHER_ON_DISTILLED
+
+    def command(self, run: Run) -> List[str]:
+        return [self.script] + [run.resolve(word, self.name) for word in self.args]
+
+
+@dataclass(frozen=True)
+class Row:
+    """A benchmark row: ``name`` decodes the checkpoint of step ``step`` with the fairseq-generate arguments
+    ``args`` (and the preset's draft options when ``drafts``). ``plugin``: a plugin system's row (False: a
+    baseline: fairseq's own models, the teacher trained on)."""
+
+    name: str
+    step: str
+    args: Tuple[Word, ...]
+    drafts: bool = False
+    plugin: bool = True
+
+    def spec(self, run: Run, preset: Preset) -> RowSpec:
+        args = [run.resolve(word) for word in self.args] + list(preset.draft_args if self.drafts else ())
+        return RowSpec(self.name, run.checkpoint(self.step), args)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Steps that run one after the other (each may need the one before); jobs run side by side. A job is named by
+    its first step."""
+
+    steps: Tuple[Step, ...]
+
+    @property
+    def name(self) -> str:
+        return self.steps[0].name
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of a system: the jobs that train it (a job that two configurations share trains once), its
+    benchmark rows and the paired bootstrap tests (baseline row, system row) of their BLEU."""
+
+    jobs: Tuple[Job, ...]
+    rows: Tuple[Row, ...]
+    paired_tests: Tuple[Tuple[str, str], ...] = ()
+
+
+class CatalogueError(ValueError):
+    """The catalogue contradicts itself (a target or paired test names a row its preset does not make, ...)."""
+
+
+class MissingRow(KeyError):
+    """A target names a row the finished benchmark does not have."""
+
+    def __str__(self):
+        return str(self.args[0])
+
+
+@dataclass
+class Measured:
+    """A finished benchmark as the targets read it: its ``results.json`` rows by name, its paired tests, the
+    directory of its hypothesis files and the names of its preset's plugin rows."""
+
+    rows: Dict[str, dict]
+    paired_tests: List[dict]
+    hyp_dir: str
+    plugin_rows: Tuple[str, ...]
+
+    def row(self, name: str) -> dict:
+        if name not in self.rows:
+            raise MissingRow(
+                f"a target names the row {name!r}, which the benchmark did not make (rows: {list(self.rows)})"
+            )
+        return self.rows[name]
+
+    def role(self, role: str) -> dict:
+        """The reference row with ``role`` (the teacher's beam or greedy row)."""
+        found = [row for row in self.rows.values() if row.get("role") == role]
+        if not found:
+            raise MissingRow(f"the targets need the benchmark's {role} row, which it did not make")
+        return found[0]
+
+    def same_output(self, a: dict, b: dict) -> bool:
+        """Whether two rows' hypothesis files are identical."""
+        with (
+            open(os.path.join(self.hyp_dir, a["hyp_file"]), encoding="utf-8") as fa,
+            open(os.path.join(self.hyp_dir, b["hyp_file"]), encoding="utf-8") as fb,
+        ):
+            return fa.read() == fb.read()
+
+
+@dataclass(frozen=True)
+class RowTarget:
+    """A target on one row, ``row``."""
+
+    row: str
+
+    @property
+    def rows(self) -> Tuple[str, ...]:
+        return (self.row,)
+
+
+@dataclass(frozen=True)
+class BleuShare(RowTarget):
+    """BLEU >= ``minimum`` of the teacher's beam BLEU (and batch-1 latency >= ``min_speedup`` x the teacher's beam)."""
+
+    minimum: float
+    min_speedup: float = 0.0
+
+    @property
+    def what(self) -> str:
+        at = f" at >= {self.min_speedup}x vs the teacher's beam" if self.min_speedup else ""
+        return f"{self.row}: BLEU >= {100 * self.minimum:.0f}% of the teacher's beam{at}"
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        row = measured.row(self.row)
+        share = row["bleu"] / measured.role(TEACHER_BEAM)["bleu"]
+        speedup = row.get("latency_speedup_vs_ar_beam") or 0.0
+        return f"{100 * share:.1f}% at {speedup:.2f}x", share >= self.minimum and speedup >= self.min_speedup
+
+
+@dataclass(frozen=True)
+class ExactBlockwise(RowTarget):
+    """Exact acceptance: the teacher's greedy output (or, with ``max_bleu_loss``, its BLEU minus that), a mean
+    accepted block >= ``min_block`` and a batch-1 speedup over greedy >= ``min_speedup``."""
+
+    min_block: float
+    max_bleu_loss: Optional[float] = None
+    min_speedup: float = 0.0
+
+    @property
+    def what(self) -> str:
+        quality = (
+            "= the teacher's greedy output" if self.max_bleu_loss is None else f"BLEU >= greedy - {self.max_bleu_loss}"
+        )
+        at = f", >= {self.min_speedup}x vs greedy" if self.min_speedup else ""
+        return f"{self.row}: {quality}, mean accepted block >= {self.min_block}{at}"
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
+        block, speedup = row.get("tokens_per_call") or 0.0, row.get("latency_speedup_vs_ar_greedy") or 0.0
+        if self.max_bleu_loss is None:
+            ok = measured.same_output(row, greedy)
+            quality = "identical to greedy" if ok else "differs from greedy"
+        else:
+            ok = greedy["bleu"] - row["bleu"] <= self.max_bleu_loss
+            quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
+        return (
+            f"{quality}, block {block:.2f}, {speedup:.2f}x vs greedy",
+            ok and block >= self.min_block and speedup >= self.min_speedup,
+        )
+
+
+@dataclass(frozen=True)
+class Speculative(RowTarget):
+    """Speculative decoding: exact verification prints the teacher's greedy output, relaxed keeps at least its BLEU;
+    both at a batch-1 speedup over greedy >= ``min_speedup`` (shown: mean accepted tokens per teacher call and the
+    speedup over greedy decoding in CTranslate2)."""
+
+    min_speedup: float
+    exact: bool = True
+
+    @property
+    def what(self) -> str:
+        quality = "= the teacher's greedy output" if self.exact else "BLEU >= the teacher's greedy"
+        return f"{self.row}: {quality}, >= {self.min_speedup}x vs greedy"
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
+        speedup = row.get("latency_speedup_vs_ar_greedy") or 0.0
+        if self.exact:
+            ok = measured.same_output(row, greedy)
+            quality = "identical to greedy" if ok else "differs from greedy"
+        else:
+            ok = row["bleu"] >= greedy["bleu"]
+            quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
+        ct2 = row.get("latency_speedup_vs_ct2_greedy")
+        text = (
+            f"{quality}, {row.get('tokens_per_step') or 0.0:.2f} tokens per teacher call, {speedup:.2f}x vs greedy"
+            + (f" ({ct2:.2f}x vs CTranslate2 greedy)" if ct2 is not None else "")
+        )
+        return text, ok and speedup >= self.min_speedup
+
+
+@dataclass(frozen=True)
+class BleuGain:
+    """``system``'s BLEU gain over ``baseline`` >= ``minimum`` (paired bootstrap p-value shown), at most
+    ``max_slowdown`` slower at batch 1."""
+
+    system: str
+    baseline: str
+    minimum: float
+    max_slowdown: Optional[float] = None
+
+    @property
+    def rows(self) -> Tuple[str, ...]:
+        return (self.system, self.baseline)
+
+    @property
+    def what(self) -> str:
+        limit = f" at <= {100 * self.max_slowdown:.0f}% slower" if self.max_slowdown is not None else ""
+        return f"{self.system} vs {self.baseline}: >= {self.minimum:+} BLEU{limit}"
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        system, baseline = measured.row(self.system), measured.row(self.baseline)
+        delta = system["bleu"] - baseline["bleu"]
+        test = next((t for t in measured.paired_tests if t["system"] == self.system), None)
+        slower = system["latency_ms_median"] / baseline["latency_ms_median"] - 1
+        text = f"{delta:+.2f} BLEU" + (f" (p = {test['p_value']:.3f})" if test else "") + f", {100 * slower:+.0f}% time"
+        return text, delta >= self.minimum and (self.max_slowdown is None or slower <= self.max_slowdown)
+
+
+@dataclass(frozen=True)
+class AboveFairseq:
+    """Every plugin row above fairseq's own models (``theirs``) on BLEU or on batch-1 speed (``both``: on both, vs
+    the first of them)."""
+
+    theirs: Tuple[str, ...]
+    both: bool
+
+    @property
+    def rows(self) -> Tuple[str, ...]:
+        return self.theirs
+
+    @property
+    def what(self) -> str:
+        return "every plugin row above fairseq's NAT/CMLM " + (
+            "on BLEU and speed (vs NAT)" if self.both else "on BLEU or on speed"
+        )
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        theirs = [measured.row(name) for name in (self.theirs[:1] if self.both else self.theirs)]
+        verdicts, ok = [], True
+        for name in measured.plugin_rows:
+            row = measured.row(name)
+            better_bleu = all(row["bleu"] > t["bleu"] for t in theirs)
+            faster = all(row["latency_ms_median"] < t["latency_ms_median"] for t in theirs)
+            ok &= (better_bleu and faster) if self.both else (better_bleu or faster)
+            verdict = {(True, True): "BLEU and speed", (True, False): "BLEU", (False, True): "speed"}
+            verdicts.append(f"{name}: {verdict.get((better_bleu, faster), 'neither')}")
+        return "; ".join(verdicts), ok
+
+
+Target = Union[BleuShare, ExactBlockwise, Speculative, BleuGain, AboveFairseq]
+
+
+@dataclass(frozen=True)
+class System:
+    """One system of the catalogue: ``values`` maps a preset to the configurations it runs (a value each, e.g. K;
+    a preset it is absent from runs none), ``configure`` makes a value's :class:`Config`, and ``targets`` are the
+    preset's quality bars on its rows."""
+
+    key: str
+    values: Dict[str, Tuple]
+    configure: Callable[..., Config]
+    targets: Dict[str, Tuple[Target, ...]] = field(default_factory=dict)
+
+
+def blockwise(k: int) -> Config:
+    """Blockwise parallel decoding (Stern et al. 2018): heads on the frozen teacher, then everything fine-tuned from
+    that checkpoint; decoded with exact acceptance."""
+    frozen, finetuned = f"blockwise-{k}-frozen", f"blockwise-{k}-finetuned"
+    script, exact = f"{EXAMPLES}/blockwise.sh", ("--beam", "1", "--block-accept", "exact")
+    return Config(
+        jobs=(
+            Job(
+                (
+                    Step(frozen, script, (DATA_BIN, TEACHER, SAVE_DIR, k, "frozen")),
+                    Step(finetuned, script, (DATA_BIN, Checkpoint(frozen), SAVE_DIR, k, "finetuned")),
+                )
+            ),
+        ),
+        rows=(
+            Row(f"Blockwise k={k} frozen, exact", frozen, exact, drafts=True),
+            Row(f"Blockwise k={k} fine-tuned, exact", finetuned, exact, drafts=True),
+        ),
+    )
+
+
+def speculative(k: int) -> Config:
+    """Speculative decoding (Xia et al. 2023): a shallow non-autoregressive drafter proposes k tokens, the teacher
+    verifies them in one call; exact verification prints the teacher's greedy output, relaxed (top-3 within 1 nat)
+    accepts more."""
+    step = f"spec-drafter-{k}"
+    verify = ("--beam", "1", "--speculative-teacher", TEACHER)
+    relaxed = ("--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "1")
+    return Config(
+        jobs=(Job((Step(step, f"{EXAMPLES}/spec_drafter.sh", (DATA_BIN, TEACHER, SAVE_DIR, k)),)),),
+        rows=(
+            Row(f"Speculative k={k}, exact", step, verify, drafts=True),
+            Row(f"Speculative k={k}, relaxed", step, verify + relaxed),
+        ),
+    )
+
+
+def sat(k: int) -> Config:
+    """Semi-Autoregressive Transformer (Wang et al. 2018) on distilled data, greedy and beam 4."""
+    step = f"sat-{k}"
+    return Config(
+        jobs=(Job((Step(step, f"{EXAMPLES}/sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k)),)),),
+        rows=(Row(f"SAT K={k}, greedy", step, ("--beam", "1")), Row(f"SAT K={k}, beam 4", step, ("--beam", "4"))),
+    )
+
+
+def recover_sat(k: int) -> Config:
+    """RecoverSAT (Ran et al. 2020): K segments in parallel."""
+    step = f"recover-sat-{k}"
+    return Config(
+        jobs=(Job((Step(step, f"{EXAMPLES}/recover_sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k)),)),),
+        rows=(Row(f"RecoverSAT K={k}", step, ("--beam", "1")),),
+    )
+
+
+def fertility_nat(samples: int) -> Config:
+    """NAT with fertility (Gu et al. 2018): eflomal fertilities on the distilled targets (links kept), then the NAT,
+    decoded with argmax, average and noisy parallel decoding (``samples`` fertility samples rescored by the
+    teacher). One training serves every S."""
+    decoding = ("--beam", "1", "--fertility-decoding")
+    return Config(
+        jobs=(
+            Job(
+                (
+                    Step(
+                        "fertility", "run_scripts/fertility.sh", (DATA_BIN, "--save-links", LINKS), compared_with=None
+                    ),
+                    Step("fertility-nat", f"{EXAMPLES}/fertility_nat.sh", (DATA_BIN, TEACHER, SAVE_DIR)),
+                )
+            ),
+        ),
+        rows=(
+            Row("NAT, argmax fertility", "fertility-nat", decoding + ("argmax",)),
+            Row("NAT, average fertility", "fertility-nat", decoding + ("average",)),
+            Row(npd_name(samples), "fertility-nat", tuple(npd_args(samples, TEACHER))),
+        ),
+    )
+
+
+NAD_AD_ROW, AR_SAME_UPDATES_ROW = "Encoder-NAD-AD, beam 4", "AR teacher + same updates, beam 4"
+
+
+def nad_ad(_value=None) -> Config:
+    """Encoder-NAD-AD (Zhou et al. 2020): the AR decoder also attends to a NAD run once per sentence; compared with
+    the teacher trained for the same number of updates (same optimiser settings, real targets; Encoder-NAD-AD batches
+    by the real targets too), with the paired bootstrap test of the gain."""
+    return Config(
+        jobs=(
+            Job((Step("nad-ad", f"{EXAMPLES}/nad_ad.sh", (DATA_BIN, TEACHER, SAVE_DIR), compared_with="ar-baseline"),)),
+            Job((Step("ar-baseline", f"{EXAMPLES}/ar_baseline.sh", (DATA_BIN, TEACHER, SAVE_DIR)),)),
+        ),
+        rows=(
+            Row(NAD_AD_ROW, "nad-ad", ("--beam", "4")),
+            Row(AR_SAME_UPDATES_ROW, "ar-baseline", ("--beam", "4"), plugin=False),
+        ),
+        paired_tests=((AR_SAME_UPDATES_ROW, NAD_AD_ROW),),
+    )
+
+
+FAIRSEQ_NAT_ROW, FAIRSEQ_CMLM_ROW = "fairseq NAT (nonautoregressive_transformer)", "fairseq CMLM, 10 iterations"
+
+
+def fairseq_nat(_value=None) -> Config:
+    """fairseq's own NAT and CMLM (Mask-Predict, 10 iterations) at the NAT's number of updates, from scratch."""
+    script = f"{EXAMPLES}/fairseq_nat.sh"
+    lev = ("--task", "translation_lev", "--iter-decode-max-iter")
+    return Config(
+        jobs=tuple(Job((Step(f"fairseq-{model}", script, (DATA_BIN, SAVE_DIR, model)),)) for model in ("nat", "cmlm")),
+        rows=(
+            Row(FAIRSEQ_NAT_ROW, "fairseq-nat", lev + ("0",), plugin=False),
+            Row(FAIRSEQ_CMLM_ROW, "fairseq-cmlm", lev + ("9",), plugin=False),
+        ),
+    )
+
+
+# The CPU presets train one headline configuration of every system (cpu-long adds SAT K=4 and fairseq's own models,
+# and its students train 4x longer); the GPU preset the configurations its targets are about (docs/results.md). On
+# the CPU NPD keeps S=10: S=100 decodes 100 candidates per sentence, ~10 min of the batched pass on 2 cores.
+SYSTEMS: Tuple[System, ...] = (
+    System(
+        "blockwise",
+        {"cpu": (4,), "cpu-long": (4,), "gpu": (8,)},
+        blockwise,
+        {
+            "cpu-long": (
+                ExactBlockwise("Blockwise k=4 frozen, exact", 1.5),
+                ExactBlockwise("Blockwise k=4 fine-tuned, exact", 2.0, max_bleu_loss=1.0),
+            ),
+            "gpu": (
+                ExactBlockwise("Blockwise k=8 frozen, exact", 1.0, min_speedup=1.4),
+                ExactBlockwise("Blockwise k=8 fine-tuned, exact", 3.5, max_bleu_loss=1.0, min_speedup=2.5),
+            ),
+        },
+    ),
+    System(
+        "speculative",
+        {"cpu": (3,), "cpu-long": (3,), "gpu": (8,)},
+        speculative,
+        {
+            "cpu-long": (Speculative("Speculative k=3, exact", 1.5),),
+            "gpu": (
+                Speculative("Speculative k=8, exact", 3.0),
+                Speculative("Speculative k=8, relaxed", 4.0, exact=False),
+            ),
+        },
+    ),
+    System(
+        "sat",
+        {"cpu": (2,), "cpu-long": (2, 4), "gpu": (2, 6)},
+        sat,
+        {
+            "cpu-long": (BleuShare("SAT K=2, beam 4", 0.95), BleuShare("SAT K=4, greedy", 0.80)),
+            "gpu": (BleuShare("SAT K=2, beam 4", 0.97, 1.5), BleuShare("SAT K=6, greedy", 0.85, 4.0)),
+        },
+    ),
+    System(
+        "recover-sat",
+        {"cpu": (2,), "cpu-long": (2,), "gpu": (2, 6)},
+        recover_sat,
+        {
+            "cpu-long": (BleuShare("RecoverSAT K=2", 0.93),),
+            "gpu": (BleuShare("RecoverSAT K=2", 0.98, 1.8), BleuShare("RecoverSAT K=6", 0.93, 3.0)),
+        },
+    ),
+    System(
+        "fertility-nat",
+        {"cpu": (10,), "cpu-long": (10,), "gpu": (10, 100)},
+        fertility_nat,
+        {
+            "cpu-long": (BleuShare("NAT, argmax fertility", 0.70), BleuShare("NAT, NPD S=10", 0.78)),
+            "gpu": (BleuShare("NAT, argmax fertility", 0.80, 8.0), BleuShare("NAT, NPD S=10", 0.88, 3.0)),
+        },
+    ),
+    System(
+        "nad-ad",
+        {"cpu": (None,), "cpu-long": (None,), "gpu": (None,)},
+        nad_ad,
+        {
+            "cpu-long": (BleuGain(NAD_AD_ROW, AR_SAME_UPDATES_ROW, 0.3),),
+            "gpu": (BleuGain(NAD_AD_ROW, AR_SAME_UPDATES_ROW, 0.5, max_slowdown=0.10),),
+        },
+    ),
+    System(
+        "fairseq",
+        {"cpu-long": (None,), "gpu": (None,)},
+        fairseq_nat,
+        {
+            "cpu-long": (AboveFairseq((FAIRSEQ_NAT_ROW, FAIRSEQ_CMLM_ROW), both=False),),
+            "gpu": (AboveFairseq((FAIRSEQ_NAT_ROW, FAIRSEQ_CMLM_ROW), both=True),),
+        },
+    ),
+)
+
+
+def configs(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Config]:
+    """The configurations a run of ``preset`` trains and decodes, system by system (``only``: that system's, and with
+    ``values`` instead of the preset's when given)."""
+    systems = [system for system in SYSTEMS if only in (None, system.key)]
+    if not systems:
+        raise CatalogueError(f"no system {only!r} in the catalogue (systems: {[s.key for s in SYSTEMS]})")
+    return [
+        system.configure(value)
+        for system in systems
+        for value in (system.values.get(preset, ()) if values is None else values)
+    ]
+
+
+def unique(items: list, what: str) -> list:
+    """``items`` in order, each once (a job or row two configurations share); two different ones of one name are an
+    error."""
+    kept: Dict[str, object] = {}
+    for item in items:
+        if kept.setdefault(item.name, item) != item:
+            raise CatalogueError(f"two different {what} are named {item.name!r}")
+    return list(kept.values())
+
+
+def jobs(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Job]:
+    """The training jobs of a run, in order."""
+    return unique([job for config in configs(preset, only, values) for job in config.jobs], "jobs")
+
+
+def rows(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Row]:
+    """The benchmark rows of a run, in order."""
+    return unique([row for config in configs(preset, only, values) for row in config.rows], "rows")
+
+
+def paired_tests(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Tuple[str, str]]:
+    """The paired bootstrap tests (baseline row, system row) of a run."""
+    tests = [test for config in configs(preset, only, values) for test in config.paired_tests]
+    return list(dict.fromkeys(tests))
+
+
+def targets(preset: str) -> List[Target]:
+    """The quality bars of a run of ``preset``, system by system."""
+    return [target for system in SYSTEMS for target in system.targets.get(preset, ())]
+
+
+def plugin_rows(preset: str) -> Tuple[str, ...]:
+    """The names of the rows of ``preset`` decoded by a plugin system."""
+    return tuple(row.name for row in rows(preset) if row.plugin)
+
+
+def check():
+    """Raise :class:`CatalogueError` where the catalogue contradicts itself: a preset it does not know, a step or row
+    name used twice, a row decoding a step its preset does not train, a step starting from a checkpoint its job has
+    not made before it, a target or paired test naming a row its preset does not make."""
+    for system in SYSTEMS:
+        unknown = (set(system.values) | set(system.targets)) - set(PRESETS)
+        if unknown:
+            raise CatalogueError(f"system {system.key!r} names presets {sorted(unknown)} (presets: {list(PRESETS)})")
+    for preset in PRESETS:
+        steps = [step for job in jobs(preset) for step in job.steps]
+        unique(steps, "steps")
+        names = [row.name for row in rows(preset)]
+        for job in jobs(preset):
+            for index, step in enumerate(job.steps):
+                before = [s.name for s in job.steps[:index]]
+                needs = [word.step for word in step.args if isinstance(word, Checkpoint) and word.step not in before]
+                if needs:
+                    raise CatalogueError(f"step {step.name!r} starts from {needs[0]!r}, which its job has not trained")
+        for row in rows(preset):
+            if row.step not in [step.name for step in steps]:
+                raise CatalogueError(f"{preset}: row {row.name!r} decodes step {row.step!r}, which the preset lacks")
+        named = [(f"target {t.what!r}", name) for t in targets(preset) for name in t.rows]
+        named += [(f"paired test {test}", name) for test in paired_tests(preset) for name in test]
+        for what, name in named:
+            if name not in names:
+                raise CatalogueError(f"{preset}: {what} names the row {name!r}, which the preset does not make")
+
+
+def emit(lines: List[List[str]]):
+    """Print tab-separated fields, one line each (bash splits a line with read -a, a list of lines with mapfile)."""
+    for fields in lines:
+        bad = [f for f in fields if "\t" in f or "\n" in f]
+        if bad:
+            raise CatalogueError(f"{bad[0]!r}: a tab or a newline cannot pass to bash")
+        print("\t".join(fields))
+
+
+def main(argv: Optional[List[str]] = None):
+    parser = argparse.ArgumentParser(prog="python -m nat_plugins.recipes", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    preset = argparse.ArgumentParser(add_help=False)
+    preset.add_argument("--preset", required=True, choices=list(PRESETS), help="the run's size preset")
+    run = argparse.ArgumentParser(add_help=False, parents=[preset])
+    run.add_argument("--work", required=True, help="the run's work directory (students save into WORK/ckpt/STEP)")
+    run.add_argument("--data-bin", required=True, help="the run's data-bin")
+    run.add_argument("--teacher", required=True, help="the AR teacher's checkpoint")
+    run.add_argument(
+        "--checkpoint-name",
+        required=True,
+        help="the file a student's training leaves for decoding (run_scripts/common.sh STUDENT_CHECKPOINT)",
+    )
+    run.add_argument("--only", choices=[s.key for s in SYSTEMS], help="this system's steps or rows only")
+    run.add_argument(
+        "--values",
+        type=lambda text: [int(value) for value in text.split(",")],
+        metavar="V,V,...",
+        help="with --only: these configurations (integers: K, or NPD's S) instead of the preset's",
+    )
+    commands.add_parser("steps", parents=[run], help="the training steps: JOB, STEP, SCRIPT, ARGS (tab-separated)")
+    speed = commands.add_parser(
+        "speed-steps",
+        parents=[run],
+        help="the fairseq-train steps (the teacher's recipe on the distilled targets first): STEP, the recipe it is "
+        "compared with, SCRIPT, ARGS (tab-separated)",
+    )
+    speed.add_argument("--save-dir", required=True, help="where every step saves (a scratch directory)")
+    options = commands.add_parser("options", parents=[preset], help="the preset's benchmark options")
+    options.add_argument(
+        "--latency-sentences", type=int, metavar="N", help="batch-1 latency on N sentences (default: the preset's)"
+    )
+    bench = commands.add_parser(
+        "rows", parents=[run], help="the benchmark options of the rows (--system, --paired-test)"
+    )
+    bench.add_argument("--existing", action="store_true", help="only the rows whose checkpoint exists")
+    args = parser.parse_args(argv)
+    check()
+    if args.command == "options":
+        emit([[word] for word in PRESETS[args.preset].benchmark_options(args.latency_sentences)])
+        return
+    if args.values is not None and args.only is None:
+        parser.error("--values needs --only SYSTEM")
+    selection = (args.preset, args.only, args.values)
+    context = Run(args.work, args.data_bin, args.teacher, args.checkpoint_name, getattr(args, "save_dir", None))
+    if args.command == "steps":
+        emit([[job.name, s.name] + s.command(context) for job in jobs(*selection) for s in job.steps])
+    elif args.command == "speed-steps":
+        teacher = Step(
+            TEACHER_ON_DISTILLED, "run_scripts/train_teacher.sh", (DATA_BIN, SAVE_DIR, "--use-distilled", "target")
+        )
+        steps = [teacher] + [s for job in jobs(*selection) for s in job.steps if s.compared_with is not None]
+        emit([[s.name, s.compared_with] + s.command(context) for s in steps])
+    else:
+        kept = [row for row in rows(*selection) if not args.existing or os.path.exists(context.checkpoint(row.step))]
+        words = [w for row in kept for w in ("--system", row.spec(context, PRESETS[args.preset]).option())]
+        names = {row.name for row in kept}
+        for baseline, system in paired_tests(*selection):
+            if {baseline, system} <= names:
+                words += ["--paired-test", f"{baseline}::{system}"]
+        emit([[word] for word in words])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The system catalogue (nat_plugins.recipes): consistent with itself (a target or paired test naming a row its
+preset does not make fails), the quickstart's steps and rows as run_scripts/quickstart.sh ran them before the
+catalogue, and its command line as the run scripts read it."""
+
+import dataclasses
+import os
+
+import pytest
+
+from nat_plugins import recipes
+from nat_plugins.cli.bench.rows import parse_system_spec
+
+RUN = dict(work="W", data_bin="W/data-bin", teacher="W/ckpt/teacher/checkpoint_best.pt")
+T = RUN["teacher"]
+
+
+def cli(capsys, *argv):
+    recipes.main(list(argv))
+    return capsys.readouterr().out
+
+
+def run_options(preset, checkpoint_name="checkpoint_last.pt"):
+    return ["--preset", preset, "--work", "W", "--data-bin", "W/data-bin", "--teacher", T] + [
+        "--checkpoint-name",
+        checkpoint_name,
+    ]
+
+
+def test_the_catalogue_is_consistent():
+    """Every target and paired test of every preset names a row that preset makes, every row a step it trains."""
+    recipes.check()
+    for preset in recipes.PRESETS:
+        names = [row.name for row in recipes.rows(preset)]
+        assert len(names) == len(set(names))
+        assert all(name in names for target in recipes.targets(preset) for name in target.rows)
+
+
+@pytest.mark.parametrize(
+    "preset, target",
+    [
+        ("cpu-long", recipes.Speculative("Speculative k=4, exact", 1.5)),  # the drift this check exists for
+        ("gpu", recipes.BleuShare("SAT K=4, greedy", 0.8)),  # a cpu-long row
+    ],
+)
+def test_a_target_naming_a_row_its_preset_lacks_is_an_error(monkeypatch, preset, target):
+    sat = next(system for system in recipes.SYSTEMS if system.key == "sat")
+    bad = dataclasses.replace(sat, targets={**sat.targets, preset: sat.targets[preset] + (target,)})
+    monkeypatch.setattr(recipes, "SYSTEMS", tuple(bad if s is sat else s for s in recipes.SYSTEMS))
+    with pytest.raises(recipes.CatalogueError, match=f"{preset}: target .* names the row '{target.row}'"):
+        recipes.check()
+
+
+def test_a_paired_test_naming_a_missing_row_is_an_error(monkeypatch):
+    def nad_ad(value):
+        return dataclasses.replace(recipes.nad_ad(value), paired_tests=(("AR teacher, beam 4", recipes.NAD_AD_ROW),))
+
+    system = next(s for s in recipes.SYSTEMS if s.key == "nad-ad")
+    bad = dataclasses.replace(system, configure=nad_ad)
+    monkeypatch.setattr(recipes, "SYSTEMS", tuple(bad if s is system else s for s in recipes.SYSTEMS))
+    with pytest.raises(recipes.CatalogueError, match="paired test .* names the row 'AR teacher, beam 4'"):
+        recipes.check()
+
+
+def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
+    """run_scripts/quickstart.sh's PRESET=cpu rows as its bash made them (checkpoint_last.pt, --int8-drafts on the
+    drafting rows): same names, checkpoints and arguments, in the same order."""
+    ckpt = "W/ckpt/{}/checkpoint_last.pt"
+    expected = [
+        ("Blockwise k=4 frozen, exact", "blockwise-4-frozen", "--beam 1 --block-accept exact --int8-drafts"),
+        ("Blockwise k=4 fine-tuned, exact", "blockwise-4-finetuned", "--beam 1 --block-accept exact --int8-drafts"),
+        ("Speculative k=3, exact", "spec-drafter-3", f"--beam 1 --speculative-teacher {T} --int8-drafts"),
+        (
+            "Speculative k=3, relaxed",
+            "spec-drafter-3",
+            f"--beam 1 --speculative-teacher {T} --speculative-verify relaxed --speculative-beta 3 --speculative-tau 1",
+        ),
+        ("SAT K=2, greedy", "sat-2", "--beam 1"),
+        ("SAT K=2, beam 4", "sat-2", "--beam 4"),
+        ("RecoverSAT K=2", "recover-sat-2", "--beam 1"),
+        ("NAT, argmax fertility", "fertility-nat", "--beam 1 --fertility-decoding argmax"),
+        ("NAT, average fertility", "fertility-nat", "--beam 1 --fertility-decoding average"),
+        ("NAT, NPD S=10", "fertility-nat", f"--beam 1 --fertility-decoding npd --npd-samples 10 --npd-teacher {T}"),
+        ("Encoder-NAD-AD, beam 4", "nad-ad", "--beam 4"),
+        ("AR teacher + same updates, beam 4", "ar-baseline", "--beam 4"),
+    ]
+    words = cli(capsys, "rows", *run_options("cpu")).splitlines()
+    assert words[0::2] == ["--system"] * len(expected) + ["--paired-test"]
+    assert words[1:-2:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
+    assert words[-1] == "AR teacher + same updates, beam 4::Encoder-NAD-AD, beam 4"
+    assert [parse_system_spec(spec).name for spec in words[1:-2:2]] == [name for name, _, _ in expected]
+
+
+def test_gpu_and_cpu_long_rows():
+    gpu = [row.name for row in recipes.rows("gpu")]
+    assert gpu[:2] == ["Blockwise k=8 frozen, exact", "Blockwise k=8 fine-tuned, exact"]
+    assert [n for n in gpu if n.startswith(("SAT", "RecoverSAT", "NAT"))] == [
+        "SAT K=2, greedy",
+        "SAT K=2, beam 4",
+        "SAT K=6, greedy",
+        "SAT K=6, beam 4",
+        "RecoverSAT K=2",
+        "RecoverSAT K=6",
+        "NAT, argmax fertility",  # once, though both NPD configurations decode its checkpoint
+        "NAT, average fertility",
+        "NAT, NPD S=10",
+        "NAT, NPD S=100",
+    ]
+    assert gpu[-2:] == [recipes.FAIRSEQ_NAT_ROW, recipes.FAIRSEQ_CMLM_ROW]
+    speculative = recipes.rows("gpu", "speculative")[0].spec(
+        recipes.Run(checkpoint_name="c.pt", **RUN), recipes.PRESETS["gpu"]
+    )
+    assert "--int8-drafts" not in speculative.args  # the GPU preset decodes in fp16 without int8 drafts
+    cpu_long = [row.name for row in recipes.rows("cpu-long")]
+    assert "SAT K=4, beam 4" in cpu_long and recipes.FAIRSEQ_CMLM_ROW in cpu_long
+    assert recipes.FAIRSEQ_NAT_ROW not in [row.name for row in recipes.rows("cpu")]
+
+
+def test_steps_are_the_quickstarts_jobs(capsys):
+    lines = [line.split("\t") for line in cli(capsys, "steps", *run_options("cpu")).splitlines()]
+    examples = "examples/multi30k"
+    assert lines == [
+        ["blockwise-4-frozen", "blockwise-4-frozen", f"{examples}/blockwise.sh", "W/data-bin", T]
+        + ["W/ckpt/blockwise-4-frozen", "4", "frozen"],
+        ["blockwise-4-frozen", "blockwise-4-finetuned", f"{examples}/blockwise.sh", "W/data-bin"]
+        + ["W/ckpt/blockwise-4-frozen/checkpoint_last.pt", "W/ckpt/blockwise-4-finetuned", "4", "finetuned"],
+        ["spec-drafter-3", "spec-drafter-3", f"{examples}/spec_drafter.sh", "W/data-bin", T, "W/ckpt/spec-drafter-3"]
+        + ["3"],
+        ["sat-2", "sat-2", f"{examples}/sat.sh", "W/data-bin", T, "W/ckpt/sat-2", "2"],
+        ["recover-sat-2", "recover-sat-2", f"{examples}/recover_sat.sh", "W/data-bin", T, "W/ckpt/recover-sat-2", "2"],
+        ["fertility", "fertility", "run_scripts/fertility.sh", "W/data-bin", "--save-links", "W/links"],
+        ["fertility", "fertility-nat", f"{examples}/fertility_nat.sh", "W/data-bin", T, "W/ckpt/fertility-nat"],
+        ["nad-ad", "nad-ad", f"{examples}/nad_ad.sh", "W/data-bin", T, "W/ckpt/nad-ad"],
+        ["ar-baseline", "ar-baseline", f"{examples}/ar_baseline.sh", "W/data-bin", T, "W/ckpt/ar-baseline"],
+    ]
+    gpu = [line.split("\t")[1] for line in cli(capsys, "steps", *run_options("gpu")).splitlines()]
+    assert gpu.count("fertility-nat") == 1 and gpu[-2:] == ["fairseq-nat", "fairseq-cmlm"]
+
+
+def test_speed_steps_time_every_training_recipe(capsys):
+    """Every fairseq-train step of the preset (the speculative drafter included; not the alignment), saving into one
+    scratch directory, after the teacher's recipe on the distilled targets that they are compared with."""
+    out = cli(capsys, "speed-steps", *run_options("cpu"), "--save-dir", "S")
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert [(line[0], line[1]) for line in lines] == [
+        ("teacher-on-distilled", "teacher-on-distilled"),
+        ("blockwise-4-frozen", "teacher-on-distilled"),
+        ("blockwise-4-finetuned", "teacher-on-distilled"),
+        ("spec-drafter-3", "teacher-on-distilled"),
+        ("sat-2", "teacher-on-distilled"),
+        ("recover-sat-2", "teacher-on-distilled"),
+        ("fertility-nat", "teacher-on-distilled"),
+        ("nad-ad", "ar-baseline"),  # batched by the real targets, as its AR baseline
+        ("ar-baseline", "teacher-on-distilled"),
+    ]
+    assert lines[0][2:] == ["run_scripts/train_teacher.sh", "W/data-bin", "S", "--use-distilled", "target"]
+    assert lines[2][4:6] == ["W/ckpt/blockwise-4-frozen/checkpoint_last.pt", "S"]  # starts from the run's checkpoint
+
+
+def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path):
+    options = run_options("cpu")
+    options[options.index("--work") + 1] = str(tmp_path)
+    words = cli(capsys, "rows", *options, "--only", "speculative", "--values", "4").splitlines()
+    assert [parse_system_spec(w).name for w in words[1::2]] == ["Speculative k=4, exact", "Speculative k=4, relaxed"]
+    assert cli(capsys, "rows", *options, "--existing") == ""  # nothing trained yet
+    (tmp_path / "ckpt" / "nad-ad").mkdir(parents=True)
+    (tmp_path / "ckpt" / "nad-ad" / "checkpoint_last.pt").write_text("")
+    words = cli(capsys, "rows", *options, "--existing").splitlines()
+    assert words == [
+        "--system",
+        f"Encoder-NAD-AD, beam 4={os.path.join(tmp_path, 'ckpt/nad-ad/checkpoint_last.pt')}::--beam 4",
+    ]
+    with pytest.raises(SystemExit):
+        recipes.main(["rows", *options, "--values", "4"])  # --values needs --only
+
+
+def test_benchmark_options_of_the_presets(capsys):
+    cpu = cli(capsys, "options", "--preset", "cpu", "--latency-sentences", "15").splitlines()
+    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--latency-sentences", "15"] + [
+        "--generate-args",
+        "--max-len-a 1.2 --max-len-b 10",
+    ]
+    gpu = cli(capsys, "options", "--preset", "gpu").splitlines()
+    assert "--latency-sentences" not in gpu and "--ctranslate2" not in gpu and gpu[:2] == ["--batch-size", "128"]
