@@ -2,15 +2,20 @@
 fairseq's layers, with and without a cache, in batches with padding, post-norm and pre-norm, and the cache it leaves
 is the one fairseq's layers would leave (rollback and reorder keep working)."""
 
+import os
+
 import pytest
 import torch
+import torch.nn.functional as F
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from nat_plugins.modules.lean_decoder import lean_unsupported
 from nat_plugins.modules.verify_accept import decoder_stack_features, rollback_cache, self_attention_buffers
 
 from .test_blockwise import build_model
-from .utils import TINY_TRANSFORMER, random_batch
+from .utils import REPO_ROOT, TINY_TRANSFORMER, random_batch
+
+TORCH_SDPA = F.scaled_dot_product_attention
 
 
 def random_decoder_model(task, pre_norm):
@@ -117,6 +122,11 @@ def test_lean_forward_runs_only_in_evaluation_and_on_supported_layers(toy_task):
         extended = both()
         assert torch.equal(extended[1], extended[0])
         torch.testing.assert_close(extended[0], evaluation + 1)  # its own forward: the extra sublayer ran
+        model.decoder.layers[1].__class__ = TransformerDecoderLayerBase
+        model.decoder.layers[0].encoder_attn.scaling = 0.3  # F.scaled_dot_product_attention's is head_dim ** -0.5
+        assert lean_unsupported(model.decoder) == "attention scaling 0.3 (not head_dim ** -0.5)"
+        rescaled = both()
+        assert torch.equal(rescaled[1], rescaled[0])
 
 
 def test_fused_projections_follow_the_weights(toy_task):
@@ -154,3 +164,17 @@ def test_lean_forward_continues_a_cache_fairseqs_layers_filled(toy_task):
             for lean in (False, True)
         ]
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
+def sdpa_of_torch_2_0(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False):
+    """``F.scaled_dot_product_attention`` with torch 2.0's signature (``scale=`` came with torch 2.1)."""
+    return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+def test_lean_forward_needs_only_torch_2_0s_attention(toy_task, monkeypatch):
+    """pyproject.toml allows torch >= 2.0: with that version's ``F.scaled_dot_product_attention`` the lean forward
+    runs and equals fairseq's layers (the rest of its torch calls are older)."""
+    with open(os.path.join(REPO_ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        assert '"torch>=2.0",' in f.read()  # the floor this test stands for
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa_of_torch_2_0)
+    test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(toy_task, pre_norm=True)

@@ -7,9 +7,15 @@ from argparse import Namespace
 
 import pytest
 import torch
+from fairseq.modules import SinusoidalPositionalEmbedding
 
 from nat_plugins.generators.verify_accept_loop import VerifyAcceptLoop
-from nat_plugins.modules.verify_accept import cached_length, decoder_block_features, rollback_cache
+from nat_plugins.modules.verify_accept import (
+    cached_length,
+    decoder_block_features,
+    rollback_cache,
+    target_position_embeddings,
+)
 
 from .test_blockwise import MAX_LEN_B, build_model, greedy
 from .utils import TINY_TRANSFORMER, random_batch, sub_batch
@@ -123,3 +129,18 @@ def test_rolled_back_batched_cache_is_compact_and_equals_recomputation(toy_task)
         for layer in model.decoder.layers:
             mask = layer.self_attn._get_input_buffer(cache)["prev_key_padding_mask"]
             assert mask.tolist() == [[float(s >= n) for s in range(int(lengths.max()))] for n in lengths.tolist()]
+
+
+def test_the_sinusoidal_table_follows_the_positions_device(toy_task):
+    """Upstream fairseq 0.12 keeps the sinusoidal table in a plain attribute (fairseq-fixed: a buffer), on the CPU
+    until its own forward moves it: the block call moves it to the positions' device (here the meta device, the other
+    device a CPU test has) and keeps it there, as that forward does."""
+    model = build_model(toy_task, None, 0, (), [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"])
+    embed = model.decoder.embed_positions
+    assert isinstance(embed, SinusoidalPositionalEmbedding)
+    table = embed._buffers.pop("weights")
+    embed.weights = table  # upstream's layout
+    positions = torch.arange(3, device="meta").unsqueeze(0)
+    embedded = target_position_embeddings(model.decoder, positions)
+    assert embedded.device == positions.device and embedded.shape == (1, 3, 32)
+    assert embed.weights.device == positions.device

@@ -14,10 +14,10 @@ as those of one call on several new tokens already differ from fairseq's token-b
 runs its verifier and the speculative drafter with it (docs/results.md, 2026-11-25: with the changes to
 :mod:`~nat_plugins.modules.cpu_linear`, 2-15% less time per sentence for the verify-accept rows on 2 CPU cores).
 
-Layers with features it does not implement (a layer class other than fairseq's ``TransformerDecoderLayer``, whose
-extra sublayers it would skip; NormFormer's extra norms and scales, ``--cross-self-attention``, bias key/values, zero
-attention, xformers) are reported by :func:`lean_unsupported`, and callers keep the layers' own forward; in training
-(dropout) fairseq's forward runs too.
+Layers with features it does not implement (a layer class other than fairseq's ``TransformerDecoderLayer``, whose extra
+sublayers it would skip; NormFormer's extra norms and scales, ``--cross-self-attention``, bias key/values, zero
+attention, xformers, a query scaling other than fairseq's head_dim ** -0.5) are reported by :func:`lean_unsupported`,
+and callers keep the layers' own forward; in training (dropout) fairseq's forward runs too.
 """
 
 import torch
@@ -50,6 +50,8 @@ def lean_unsupported(decoder):
                 return "attention with bias key/values or zero attention"
             if getattr(attention, "use_xformers", False):
                 return "xformers attention"
+            if attention.scaling != attention.head_dim**-0.5:
+                return f"attention scaling {attention.scaling} (not head_dim ** -0.5)"
     return None
 
 
@@ -60,8 +62,10 @@ def split_heads(x, attention):
 
 def attend(attention, queries, keys, values, bias):
     """``attention``'s output projection of softmax(q·kᵀ·scaling + bias)·v for (B, heads, T, d) ``queries`` and
-    (B, heads, S, d) keys and values; ``bias``: an additive mask broadcast to (B, heads, T, S), or None."""
-    x = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias, scale=attention.scaling)
+    (B, heads, S, d) keys and values; ``bias``: an additive mask broadcast to (B, heads, T, S), or None. The scaling is
+    ``F.scaled_dot_product_attention``'s default, d ** -0.5, which is fairseq's (:func:`lean_unsupported` checks it):
+    torch 2.0, the oldest torch this package supports, has no ``scale=`` argument."""
+    x = F.scaled_dot_product_attention(queries, keys, values, attn_mask=bias)
     return attention.out_proj(x.transpose(1, 2).flatten(2))
 
 

@@ -29,9 +29,14 @@ def target_position_embeddings(decoder, positions):
     """Positional embeddings of explicit target ``positions`` (0 = BOS; fairseq numbers position p as
     padding_idx + 1 + p)."""
     index = positions + decoder.padding_idx + 1
-    if isinstance(decoder.embed_positions, SinusoidalPositionalEmbedding):
-        return F.embedding(index, decoder.embed_positions.weights)
-    return F.embedding(index, decoder.embed_positions.weight)
+    embed = decoder.embed_positions
+    if isinstance(embed, SinusoidalPositionalEmbedding):
+        if embed.weights.device != index.device:
+            # upstream fairseq 0.12 keeps the table in a plain attribute, on the CPU until its own forward moves it
+            # there (fairseq-fixed registers a buffer, which the model's .to() moves): do as that forward does
+            embed.weights = embed.weights.to(index.device)
+        return F.embedding(index, embed.weights)
+    return F.embedding(index, embed.weight)
 
 
 def inexact_verifier(decoder):
