@@ -8,17 +8,19 @@ import sys
 
 import pytest
 import torch
+from fairseq import checkpoint_utils, options
 from fairseq.models.transformer import TransformerModel
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from fairseq.utils import strip_pad
 
 from nat_plugins.cli.distill import merge_shards
+from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.models.plugin_model import NATPluginModel
 from nat_plugins.modules.options import check_label_smoothing
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
-from .utils import REPO_ROOT, USER_DIR, console_script, with_task_options
+from .utils import REPO_ROOT, TINY_TRANSFORMER, USER_DIR, console_script, with_task_options
 
 
 @pytest.fixture
@@ -28,16 +30,18 @@ def data_bin(dummy_data_bin, tmp_path):
 
 
 def make_task(data_bin, **overrides):
-    cfg = TranslationNATConfig(
-        data=data_bin,
-        source_lang="src",
-        target_lang="tgt",
-        train_subset="train",
-        dataset_impl=None,
-        required_seq_len_multiple=1,
-        **overrides,
+    config = {"source_lang": "src", "target_lang": "tgt", "train_subset": "train", "dataset_impl": None}
+    config |= {"required_seq_len_multiple": 1, **overrides}
+    return TranslationNATTask.setup_task(TranslationNATConfig(data=data_bin, **config))
+
+
+def build_plugin_model(task, arch, extra=()):
+    """A tiny ``arch`` model (the test teacher's sizes) built through ``task``, as fairseq-train builds it."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [task.cfg.data, "--task", "translation_nat", "--arch", arch] + TINY_TRANSFORMER[2:] + list(extra),
     )
-    return TranslationNATTask.setup_task(cfg)
+    return task.build_model(args)
 
 
 def raw_lines(task, split, side):
@@ -93,14 +97,17 @@ def test_torch_load_accepts_fairseq_globals_but_nothing_else(tmp_path):
 
 
 # ----- fertility side files -----------------------------------------------------------------------------
-def test_fertility_batches_align_with_left_padded_source(data_bin):
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_fertility_batches_align_with_left_padded_source(data_bin, multiple):
+    """Fertilities are padded like the source, --required-seq-len-multiple included (its padding used to be missing,
+    and the NAT's loss failed on the shapes); the NAT's loss takes such a batch."""
     task = make_task(data_bin)
     task.load_dataset("valid")
     n_src = [len(line.split()) for line in raw_lines(task, "valid", "src")]
     # dummy targets are word-by-word translations: fertility 1 everywhere, except a 2/0 swap on long sentences
     rows = [[2, 0] + [1] * (n - 2) if n > 2 else [1] * n for n in n_src]
     write_fertility(data_bin, "valid", rows)
-    task = make_task(data_bin)
+    task = make_task(data_bin, required_seq_len_multiple=multiple)
     task.load_dataset("valid")
     dataset = task.dataset("valid")
     batch = dataset.collater([dataset[i] for i in range(8)])
@@ -112,6 +119,9 @@ def test_fertility_batches_align_with_left_padded_source(data_bin):
         assert fert[b][real].tolist() == rows[sample_id]  # same order as the source tokens
         assert fert[b][~real].eq(0).all()  # padding and EOS get 0
         assert fert[b].sum() == (batch["target"][b] != pad).sum() - 1  # sums to target length w/o EOS
+    assert src.size(1) % multiple == 0
+    loss, sample_size, _ = FertilityNATLoss(task)(build_plugin_model(task, "fertility_nat"), batch)
+    assert torch.isfinite(loss) and sample_size > 0
 
 
 @pytest.mark.parametrize(
@@ -220,6 +230,47 @@ def test_plugin_model_refuses_other_tasks_and_left_padded_targets(data_bin):
     left_padded = with_task_options(make_task(data_bin), left_pad_target=True)
     with pytest.raises(ValueError, match="_GeneratorDeclaringModel needs right-padded targets: drop --left-pad-target"):
         _GeneratorDeclaringModel.build_model(tiny_transformer_args(), left_padded)
+
+
+# ----- --init-from-ar -----------------------------------------------------------------------------------------
+# every model with --init-from-ar, and the options it needs
+INIT_FROM_AR_ARCHS = {
+    "sat_transformer": ["--group-size", "2"],
+    "recover_sat": ["--num-segments", "2"],
+    "fertility_nat": [],
+    "nad_ad_transformer": [],
+    "blockwise_transformer": ["--block-size", "2"],
+    "spec_drafter": ["--draft-size", "2"],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(INIT_FROM_AR_ARCHS))
+def test_init_from_ar_scope(dummy_data_bin, tiny_teacher, arch):
+    """``--init-from-ar-scope all`` (the default) copies every parameter whose (mapped) name and shape match the
+    teacher's, decoder layers included; ``paper`` copies the encoder and the embeddings and leaves every parameter
+    that corresponds to a teacher's decoder layer random (blockwise: the paper trains on the whole base model, so
+    ``paper`` is ``all``). A RecoverSAT embedding holds the teacher's rows and a random DEL row."""
+    teacher = checkpoint_utils.load_checkpoint_to_cpu(tiny_teacher)["model"]
+    for scope in ("all", "paper"):
+        init = ["--init-from-ar", tiny_teacher, "--init-from-ar-scope", scope]
+        model = build_plugin_model(make_task(dummy_data_bin), arch, INIT_FROM_AR_ARCHS[arch] + init)
+        copied, random = set(), set()
+        for name, tensor in model.named_parameters():
+            ar_name = model.ar_parameter_name(name)
+            if ar_name not in teacher or teacher[ar_name].shape[1:] != tensor.shape[1:]:
+                continue
+            ar_tensor = teacher[ar_name]
+            (copied if torch.equal(tensor[: ar_tensor.size(0)], ar_tensor) else random).add(ar_name)
+        decoder_layers = {name for name in copied | random if name.startswith(("decoder.layers.", "decoder.layer_"))}
+        assert decoder_layers, arch  # every model has parameters that the teacher's decoder layers can initialise
+        assert "encoder.embed_tokens.weight" in copied and "encoder.layers.0.fc1.weight" in copied, (arch, scope)
+        if scope == "all" or arch == "blockwise_transformer":
+            assert not random, (arch, scope, sorted(random))
+        else:
+            assert decoder_layers <= random and random <= decoder_layers | {"decoder.output_projection.weight"}, (
+                arch,
+                sorted(random),
+            )
 
 
 def test_label_smoothing_range():

@@ -119,6 +119,10 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
     """Transformer with k proposal heads for blockwise parallel decoding (Stern et al. 2018)."""
 
     generator_class = VerifyAcceptGenerator
+    ar_init_paper_prefixes = ("",)
+    ar_init_paper = (
+        "the whole base model, as Stern et al. 2018 train the heads on a trained base model (the same as 'all')"
+    )
     base_frozen = False
     num_updates = 0
 

@@ -338,6 +338,22 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     required_side_inputs = ()
     generator_class = NADADSequenceGenerator
     scored_by_fairseq = True  # --score-reference: fairseq's scorer (the AD's scores)
+    # the encoder without the NAD (encoder.nad.*: decoder layers), the embeddings and the output projection
+    ar_init_paper_prefixes = (
+        "encoder.embed_tokens.",
+        "encoder.embed_positions.",
+        "encoder.layernorm_embedding.",
+        "encoder.layers.",
+        "encoder.layer_norm.",
+        "decoder.embed_tokens.",
+        "decoder.embed_positions.",
+        "decoder.layernorm_embedding.",
+        "decoder.output_projection.",
+    )
+    ar_init_paper = (
+        "the encoder (not the NAD), the embeddings and the output projection (Zhou et al. 2020 describe no "
+        "initialisation from an AR model: this is the SAT and RecoverSAT papers' scope)"
+    )
 
     @classmethod
     def add_args(cls, parser):
@@ -453,6 +469,8 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
         sublayer starts as a no-op, so the AD starts as the teacher (exactly with pre-norm; with post-norm up to
         the new LayerNorm) and a short fine-tuning budget is not spent recovering from a random sublayer."""
         loaded = super().init_from_ar(path)
+        if not any(name.startswith("decoder.layers.") for name in loaded):  # --init-from-ar-scope paper
+            return loaded
         for layer in self.decoder.layers:
             nn.init.zeros_(layer.nad_attn.out_proj.weight)
             nn.init.zeros_(layer.nad_attn.out_proj.bias)

@@ -1,12 +1,25 @@
 """What every nat_plugins model shares: the task check, AR initialisation and the hooks ``translation_nat`` calls."""
 
 import logging
+import os
 
+import torch
 from fairseq import checkpoint_utils
 
 from ..tasks.translation_nat import TranslationNATTask
 
 logger = logging.getLogger(__name__)
+
+INIT_FROM_AR_SCOPES = ("all", "paper")
+# what SAT (Wang et al. 2018, §4) and RecoverSAT (Ran et al. 2020, §4.1) initialise from the AR model: the encoder,
+# the embeddings and the pre-softmax output projection
+ENCODER_AND_EMBEDDINGS = (
+    "encoder.",
+    "decoder.embed_tokens.",
+    "decoder.embed_positions.",
+    "decoder.layernorm_embedding.",
+    "decoder.output_projection.",
+)
 
 
 def logits_at_positions(output_layer, features, positions):
@@ -40,21 +53,37 @@ class NATPluginModel:
       for a freshly built model when the model's args have ``init_from_ar`` set (never when a checkpoint is
       loaded, so ``fairseq-generate`` does not need the teacher file). ``ar_parameter_name`` maps a name of
       this model to the AR checkpoint's name (identity by default; ``None`` = never initialise it).
+      ``--init-from-ar-scope paper`` copies only the parameters whose names start with one of the model's
+      ``ar_init_paper_prefixes`` (what its paper initialises from the AR model, described by ``ar_init_paper``).
+      ``ar_added_symbols``: symbols the model appends to the data's dictionaries (RecoverSAT's DEL), whose rows of
+      the vocabulary-sized parameters start random while the other rows are the AR model's.
     """
 
     required_side_inputs = ()
     scored_by_fairseq = False
     checkpoint_plugin_version = None
+    ar_init_paper_prefixes = ENCODER_AND_EMBEDDINGS
+    ar_init_paper = "the encoder, the embeddings and the output projection"
+    ar_added_symbols = ()
+    init_from_ar_scope = "all"  # --init-from-ar-scope, set by build_model
 
-    @staticmethod
-    def add_init_from_ar_args(parser):
-        """``--init-from-ar PATH`` (call from ``add_args``); the architecture functions default it to None."""
+    @classmethod
+    def add_init_from_ar_args(cls, parser):
+        """``--init-from-ar PATH`` and ``--init-from-ar-scope`` (call from ``add_args``); the architecture functions
+        default ``init_from_ar`` to None, :meth:`build_model` the scope to ``all``."""
         parser.add_argument(
             "--init-from-ar",
             type=str,
             metavar="PATH",
-            help="initialise every parameter whose name and shape match this AR Transformer "
-            "checkpoint when training starts (logged); never used when a checkpoint is loaded",
+            help="initialise the parameters whose name and shape match this AR Transformer checkpoint "
+            "(of the same data-bin's dictionaries) when training starts (logged); never used when a "
+            "checkpoint is loaded",
+        )
+        parser.add_argument(
+            "--init-from-ar-scope",
+            choices=INIT_FROM_AR_SCOPES,
+            help="with --init-from-ar: 'all' (default) copies every matching parameter, decoder layers "
+            f"included (measured better for SAT: docs/results.md); 'paper' copies only {cls.ar_init_paper}",
         )
 
     @classmethod
@@ -67,7 +96,10 @@ class NATPluginModel:
             )
         if task.cfg.left_pad_target:
             raise ValueError(f"{cls.__name__} needs right-padded targets: drop --left-pad-target")
-        return super().build_model(args, task)
+        args.init_from_ar_scope = getattr(args, "init_from_ar_scope", None) or "all"
+        model = super().build_model(args, task)
+        model.init_from_ar_scope = args.init_from_ar_scope
+        return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         try:
@@ -89,30 +121,75 @@ class NATPluginModel:
     def ar_parameter_name(self, name):
         return name
 
+    def in_init_from_ar_scope(self, name):
+        """Whether ``--init-from-ar-scope`` lets ``--init-from-ar`` initialise the parameter ``name``."""
+        return self.init_from_ar_scope == "all" or name.startswith(self.ar_init_paper_prefixes)
+
+    def vocabulary_parameters(self):
+        """``{name: dictionary}`` of the parameters with one row per symbol of a dictionary."""
+        return {
+            "encoder.embed_tokens.weight": self.encoder.dictionary,
+            "decoder.embed_tokens.weight": self.decoder.dictionary,
+            "decoder.output_projection.weight": self.decoder.dictionary,
+        }
+
     def init_from_ar(self, path):
-        """Copy every parameter whose (mapped) name and shape match the AR checkpoint at ``path``; returns the
-        names loaded. Logs what was loaded, what had another shape and what stayed randomly initialised."""
-        try:
-            ar_state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-        except FileNotFoundError as err:
-            raise FileNotFoundError(f"--init-from-ar: AR checkpoint {path!r} does not exist") from err
-        own_state = self.state_dict()
+        """Copy every parameter (with ``--init-from-ar-scope paper``: of the paper's scope) whose mapped name and
+        shape match the AR checkpoint at ``path``, and the AR rows of the vocabulary-sized parameters when the model
+        appends symbols; returns the names loaded. Refuses a missing file, a checkpoint with another dictionary and
+        one of which nothing matches; logs what was loaded, what had another shape and what stayed random."""
+        fix = "pass the AR teacher's checkpoint (e.g. checkpoints/teacher/checkpoint_best.pt), or drop --init-from-ar"
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--init-from-ar {path}: no such file: {fix}")
+        ar_state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
+        self.check_ar_dictionaries(path, ar_state)
+        own_state, vocabulary = self.state_dict(), self.vocabulary_parameters()
         loaded, wrong_shape = {}, []
         for name, tensor in own_state.items():
             ar_name = self.ar_parameter_name(name)
-            if ar_name is None or ar_name not in ar_state:
+            if ar_name is None or ar_name not in ar_state or not self.in_init_from_ar_scope(name):
                 continue
-            if ar_state[ar_name].shape != tensor.shape:
+            ar_tensor = ar_state[ar_name].to(tensor.dtype)
+            if ar_tensor.shape == tensor.shape:
+                loaded[name] = ar_tensor
+            elif name in vocabulary and ar_tensor.shape[1:] == tensor.shape[1:]:  # rows checked: ar_added_symbols
+                loaded[name] = torch.cat([ar_tensor, tensor[ar_tensor.size(0) :]])
+            else:
                 wrong_shape.append(name)
-                continue
-            loaded[name] = ar_state[ar_name].to(tensor.dtype)
-        if not loaded:
-            raise ValueError(f"--init-from-ar {path!r}: no parameter of {type(self).__name__} matches that checkpoint")
+        if not loaded.keys() & dict(self.named_parameters()).keys():  # buffers (fairseq's "version") do not count
+            raise ValueError(
+                f"--init-from-ar {path}: no parameter of {type(self).__name__} (--init-from-ar-scope "
+                f"{self.init_from_ar_scope}) has a name and shape in that checkpoint: is it an AR Transformer with "
+                f"this model's sizes (--encoder-embed-dim, --decoder-embed-dim, ...)? {fix}"
+            )
         self.load_state_dict(loaded, strict=False)
         left = sorted(set(own_state) - set(loaded) - set(wrong_shape))
-        logger.info(f"initialised {len(loaded)}/{len(own_state)} tensors of {type(self).__name__} from {path}")
+        logger.info(
+            f"initialised {len(loaded)}/{len(own_state)} tensors of {type(self).__name__} from {path} "
+            f"(--init-from-ar-scope {self.init_from_ar_scope})"
+        )
         if wrong_shape:
-            logger.info(f"kept random (other shape in the AR checkpoint): {', '.join(wrong_shape)}")
+            logger.warning(f"kept random (other shape in the AR checkpoint): {', '.join(wrong_shape)}")
         if left:
-            logger.info(f"kept random (not in the AR checkpoint): {', '.join(left)}")
+            logger.info(f"kept random (not in the AR checkpoint or not in scope): {', '.join(left)}")
         return sorted(loaded)
+
+    def check_ar_dictionaries(self, path, ar_state):
+        """Refuse an AR checkpoint trained with other dictionaries: its vocabulary-sized parameters have another
+        number of rows than this model's dictionaries (less the ``ar_added_symbols``), and their rows would stay
+        random without a word (or, of the same size, be the embeddings of other words: that cannot be seen here)."""
+        own_state = self.state_dict()
+        for name, dictionary in self.vocabulary_parameters().items():
+            ar_name = self.ar_parameter_name(name)
+            if name not in own_state or ar_name not in ar_state:
+                continue
+            expected = own_state[name].size(0) - sum(symbol in dictionary for symbol in self.ar_added_symbols)
+            if ar_state[ar_name].size(0) != expected:
+                side = "source" if name.startswith("encoder.") else "target"
+                raise ValueError(
+                    f"--init-from-ar {path}: that checkpoint was trained with another {side} dictionary "
+                    f"({ar_name} has {ar_state[ar_name].size(0)} rows, this data-bin's dictionary has "
+                    f"{expected} symbols), so its embeddings cannot initialise this model: binarize the data with "
+                    "the teacher's dictionaries (fairseq-preprocess --srcdict/--tgtdict of the teacher's data-bin), "
+                    "or drop --init-from-ar"
+                )

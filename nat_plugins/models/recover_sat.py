@@ -19,10 +19,6 @@ With K = 1 this is fairseq's Transformer (plus the DEL row). Training: criterion
 the segmented inputs and targets from fairseq's batches); decoding: :mod:`..generators.segment_decoding`.
 """
 
-import logging
-
-import torch
-from fairseq import checkpoint_utils
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -35,18 +31,10 @@ from torch import nn
 
 from ..generators.segment_decoding import SegmentDecoder
 from ..modules.grouped_decoder import GroupedTransformerDecoder
-from ..modules.segments import add_segment_symbols, segment_ids
+from ..modules.segments import DEL_SYMBOL, add_segment_symbols, segment_ids
 from .plugin_model import NATPluginModel, logits_at_positions
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_NUM_SEGMENTS = 2
-# parameters with one row per dictionary entry: the AR teacher's rows are copied, the DEL row stays random
-VOCABULARY_PARAMETERS = (
-    "encoder.embed_tokens.weight",
-    "decoder.embed_tokens.weight",
-    "decoder.output_projection.weight",
-)
 
 
 class RecoverSATDecoder(GroupedTransformerDecoder):
@@ -96,6 +84,8 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
 
     generator_class = SegmentDecoder
     num_updates = 0
+    ar_init_paper = "the encoder, the embeddings and the output projection (Ran et al. 2020, §4.1)"
+    ar_added_symbols = (DEL_SYMBOL,)  # the DEL row starts random, the others are the teacher's
 
     @classmethod
     def add_args(cls, parser):
@@ -148,25 +138,6 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         """Remember the update count (``recover_sat_loss`` anneals p and seeds its draws with it)."""
         super().set_num_updates(num_updates)
         self.num_updates = num_updates
-
-    def init_from_ar(self, path):
-        """Parameters matching by name and shape (:meth:`NATPluginModel.init_from_ar`), then the AR teacher's
-        dictionary rows of the vocabulary-sized parameters (the teacher's dictionary lacks DEL)."""
-        loaded = super().init_from_ar(path)
-        ar_state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-        own_state = self.state_dict()
-        rows = {}
-        for name in VOCABULARY_PARAMETERS:
-            if name not in own_state or name not in ar_state or name in loaded:
-                continue
-            own, ar = own_state[name], ar_state[name]
-            if ar.dim() != 2 or ar.size(1) != own.size(1) or ar.size(0) > own.size(0):
-                continue
-            rows[name] = torch.cat([ar.to(own.dtype), own[ar.size(0) :]])
-        self.load_state_dict(rows, strict=False)
-        if rows:
-            logger.info(f"initialised the AR dictionary rows of {', '.join(sorted(rows))} from {path}")
-        return sorted(loaded + list(rows))
 
 
 @register_model_architecture("recover_sat", "recover_sat")

@@ -30,7 +30,6 @@ from ..modules.grouped_decoder import GroupedTransformerDecoder
 from .plugin_model import NATPluginModel
 
 DEFAULT_GROUP_SIZE = 2
-AR_INIT_PARTS = ("all", "encoder-embeddings")
 
 
 class SATTransformerDecoder(GroupedTransformerDecoder):
@@ -78,22 +77,23 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
 class SATTransformerModel(NATPluginModel, TransformerModel):
     """Transformer with SAT's decoder (``--group-size K``) and group decoding (greedy, ``--beam B``).
 
-    ``--init-from-ar PATH`` initialises it from an AR Transformer checkpoint of the same sizes. ``--init-from-ar-parts
-    all`` (default) copies every parameter with the same name and shape, decoder layers included;
-    ``encoder-embeddings`` copies the encoder, the embeddings and the output projection only, as the paper's
-    released code does (the decoder layers start random).
+    ``--init-from-ar PATH`` initialises it from an AR Transformer checkpoint of the same sizes and dictionaries.
+    ``--init-from-ar-scope all`` (default) copies every parameter with the same name and shape, decoder layers
+    included; ``paper`` copies the encoder, the embeddings and the output projection only, as the paper (§4) and its
+    released code do (the decoder layers start random).
 
     Why ``all`` is the default although a copied AR decoder layer predicts the successor of its input (y_{t-K+1}
     at position t, so the untrained SAT K=2 emits each token twice: 0.94 of its groups are one token repeated):
     measured on the learning tests' synthetic task (tests/test_sat.py; K=2 from a 81-BLEU greedy teacher,
     distilled targets, 600 updates, lr 3e-3 linearly decayed, 500 tokens per batch), ``all`` reaches 77.7 greedy
-    BLEU with 0.19 of its groups repeated, ``encoder-embeddings`` 41.5 BLEU with 0.55 repeated; ``all`` was ahead
-    at every checkpoint of every schedule tried (100 to 800 updates): relearning the decoder from random costs
-    more than unlearning the one-position shift.
+    BLEU with 0.19 of its groups repeated, ``paper`` 41.5 BLEU with 0.55 repeated; ``all`` was ahead at every
+    checkpoint of every schedule tried (100 to 800 updates): relearning the decoder from random costs more than
+    unlearning the one-position shift.
     """
 
     generator_class = GroupDecoder
     scored_by_fairseq = True  # --score-reference: fairseq's scorer, through :meth:`forward`
+    ar_init_paper = "the encoder, the embeddings and the output projection (Wang et al. 2018, §4)"
 
     @classmethod
     def add_args(cls, parser):
@@ -105,14 +105,6 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
             help=f"tokens per decoding step (SAT's K; default {DEFAULT_GROUP_SIZE}); K=1 is the AR Transformer",
         )
         cls.add_init_from_ar_args(parser)
-        parser.add_argument(
-            "--init-from-ar-parts",
-            choices=AR_INIT_PARTS,
-            help="with --init-from-ar: 'all' matching parameters, decoder layers included "
-            "(default: measured better, see the model's docstring), or only "
-            "'encoder-embeddings' (encoder, embeddings and output projection, as the paper's "
-            "released code; the decoder layers start random)",
-        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -125,7 +117,6 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
                 f"--group-size {args.group_size} is larger than the decoder's "
                 f"{model.max_decoder_positions()} positions (--max-target-positions)"
             )
-        model.init_decoder_layers_from_ar = args.init_from_ar_parts == "all"
         return model
 
     @classmethod
@@ -141,18 +132,12 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         x, extra = super().forward(src_tokens, src_lengths, self.decoder.group_inputs(prev_output_tokens), **kwargs)
         return x[:, :tgt_len], extra
 
-    def ar_parameter_name(self, name):
-        if not self.init_decoder_layers_from_ar and name.startswith(("decoder.layers.", "decoder.layer_norm.")):
-            return None
-        return name
-
 
 @register_model_architecture("sat_transformer", "sat_transformer")
 def sat_base_architecture(args):
     if getattr(args, "group_size", None) is None:
         args.group_size = DEFAULT_GROUP_SIZE
     args.init_from_ar = getattr(args, "init_from_ar", None)
-    args.init_from_ar_parts = getattr(args, "init_from_ar_parts", None) or "all"
     base_architecture(args)
 
 

@@ -155,6 +155,10 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
     names and shapes match (the teacher's first ``--decoder-layers``); the mask embedding starts random."""
 
     generator_class = SpeculativeDecoder
+    ar_init_paper = (
+        "the encoder, the embeddings and the output projection (Xia et al. 2023 describe no initialisation from the "
+        "teacher: this is the SAT and RecoverSAT papers' scope)"
+    )
 
     @classmethod
     def add_args(cls, parser):

@@ -266,9 +266,12 @@ class SideInputDataset(BaseWrapperDataset):
         ordered = [by_id[i] for i in batch["id"].tolist()]  # the pair collater sorts by source length
         pair = self.dataset
         if self.fertility is not None:
-            # pad like the source and give EOS fertility 0, so fertility[b, j] belongs to src_tokens[b, j]
+            # pad like the source (--required-seq-len-multiple included) and give EOS fertility 0, so fertility[b, j]
+            # belongs to src_tokens[b, j]
             fert = [torch.cat([s["fertility"], s["fertility"].new_zeros(1)]) for s in ordered]
-            batch["fertility"] = data_utils.collate_tokens(fert, 0, left_pad=pair.left_pad_source)
+            batch["fertility"] = data_utils.collate_tokens(
+                fert, 0, left_pad=pair.left_pad_source, pad_to_multiple=pair.pad_to_multiple
+            )
         if self.kd_target is not None:
             kd = [s["kd_target"] for s in ordered]
             batch["kd_target"] = data_utils.collate_tokens(kd, pair.tgt_dict.pad(), left_pad=pair.left_pad_target)
