@@ -17,6 +17,7 @@ from .utils import (
     TINY_TEACHER_UPDATES,
     USER_DIR,
     binarize,
+    log_file,
     train_model,
     write_dummy_parallel,
     write_synthetic_parallel,
@@ -64,9 +65,11 @@ def dummy_data_bin(dummy_raw, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_teacher(dummy_data_bin, tmp_path_factory):
-    """A tiny AR Transformer trained under translation_nat with --eval-bleu checkpoint selection (~48 BLEU)."""
+    """A tiny AR Transformer trained under translation_nat with --eval-bleu checkpoint selection (~48 BLEU); its
+    training log is ``train.log`` next to the checkpoints."""
     save_dir = str(tmp_path_factory.mktemp("teacher"))
-    train_model(dummy_data_bin, save_dir, TINY_TEACHER_ARGS, max_update=TINY_TEACHER_UPDATES)
+    with log_file(os.path.join(save_dir, "train.log")):
+        train_model(dummy_data_bin, save_dir, TINY_TEACHER_ARGS, max_update=TINY_TEACHER_UPDATES)
     return os.path.join(save_dir, "checkpoint_best.pt")
 
 

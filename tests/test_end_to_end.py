@@ -1,6 +1,8 @@
 """Tiny end-to-end runs through fairseq's own CLI entry points with ``--user-dir nat_plugins``."""
 
+import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -21,10 +23,17 @@ from .utils import (
 
 
 def test_eval_bleu_selects_the_best_checkpoint(tiny_teacher):
+    """checkpoint_best.pt is the checkpoint of the highest validation BLEU of the training log."""
     state = torch.load(tiny_teacher)  # weights_only=True: loads thanks to nat_plugins.compat
     assert state["cfg"]["task"]["_name"] == "translation_nat"
     assert state["cfg"]["checkpoint"]["best_checkpoint_metric"] == "bleu"
-    assert state["extra_state"]["best"] > 20.0  # BLEU of validation decoding (a loss would be < 10)
+    with open(os.path.join(os.path.dirname(tiny_teacher), "train.log")) as f:
+        validations = [line for line in f if "valid on 'valid' subset" in line]
+    bleu = [float(re.search(r"\| bleu ([\d.]+) \|", line).group(1)) for line in validations]
+    updates = [int(re.search(r"\| num_updates (\d+)", line).group(1)) for line in validations]
+    assert len(bleu) >= 2 and len(set(bleu)) > 1, validations  # a choice to make
+    assert state["extra_state"]["best"] == pytest.approx(max(bleu), abs=0.01)
+    assert state["optimizer_history"][-1]["num_updates"] == updates[bleu.index(max(bleu))]
 
 
 def test_generate_and_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
@@ -46,13 +55,20 @@ def test_generate_and_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp_p
     assert [inter[i] for i in range(3)] == [hyps[i] for i in range(3)]  # same model, same beam, same input
 
 
-def test_restore_file_continues_training(dummy_data_bin, tiny_teacher, tmp_path):
+def test_restore_file_continues_training(dummy_data_bin, tiny_teacher, tmp_path, caplog):
+    """The same command on a save directory with checkpoint_last.pt (of update 150) loads it and goes on to 155 (a
+    fresh run would also end at 155: the load is what shows it continued)."""
     save_dir = str(tmp_path / "resume")
     shutil.copytree(os.path.dirname(tiny_teacher), save_dir)
     resumed_to = TINY_TEACHER_UPDATES + 5
-    last = train_model(dummy_data_bin, save_dir, TINY_TEACHER_ARGS, max_update=resumed_to)
+    with caplog.at_level(logging.INFO):
+        last = train_model(dummy_data_bin, save_dir, TINY_TEACHER_ARGS, max_update=resumed_to)
+    loaded = f"Loaded checkpoint {os.path.join(save_dir, 'checkpoint_last.pt')} (epoch "
+    assert any(m.startswith(loaded) and m.endswith(f" @ {TINY_TEACHER_UPDATES} updates)") for m in caplog.messages), [
+        m for m in caplog.messages if "checkpoint" in m
+    ]
     optimizer_history = torch.load(last)["optimizer_history"]
-    assert optimizer_history[-1]["num_updates"] == resumed_to  # continued, not restarted
+    assert optimizer_history[-1]["num_updates"] == resumed_to
 
 
 def test_distillation_shards_merge_in_corpus_order(dummy_data_bin, tiny_teacher, tmp_path):

@@ -5,6 +5,7 @@ pays fairseq's ~5 s import once per session instead of once per command."""
 import contextlib
 import copy
 import io
+import logging
 import os
 import random
 import sys
@@ -217,6 +218,23 @@ def train_model(data_bin, save_dir, extra_args, max_update=20):
     )
     train.main(args)
     return os.path.join(save_dir, "checkpoint_last.pt")
+
+
+@contextlib.contextmanager
+def log_file(path):
+    """Every INFO (and higher) log record of the block (fairseq's training log included) written to ``path``."""
+    handler = logging.FileHandler(path)
+    handler.setLevel(logging.INFO)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO))
+    try:
+        yield path
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        handler.close()
 
 
 def generate_lines(data_bin, checkpoint, extra_args=()):
