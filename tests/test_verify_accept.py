@@ -8,6 +8,7 @@ from argparse import Namespace
 import pytest
 import torch
 from fairseq.modules import SinusoidalPositionalEmbedding
+from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.generators.verify_accept_loop import VerifyAcceptLoop
 from nat_plugins.modules.verify_accept import (
@@ -144,3 +145,43 @@ def test_the_sinusoidal_table_follows_the_positions_device(toy_task):
     embedded = target_position_embeddings(model.decoder, positions)
     assert embedded.device == positions.device and embedded.shape == (1, 3, 32)
     assert embed.weights.device == positions.device
+
+
+def test_a_floating_point_near_tie_is_where_fairseqs_greedy_output_may_differ(toy_task):
+    """The claim's boundary, on a rigged near-tie: tokens A < B get logits 8 and the float below (4.8e-7 apart), above
+    every other token. Exact acceptance emits the argmax of the verifier's logits, A, at every position. fairseq's
+    greedy search ranks log-probability + running score in fp32 with topk: it picks A wherever those two values
+    differ and either token where they round equal (once the running score is large enough), after which the outputs
+    may differ. The test asserts both rules, that such ties happen here, and that the outputs agree up to the first."""
+    a, b = 10, 20
+    model = random_transformer(toy_task, seed=0)
+    original = model.decoder.output_layer
+
+    def rigged(features):
+        logits = original(features)
+        logits[..., a] = 8.0
+        logits[..., b] = torch.tensor(8.0).nextafter(torch.tensor(0.0))
+        return logits
+
+    model.decoder.output_layer = rigged
+    sample = sub_batch(random_batch(toy_task.target_dictionary, 1, seed=0), 0)
+    ours = decode(RandomDrafts, model, toy_task, sample, 3, rng=torch.Generator().manual_seed(0))[0][0]
+    assert ours["tokens"].tolist() == [a] * MAX_LEN_B + [toy_task.target_dictionary.eos()]
+
+    fairseq = SequenceGenerator([model], toy_task.target_dictionary, beam_size=1, max_len_b=MAX_LEN_B)
+    ranked = []  # per step: fairseq's fp32 ranking values of A and B, and its pick
+    step = fairseq.search.step
+
+    def recording_step(index, lprobs, scores, *args, **kwargs):
+        values = lprobs[0, 0] if index == 0 else lprobs[0, 0] + scores[0, 0, index - 1]
+        picked = step(index, lprobs, scores, *args, **kwargs)
+        ranked.append((float(values[a]), float(values[b]), int(picked[1][0, 0])))
+        return picked
+
+    fairseq.search.step = recording_step
+    theirs = fairseq.generate([model], sample)[0][0]["tokens"].tolist()
+    ties = [i for i, (value_a, value_b, _) in enumerate(ranked[:MAX_LEN_B]) if value_a == value_b]
+    for value_a, value_b, picked in ranked[:MAX_LEN_B]:
+        assert value_a >= value_b and picked in ((a, b) if value_a == value_b else (a,))
+    assert ties, "no fp32 tie: the rigged near-tie no longer exercises the boundary"
+    assert theirs[: ties[0]] == ours["tokens"].tolist()[: ties[0]]

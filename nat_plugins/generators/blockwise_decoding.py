@@ -16,8 +16,9 @@ Acceptance (§3, §5):
 The batched loop and the acceptance rule are :mod:`nat_plugins.generators.verify_accept_loop`, the block call and the
 cache rollback :mod:`nat_plugins.modules.verify_accept` (shared with speculative decoding): sentences of a batch accept
 different numbers of tokens per step and leave the batch when they end. Exact acceptance prints the hypotheses
-``fairseq-generate --beam 1`` prints for p1. Each hypothesis also carries ``steps`` (decoder calls for its sentence, the
-first call on BOS included) and ``mean_accepted_block`` (emitted tokens, EOS included, per decoder call).
+``fairseq-generate --beam 1`` prints for p1 (up to floating-point near-ties: see the loop's module). Each hypothesis
+also carries ``steps`` (decoder calls for its sentence, the first call on BOS included) and ``mean_accepted_block``
+(emitted tokens, EOS included, per decoder call).
 """
 
 import torch

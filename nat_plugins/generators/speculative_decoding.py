@@ -12,18 +12,20 @@ prefix is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in it
 2. verify: the teacher reads ŷ_{j+1}, d_1..d_k in one call;
 3. accept (§3 Spec-Verification): ŷ_{j+1} and the longest prefix of drafts the teacher agrees with; the teacher's
    argmax after the last accepted token is the next ŷ. ``--speculative-verify exact`` agrees where a draft is the
-   teacher's argmax: the output is token for token the teacher's greedy output, whatever the drafter proposes.
+   teacher's argmax: the output is token for token the teacher's greedy output, whatever the drafter proposes (the
+   argmax of the teacher's logits at every position: fairseq's greedy search except at floating-point near-ties,
+   :mod:`~nat_plugins.generators.verify_accept_loop`).
    ``relaxed`` agrees where it is among the teacher's ``--speculative-beta`` best tokens and at most
    ``--speculative-tau`` below the best log-probability.
 
 The first step drafts from BOS alone (j = -1, BOS in the place of ŷ_{j+1}): the teacher's first call reads BOS and
 the drafts of y_1..y_k, so no call is spent on BOS alone.
 
-The drafter keeps a cache of the prefix it has read, as the teacher does. Length limits, minimum length, pad/unk
-rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification
-prints what ``fairseq-generate --beam 1`` prints for the teacher. Each hypothesis carries ``steps`` (teacher calls),
-``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS
-included, per teacher call).
+The drafter keeps a cache of the prefix it has read, as the teacher does. Length limits, minimum length, pad/unk rules
+and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification prints what
+``fairseq-generate --beam 1`` prints for the teacher (up to floating-point near-ties). Each hypothesis carries ``steps``
+(teacher calls), ``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS included, per
+teacher call).
 """
 
 import logging

@@ -7,7 +7,16 @@ and the d are k-1 drafts. The call yields the verifier's distribution after each
 drafts the verifier agrees with is accepted (:func:`accepted_lengths`), the key/value cache is rolled back to the
 accepted tokens (:func:`~nat_plugins.modules.verify_accept.rollback_cache`), and the verifier's argmax after the last
 accepted token is the next ŷ_{j+1}. With exact acceptance the output is exactly the verifier's greedy output, whatever
-the drafts.
+the drafts: at every position the argmax of its logits.
+
+That is fairseq's ``SequenceGenerator`` with beam 1 token for token, except at floating-point near-ties. fairseq ranks
+log-probability + running score in fp32 and picks with ``topk``: where the two best tokens' log-probabilities are closer
+than the rounding of that sum (about |running score| × 1e-7: 1e-6 at a score of -8), their sums are equal and ``topk``'s
+tie order picks (in tests/test_verify_accept.py: the later index), whereas the verifier takes the larger logit. The
+verifier's logits also differ from fairseq's by rounding (measured up to 4e-6 on the tests' random models: several
+tokens per call, the lean forward), so such near-ties can go either way; from such a position on the two outputs differ.
+Positional scores agree to about 1e-5. Ranking as fairseq does (a log-softmax over the vocabulary and a running sum per
+verified row) would not remove the difference, the logits themselves being rounded differently.
 
 Cost of a step beyond the decoder call (so that it stays close to one greedy step, Stern et al.'s premise): the
 verifier's k rows are reduced to an argmax and a logsumexp (scores of emitted tokens = logit - logsumexp, no
@@ -69,7 +78,8 @@ class VerifyAcceptLoop(PluginGenerator):
 
     Length limits, minimum length, pad/unk rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1
     for the verifier (the maximum length is ``max_len_a`` × the padded source length of the batch + ``max_len_b``,
-    as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier. Each
+    as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier (up to
+    floating-point near-ties: see the module). Each
     hypothesis also carries ``steps`` (verifier calls for its sentence, a first call on BOS alone included) and
     ``mean_accepted_block`` (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call
     recomputes the whole prefix (the reference path).

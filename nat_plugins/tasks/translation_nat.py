@@ -109,7 +109,7 @@ class TranslationNATConfig(TranslationConfig):
         default="exact",
         metadata={
             "help": "blockwise: accept a proposal if it is p1's argmax ('exact': output = greedy decoding of "
-            "head 1) or among p1's top M ('topk:M')"
+            "head 1, fairseq's up to floating-point near-ties) or among p1's top M ('topk:M')"
         },
     )
     min_block_size: int = field(
@@ -153,8 +153,9 @@ class TranslationNATConfig(TranslationConfig):
         default="exact",
         metadata={
             "help": "spec_drafter: 'exact' accepts a draft token only where it is the teacher's argmax (output = "
-            "the teacher's greedy output); 'relaxed' where it is among the teacher's --speculative-beta best "
-            "and at most --speculative-tau below the best log-probability (Xia et al. 2023, §3 Spec-Verification)"
+            "the teacher's greedy output, up to floating-point near-ties); 'relaxed' where it is among the "
+            "teacher's --speculative-beta best and at most --speculative-tau below the best log-probability (Xia et "
+            "al. 2023, §3 Spec-Verification)"
         },
     )
     speculative_beta: int = field(
