@@ -1,7 +1,9 @@
 """Encoder-NAD-AD (Zhou, Zhang & Zong 2020): the AD layer's sublayer order and masks, the NAD run once per sentence
-and its memory reordered with the beam, zeroed NAD-AD attention == the AR Transformer, incremental == full
-recomputation, batch 1 == batched, --init-from-ar, the side-file errors, a tiny distil -> train -> generate ->
-interactive run and a learning test against the AR baseline on the synthetic task."""
+and its memory reordered with the beam, zeroed NAD-AD attention == the AR Transformer, the same CPU linear layout as
+the AR baseline when decoded through the task, incremental == full recomputation, batch 1 == batched, --init-from-ar,
+the side-file errors, NAD lengths from gold (training) and predicted (inference) fertilities, a tiny distil -> train
+-> generate -> interactive run and a learning test on the synthetic task (the NAD learns, the AD uses its states, the
+AD no worse than the same-updates AR baseline beyond seed noise)."""
 
 import os
 import shutil
@@ -377,8 +379,22 @@ def test_fertility_copy_uses_gold_fertilities_in_training_and_predicted_ones_at_
     lengths = (~extra["nad_padding_mask"]).sum(dim=1)
     assert lengths.tolist() == fertility.sum(dim=1).tolist()
     assert extra["nad_fertility_logits"].shape[:2] == src.shape
-    hypos = generator(model, task, beam=2).generate([model], sample)  # predicted fertilities
-    assert len(hypos) == 4
+
+    # inference: the argmax of the fertility predictor, rigged to 1, 2, 3, 1, 2, ... over the source columns (left
+    # padding shifts them per sentence); padding and EOS copy nothing; the drafts never emit pad or EOS (dropped
+    # from hypo["nad_draft"]), so each draft is exactly as long as its sentence's predicted fertilities add up to
+    rigged = 1 + torch.arange(src.size(1)) % 3
+    logits = torch.nn.functional.one_hot(rigged, model.encoder.fertility_predictor.max_fertility).float()
+    model.encoder.fertility_predictor.register_forward_hook(lambda _m, _i, out: logits.expand_as(out))
+    dictionary = task.target_dictionary
+    specials = torch.tensor([dictionary.pad(), dictionary.eos()])
+    model.decoder.nad_output_projection.register_forward_hook(
+        lambda _m, _i, out: out.index_fill(-1, specials, float("-inf"))
+    )
+    hypos = generator(model, task, beam=2).generate([model], sample)
+    expected = (rigged * model.encoder.copyable(src)).sum(dim=1)
+    assert len(set(expected.tolist())) > 1
+    assert [hypo[0]["nad_draft"].numel() for hypo in hypos] == expected.tolist()
 
 
 def test_logits_at_scored_positions_are_the_full_logits_there(task):
@@ -472,13 +488,22 @@ CONTINUE_TRAINING = SYNTHETIC_MODEL_SIZE + [
 ]
 
 
-def test_nad_ad_from_the_teacher_matches_the_ar_baseline(synthetic_teacher, tmp_path):
+def test_nad_ad_from_the_teacher_learns_a_nad_the_ad_uses(synthetic_teacher, tmp_path):
     """Encoder-NAD-AD initialised from the synthetic teacher (NAD on the teacher's distilled targets) and the AR
     baseline (the teacher itself) each trained 100 more updates with the same optimiser settings; beam 4.
 
-    Measured (2-core CPU shared with other jobs; ~25 s): teacher 87.6 BLEU, AR baseline 87.5, Encoder-NAD-AD 89.3
-    (+1.8). Threshold: NAD-AD >= baseline - 0.3 (the quickstart's criterion). On 100 test sentences the gap is
-    noisy: with --seed 2 +5.7; after 200 updates -2.0 (seed 1) and +0.4 (seed 2)."""
+    The NAD-AD attention starts at zero (--init-from-ar), so before training the AD *is* the teacher (87.7 BLEU)
+    and ignores the NAD, whose output layer and positional attention are random. What training must show:
+
+    * the NAD learns: its argmax drafts (``--print-nad-draft``) reach BLEU >= 7; measured on the 2-core CPU
+      (seeds 1, 2, 3): 21.1 / 13.6 / 20.9 after 100 updates, 0.01 untrained;
+    * the AD uses the NAD states: zeroing the NAD memory moves the AD's log-probability of the reference tokens
+      (teacher forcing, test set) by >= 0.005 on average; measured 0.023 / 0.028 / 0.025 (max 0.5-0.9 per token),
+      exactly 0 untrained (and whenever the AD ignores the NAD states);
+    * the AD still translates as well as the same-updates AR baseline, within the seed noise of 100 test sentences:
+      NAD-AD minus baseline measured +0.1, +4.5, -2.0 (seeds 1-3; earlier runs +1.8, +5.7, +0.4), so
+      NAD-AD >= baseline - 4: a guard against a NAD that damages the AD, not a measurement of the paper's
+      +0.6 BLEU (which needs a real test set)."""
     teacher, data_bin = synthetic_teacher
     nad_ad = train_model(
         data_bin,
@@ -504,11 +529,37 @@ def test_nad_ad_from_the_teacher_matches_the_ar_baseline(synthetic_teacher, tmp_
         max_update=NAD_AD_LEARNING_UPDATES,
     )
     scores = {}
-    for name, checkpoint in (("nad_ad", nad_ad), ("baseline", baseline)):
-        lines = generate_lines(data_bin, checkpoint, ["--task", "translation_nat", "--beam", "4"])
+    for name, checkpoint, prefixes in (("nad_ad", nad_ad, ("H-", "NAD-")), ("baseline", baseline, ("H-",))):
+        options = ["--task", "translation_nat", "--beam", "4"] + (["--print-nad-draft"] if "NAD-" in prefixes else [])
+        lines = generate_lines(data_bin, checkpoint, options)
         references = {int(line[2:].split("\t")[0]): line.split("\t")[1] for line in lines if line.startswith("T-")}
-        hyps = hypotheses(lines)
         ids = sorted(references)
-        scores[name] = sacrebleu.corpus_bleu([hyps[i] for i in ids], [[references[i] for i in ids]]).score
-    assert scores["baseline"] > 80, scores  # both trained (the teacher: 87.6)
-    assert scores["nad_ad"] >= scores["baseline"] - 0.3, scores
+        for prefix in prefixes:
+            if prefix == "H-":
+                hyps, system = hypotheses(lines), name
+            else:  # NAD-<id>\t<draft>
+                hyps = {int(line[4:].split("\t")[0]): line.split("\t")[1] for line in lines if line.startswith(prefix)}
+                system = f"{name}_draft"
+            scores[system] = sacrebleu.corpus_bleu([hyps[i] for i in ids], [[references[i] for i in ids]]).score
+    assert scores["nad_ad_draft"] >= 7, scores
+    assert scores["nad_ad"] >= scores["baseline"] - 4, scores
+
+    models, _cfg, nad_ad_task = checkpoint_utils.load_model_ensemble_and_task([nad_ad])
+    model = models[0].eval()
+    nad_ad_task.load_dataset("test")
+    dataset = nad_ad_task.dataset("test")
+    sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+    net_input, target = sample["net_input"], sample["target"]
+    scored = target.ne(nad_ad_task.target_dictionary.pad())
+    with torch.no_grad():
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        zeroed = {**encoder_out, "nad_out": [torch.zeros_like(encoder_out["nad_out"][0])]}
+        reference_log_probs = [
+            model.decoder(net_input["prev_output_tokens"], encoder_out=memory)[0]
+            .log_softmax(dim=-1)
+            .gather(-1, target.unsqueeze(-1))
+            .squeeze(-1)[scored]
+            for memory in (encoder_out, zeroed)
+        ]
+    change = (reference_log_probs[0] - reference_log_probs[1]).abs().mean().item()
+    assert change >= 0.005, (change, scores)
