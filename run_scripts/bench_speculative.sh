@@ -29,5 +29,5 @@ fi
 mapfile -t SYSTEMS <<< "$ROWS"
 mapfile -t BENCH_ARGS <<< "$OPTIONS"
 exec python -m nat_plugins.cli.benchmark "$DATA_BIN" --teacher "$TEACHER" --reference "$WORK/raw/test.de" \
-  --out-dir "$WORK/bench-speculative-$K" --title "Speculative decoding, k=$K (PRESET=$PRESET)" \
+  --out-dir "$WORK/bench-speculative-$K" --work-dir "$WORK" --title "Speculative decoding, k=$K (PRESET=$PRESET)" \
   "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"

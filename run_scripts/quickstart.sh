@@ -99,8 +99,8 @@ fi
 # the benchmark re-runs whenever its rows or options change
 BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${SYSTEMS[*]}" | sha1sum | cut -c1-8)
 step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \
-  --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --title "Multi30k en-de test2016 (PRESET=$PRESET)" \
-  "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
+  --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --work-dir "$WORK" \
+  --title "Multi30k en-de test2016 (PRESET=$PRESET)" "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
 
 # the report: the preset's targets, the teacher's validation curve, step times, the benchmark's tables
 python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" > /dev/null

@@ -7,6 +7,7 @@ fairseq's own CMLM (2 updates) decoded by its IterativeRefinementGenerator for e
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -69,6 +70,8 @@ def fixture(dummy_data_bin, dummy_raw, tiny_teacher, tiny_cmlm, tmp_path_factory
         "4,7",
         "--distilled-targets",
         distilled,
+        "--work-dir",
+        str(tmp_path_factory.getbasetemp()),
         "--paired-test",
         PAIRED,
         "--system",
@@ -127,6 +130,7 @@ def test_json_rows_and_metadata(fixture):
         "tokens_per_call",
         "mean_steps",
         "tokens_per_step",
+        "npd_samples",
         "latency_speedup_vs_ar_beam",
         "latency_speedup_vs_ar_greedy",
         "latency_speedup_vs_ct2_greedy",
@@ -168,6 +172,75 @@ def test_json_rows_and_metadata(fixture):
         in markdown
     )
     assert "CTranslate2" not in markdown
+
+
+def test_reports_name_files_relative_to_the_work_directory(fixture):
+    """results.md and results.json name the data, teacher, references and checkpoints (also inside a row's
+    arguments) relative to --work-dir, not by the machine's absolute paths."""
+    work = fixture["argv"][fixture["argv"].index("--work-dir") + 1]
+    for name in ("results.md", "results.json"):
+        with open(os.path.join(fixture["out"], name), encoding="utf-8") as f:
+            assert work not in f.read(), name
+    meta, rows = fixture["results"]["meta"], fixture["results"]["rows"]
+    assert meta["teacher"] == os.path.relpath(fixture["teacher"], work) == rows[-1]["checkpoint"]
+    for path in (meta["teacher"], meta["data_bin"], meta["reference"], meta["distilled_targets"]["path"]):
+        assert not os.path.isabs(path) and os.path.exists(os.path.join(work, path)), path
+    ensemble = f"{work}/a.pt:{work}/ckpt/b.pt"
+    shown = bench_rows.RowSpec("x", ensemble, ["--npd-teacher", fixture["teacher"], "--beam", "1"]).relative_to(work)
+    assert shown.checkpoint == "a.pt:ckpt/b.pt"
+    assert shown.args == ["--npd-teacher", meta["teacher"], "--beam", "1"]  # an existing file in the arguments
+
+
+def test_plots_need_matplotlib_and_no_plots_writes_the_tables(fixture, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    out = tmp_path / "out"
+    with pytest.raises(BenchmarkError, match=r"plots need matplotlib: pip install 'nat-plugins\[plot\]'.*--no-plots"):
+        benchmark.main(_args(fixture, out_dir=str(out), system=[], paired_test=[]))
+    assert not out.exists()  # refused before decoding anything
+    benchmark.main(_args(fixture, out_dir=str(out), system=[], paired_test=[], no_plots=True, latency_sentences=4))
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("hyp.")) == ["results.json", "results.md"]
+
+
+def test_npd_plot_of_rows_decoded_with_several_samples(tmp_path):
+    """npd.png: drawn for a checkpoint whose NPD rows have two or more S (latency and BLEU against S)."""
+    rows = [
+        fixed_row("AR teacher, beam 4", bench_rows.TEACHER_BEAM, 30.0, 10.0, 1.0),
+        fixed_row("AR teacher, greedy", bench_rows.TEACHER_GREEDY, 29.0, 8.0, 1.0),
+    ]
+    for samples in (10, 1, 5):
+        rows.append(fixed_row(bench_rows.npd_name(samples), bench_rows.SYSTEM, 20.0 + samples, samples, 1.0))
+        rows[-1].npd_samples = samples
+    alone = fixed_row("other checkpoint's NPD", bench_rows.SYSTEM, 20.0, 1.0, 1.0)
+    alone.spec.checkpoint, alone.npd_samples = "y.pt", 10
+    groups = report.npd_groups(rows + [alone])
+    assert list(groups) == ["x.pt"] and [row.npd_samples for row in groups["x.pt"]] == [1, 5, 10]
+    meta = {"title": "t", "device": "CPU", "precision": "fp32", "latency_sentences_timed": 1}
+    report.plot_npd(meta, rows, str(tmp_path / report.NPD_PLOT_FILE))
+    assert (tmp_path / report.NPD_PLOT_FILE).stat().st_size > 0
+    assert report.npd_groups(rows[:3]) == {}  # one S: no plot
+
+
+def test_npd_rows_of_a_checkpoint():
+    specs = bench_rows.npd_specs("nat.pt", "teacher.pt", "1,10")
+    assert [(s.name, s.checkpoint) for s in specs] == [("NAT, NPD S=1", "nat.pt"), ("NAT, NPD S=10", "nat.pt")]
+    assert (
+        specs[1].args
+        == bench_rows.npd_args(10, "teacher.pt")
+        == [
+            "--beam",
+            "1",
+            "--fertility-decoding",
+            "npd",
+            "--npd-samples",
+            "10",
+            "--npd-teacher",
+            "teacher.pt",
+        ]
+    )
+    assert bench_rows.parse_system_spec(specs[1].option()) == specs[1]  # --system reads it back
+    for samples in ("0,5", "5,5", "ten", ""):
+        with pytest.raises(BenchmarkError, match="--npd-samples"):
+            bench_rows.npd_specs("nat.pt", "teacher.pt", samples)
 
 
 def fixed_row(name, role, bleu, latency_ms, seconds):

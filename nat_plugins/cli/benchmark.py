@@ -28,6 +28,11 @@ rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` a
 ``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy; :mod:`.ctranslate2_rows`), the
 production baseline a fast decoder has to beat.
 
+``--npd-checkpoint CKPT --npd-samples 1,5,10,25,100`` adds one row per number of samples S of noisy parallel decoding
+(Gu et al. 2018 §4.1) of a ``fertility_nat`` checkpoint, rescored by the teacher (``NAT, NPD S=<S>``), and
+``npd.png``: latency and BLEU against S (their Figure 7), drawn whenever a checkpoint has NPD rows of two or more S
+(``--system`` rows decoded with ``--fertility-decoding npd`` count too).
+
 By source length (``--length-buckets``, subwords of the source, EOS excluded): every row's BLEU over each bucket's
 sentences and median batch-1 latency over its timed sentences, as a table in ``results.md``/``results.json`` and
 the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 2020 Fig. 2, Gu et al. 2018 Fig. 7).
@@ -36,8 +41,10 @@ the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 
 scale), with this run's Pareto front and the papers' own claims (relative to their AR baselines;
 :mod:`.bench.paper_points`) as a grey reference.
 
-Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by_length.png`` and
-``hyp.<slug>.txt`` (one detokenized hypothesis per line, in test-set order) for every row.
+Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by_length.png`` (``npd.png``) and
+``hyp.<slug>.txt`` (one detokenized hypothesis per line, in test-set order) for every row. The reports name files
+(data, checkpoints, references, files in the rows' arguments) relative to ``--work-dir``, the run's work directory.
+The plots need matplotlib (the ``plot`` extra); ``--no-plots`` writes the tables alone.
 """
 
 import argparse
@@ -57,7 +64,7 @@ from nat_plugins.cli.bench.analysis import (
     parse_length_buckets,
 )
 from nat_plugins.cli.bench.measure import generation_cfg, load_split, measure_row, source_lengths
-from nat_plugins.cli.bench.report import markdown_table, run_metadata, write_report
+from nat_plugins.cli.bench.report import markdown_table, pyplot, run_metadata, write_report
 from nat_plugins.cli.bench.rows import (
     CTRANSLATE2_ROLES,
     ROLES,
@@ -65,6 +72,7 @@ from nat_plugins.cli.bench.rows import (
     BenchmarkError,
     RowSpec,
     ctranslate2_specs,
+    npd_specs,
     parse_paired_tests,
     parse_system_spec,
     run_cli,
@@ -97,6 +105,17 @@ def get_parser() -> argparse.ArgumentParser:
         help="a plugin row: display name, checkpoint (':'-separated for an ensemble) and extra fairseq-generate "
         "arguments, which may override the defaults '--task translation_nat --user-dir <nat_plugins>'; "
         "repeat for more rows",
+    )
+    parser.add_argument(
+        "--npd-checkpoint",
+        metavar="CKPT",
+        help="a fertility_nat checkpoint: one row of noisy parallel decoding per --npd-samples S, rescored by the "
+        "teacher ('NAT, NPD S=<S>'), and npd.png, latency and BLEU against S",
+    )
+    parser.add_argument(
+        "--npd-samples",
+        metavar="S,S,...",
+        help="the numbers of samples of the --npd-checkpoint rows (default: 1,5,10,25,100)",
     )
     parser.add_argument("--gen-subset", default="test", help="data-bin split to decode (default: test)")
     parser.add_argument("--source-lang", "-s", default=None, help="source language (default: from the data-bin)")
@@ -172,6 +191,16 @@ def get_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="row names drawn in by_length.png (default: every row but the CTranslate2 ones); the table has all",
     )
+    parser.add_argument(
+        "--work-dir",
+        default=".",
+        metavar="DIR",
+        help="the run's work directory: results.md and results.json name files (data, checkpoints, references, "
+        "files in the rows' arguments) relative to it (default: the current directory)",
+    )
+    parser.add_argument(
+        "--no-plots", action="store_true", help="write the tables only, no plots (which need matplotlib)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
     parser.add_argument("--title", default="Decoding benchmark", help="heading of results.md and the plot")
     return parser
@@ -215,10 +244,22 @@ def length_plot_rows(args, specs: List[RowSpec]) -> List[str]:
     return list(args.length_plot_rows)
 
 
+def row_specs(args) -> List[RowSpec]:
+    """The teacher's rows, the ``--system`` rows and the ``--npd-checkpoint`` rows, in that order."""
+    specs = teacher_specs(args.teacher, args.teacher_beam) + [parse_system_spec(spec) for spec in args.system]
+    if args.npd_checkpoint:
+        specs += npd_specs(args.npd_checkpoint, args.teacher, args.npd_samples or "1,5,10,25,100")
+    elif args.npd_samples:
+        raise BenchmarkError("--npd-samples is the number of samples of the --npd-checkpoint rows: give both")
+    return specs
+
+
 def main(args) -> dict:
     """Run the benchmark for parsed ``args``; writes the outputs and returns the content of ``results.json``."""
     use_cuda = torch.cuda.is_available() and not args.cpu
-    specs = teacher_specs(args.teacher, args.teacher_beam) + [parse_system_spec(spec) for spec in args.system]
+    if not args.no_plots:
+        pyplot()  # fails now, not after the decoding, when matplotlib is missing
+    specs = row_specs(args)
     ct2_specs = ctranslate2_specs(args.teacher, args.teacher_beam) if args.ctranslate2 else []
     references = check_inputs(args, specs + ct2_specs)
     cfgs = [generation_cfg(args, spec, use_cuda) for spec in specs]  # every row's arguments checked up front
@@ -241,6 +282,7 @@ def main(args) -> dict:
     rows.sort(key=lambda row: ROLES.index(row.role))  # reference rows first, then the systems in their order
     for row in rows:
         row.write_hyps(args.out_dir)
+        row.spec = row.spec.relative_to(args.work_dir)  # as the reports name it
     compare(rows)
     add_rep_mis(rows, references)
     lengths = source_lengths(dataset, task.source_dictionary)
@@ -248,7 +290,7 @@ def main(args) -> dict:
     counts = bucket_counts(lengths, rows[0].timed_ids, buckets)  # every row times the same sentences
     meta = run_metadata(args, use_cuda, len(dataset), num_latency, rows, counts, plot_rows)
     paired = paired_bootstrap(pairs, {row.name: row.hyps for row in rows}, references)
-    results = write_report(args.out_dir, meta, rows, paired)
+    results = write_report(args.out_dir, meta, rows, paired, plots=not args.no_plots)
     print(markdown_table(rows, args.teacher_beam))
     return results
 

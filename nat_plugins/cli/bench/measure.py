@@ -290,6 +290,7 @@ def make_row(
     batch1: Batch1,
     generator: str,
     limit: str,
+    npd_samples: Optional[int] = None,
 ) -> Row:
     """A :class:`Row` of measurements (BLEU: sacreBLEU of ``hyps`` against ``references``)."""
     bleu, signature = corpus_bleu(hyps, references)
@@ -307,6 +308,7 @@ def make_row(
         batch1.tokens_per_call,
         batch1.mean_steps,
         batch1.tokens_per_step,
+        npd_samples,
     )
 
 
@@ -323,7 +325,8 @@ def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, war
     seconds, hyps = measure_throughput(decoder, seed, spec.name)
     generator = decoder.generation.generator
     limit = length_limit(cfg.generation.max_len_a, cfg.generation.max_len_b, generator)
-    row = make_row(spec, hyps, references, seconds, batch1, type(generator).__name__, limit)
+    npd = cfg.task.get("npd_samples") if cfg.task.get("fertility_decoding") == "npd" else None
+    row = make_row(spec, hyps, references, seconds, batch1, type(generator).__name__, limit, npd)
     if decoder.generation.use_cuda:
         del decoder, generator
         torch.cuda.empty_cache()

@@ -1,4 +1,5 @@
-"""The benchmark's outputs: ``results.json``, ``results.md`` and the plots, from the rows and the run's header."""
+"""The benchmark's outputs: ``results.json``, ``results.md`` and the plots, from the rows and the run's header. Files
+are named relative to the run's work directory (``--work-dir``); the plots import matplotlib when drawn."""
 
 import argparse
 import datetime
@@ -6,8 +7,8 @@ import json
 import os
 import platform
 import shlex
-from collections import Counter
-from typing import List, Optional
+from collections import Counter, defaultdict
+from typing import Dict, List, Optional
 
 import fairseq
 import torch
@@ -17,10 +18,11 @@ import nat_plugins
 from ..rep_mis import repeated_ratio
 from .analysis import pareto_front
 from .paper_points import PAPER_POINTS
-from .rows import Row
+from .rows import TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path
 
 PARETO_PLOT_FILE = "pareto.png"
 LENGTH_PLOT_FILE = "by_length.png"
+NPD_PLOT_FILE = "npd.png"
 
 
 def device_name(use_cuda: bool) -> str:
@@ -35,14 +37,14 @@ def device_name(use_cuda: bool) -> str:
     return f"{model} ({torch.get_num_threads()} threads)"
 
 
-def distilled_targets_stats(path: Optional[str]) -> Optional[dict]:
+def distilled_targets_stats(path: Optional[str], work_dir: str) -> Optional[dict]:
     """Sentences and immediately repeated subwords (%) of the distilled training targets at ``path``."""
     if path is None:
         return None
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
     return {
-        "path": os.path.abspath(path),
+        "path": relative_path(path, work_dir),
         "sentences": len(lines),
         "repeated_subwords": repeated_ratio(lines, window=1),
     }
@@ -54,8 +56,16 @@ def length_policy(rows: List[Row]) -> dict:
     return {"limit": common, "except": {row.name: row.length_limit for row in rows if row.length_limit != common}}
 
 
-def run_environment(args: argparse.Namespace, use_cuda: bool) -> dict:
-    """What every benchmark header starts with: title, date, device, versions, precision and the data decoded."""
+def run_metadata(
+    args: argparse.Namespace,
+    use_cuda: bool,
+    num_sentences: int,
+    num_latency: int,
+    rows: List[Row],
+    length_buckets: List[dict],
+    length_plot_rows: List[str],
+) -> dict:
+    """The header: what was measured (files relative to ``--work-dir``), where and how."""
     return {
         "title": args.title,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -64,30 +74,15 @@ def run_environment(args: argparse.Namespace, use_cuda: bool) -> dict:
         "fairseq": fairseq.__version__,
         "nat_plugins": nat_plugins.__version__,
         "precision": "fp16" if args.fp16 else "fp32",
-        "data_bin": os.path.abspath(args.data_bin),
+        "data_bin": relative_path(args.data_bin, args.work_dir),
         "gen_subset": args.gen_subset,
-        "reference": os.path.abspath(args.reference),
-    }
-
-
-def run_metadata(
-    args,
-    use_cuda: bool,
-    num_sentences: int,
-    num_latency: int,
-    rows: List[Row],
-    length_buckets: List[dict],
-    length_plot_rows: List[str],
-) -> dict:
-    """The header: what was measured, where and how."""
-    return {
-        **run_environment(args, use_cuda),
+        "reference": relative_path(args.reference, args.work_dir),
         "num_sentences": num_sentences,
         "latency_sentences": num_latency,
         "warmup": args.warmup,
         "latency_sentences_timed": num_latency - args.warmup,
         "batch_size": args.batch_size,
-        "teacher": os.path.abspath(args.teacher),
+        "teacher": relative_path(args.teacher, args.work_dir),
         "teacher_beam": args.teacher_beam,
         "post_process": args.post_process,
         "generate_args": args.generate_args,
@@ -95,7 +90,7 @@ def run_metadata(
         "length_buckets": length_buckets,  # analysis.bucket_counts
         "length_plot_rows": length_plot_rows,
         "seed": args.seed,
-        "distilled_targets": distilled_targets_stats(args.distilled_targets),
+        "distilled_targets": distilled_targets_stats(args.distilled_targets, args.work_dir),
     }
 
 
@@ -218,8 +213,15 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
 
 
 def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend."""
-    import matplotlib
+    """matplotlib's pyplot on the file-only Agg backend; a :class:`BenchmarkError` that says what to install when
+    matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise BenchmarkError(
+            "the benchmark's plots need matplotlib: pip install 'nat-plugins[plot]' (or matplotlib), or pass "
+            "--no-plots for the tables alone"
+        ) from err
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -329,13 +331,66 @@ def plot_by_length(meta: dict, rows: List[Row], path: str):
     plt.close(fig)
 
 
-def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict]) -> dict:
-    """Write ``results.json``, ``results.md`` and the plots; returns the ``results.json`` content."""
+def npd_groups(rows: List[Row]) -> Dict[str, List[Row]]:
+    """The noisy-parallel-decoding rows of every checkpoint that has rows of two or more S, by S."""
+    groups = defaultdict(list)
+    for row in rows:
+        if row.npd_samples is not None:
+            groups[row.spec.checkpoint].append(row)
+    return {
+        checkpoint: sorted(group, key=lambda row: row.npd_samples)
+        for checkpoint, group in groups.items()
+        if len({row.npd_samples for row in group}) > 1
+    }
+
+
+def plot_npd(meta: dict, rows: List[Row], path: str):
+    """Noisy parallel decoding against its number of samples S (Gu et al. 2018, Figure 7): median batch-1 latency
+    (shaded to p90) and BLEU of every checkpoint's NPD rows (log x), the teacher's rows as horizontal lines."""
+    plt = pyplot()
+    groups = npd_groups(rows)
+    fig, (latency_ax, bleu_ax) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for checkpoint, group in groups.items():
+        label = "NPD" if len(groups) == 1 else f"NPD, {checkpoint}"
+        samples = [row.npd_samples for row in group]
+        medians = [row.latency_ms_median for row in group]
+        latency_ax.plot(samples, medians, marker="o", label=f"{label}, median")
+        latency_ax.fill_between(samples, medians, [row.latency_ms_p90 for row in group], alpha=0.2, label="to p90")
+        bleu_ax.plot(samples, [row.bleu for row in group], marker="o", label=label)
+    teacher = [row for row in rows if row.role in (TEACHER_BEAM, TEACHER_GREEDY)]
+    for row, style in zip(teacher, ("--", ":")):
+        latency_ax.axhline(row.latency_ms_median, linestyle=style, color="0.4", label=row.name)
+        bleu_ax.axhline(row.bleu, linestyle=style, color="0.4", label=row.name)
+    ticks = sorted({row.npd_samples for group in groups.values() for row in group})
+    for ax, ylabel in ((latency_ax, "batch-1 latency (ms)"), (bleu_ax, "BLEU")):
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [str(s) for s in ticks])
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.set_xlabel("NPD samples S (log scale)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+    latency_ax.set_ylim(bottom=0)
+    fig.suptitle(
+        f"{meta['title']}: noisy parallel decoding against S\n{meta['device']}, {meta['precision']}, batch 1, "
+        f"{meta['latency_sentences_timed']} sentences timed",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
+def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict], plots: bool = True) -> dict:
+    """Write ``results.json``, ``results.md`` and (``plots``) the plots; returns the ``results.json`` content."""
     results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(markdown_report(meta, rows, paired))
-    plot_pareto(meta, rows, os.path.join(out_dir, PARETO_PLOT_FILE))
-    plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))
+    if plots:
+        plot_pareto(meta, rows, os.path.join(out_dir, PARETO_PLOT_FILE))
+        plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))
+        if npd_groups(rows):
+            plot_npd(meta, rows, os.path.join(out_dir, NPD_PLOT_FILE))
     return results

@@ -202,6 +202,7 @@ class Row:
     # emitted tokens (EOS included) per hypo["steps"]: the mean accepted block (blockwise), the mean accepted tokens
     # per teacher call (speculative decoding)
     tokens_per_step: Optional[float] = None
+    npd_samples: Optional[int] = None  # S of a row decoded with noisy parallel decoding (fertility_nat)
     # derived against the other rows by .analysis (None where the reference row is absent)
     bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
     latency_speedup_vs_ar_beam: Optional[float] = None
