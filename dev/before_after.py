@@ -16,6 +16,14 @@ def speedup(row):
     return "-" if value is None else f"{value:.2f}"
 
 
+def table(title, columns, cells, text_columns=(0,)):
+    """A titled markdown table, numbers right-aligned (the columns ``text_columns`` left-aligned)."""
+    align = ["---" if i in text_columns else "---:" for i in range(len(columns))]
+    return [title, "", "| " + " | ".join(columns) + " |", "|" + "|".join(align) + "|"] + [
+        "| " + " | ".join(row) + " |" for row in cells
+    ]
+
+
 def decoding(out):
     """The decoding table (rows both benchmarks have)."""
     rows, hyps = {}, {}
@@ -25,23 +33,23 @@ def decoding(out):
         for name, row in rows[side].items():
             with open(os.path.join(out, f"bench-{side}", row["hyp_file"]), encoding="utf-8") as f:
                 hyps[side, name] = f.read()
-    lines = [
-        "Decoding, batch 1 (median ms per sentence; x = speed-up over the teacher's greedy search in the same run)",
-        "",
-        "| row | before ms | before x greedy | after ms | after x greedy | after/before time | same hypotheses |",
-        "|---|---:|---:|---:|---:|---:|---|",
-    ]
+    cells = []
     for name, after in rows["after"].items():
         before = rows["before"].get(name)
         if before is None:
             continue
         ratio = after["latency_ms_median"] / before["latency_ms_median"]
         same = "yes" if hyps["before", name] == hyps["after", name] else "**no**"
-        lines.append(
-            f"| {name} | {before['latency_ms_median']:.1f} | {speedup(before)} | {after['latency_ms_median']:.1f} | "
-            f"{speedup(after)} | {ratio:.2f} | {same} |"
+        cells.append(
+            [name, f"{before['latency_ms_median']:.1f}", speedup(before), f"{after['latency_ms_median']:.1f}"]
+            + [speedup(after), f"{ratio:.2f}", same]
         )
-    return lines
+    return table(
+        "Decoding, batch 1 (median ms per sentence; x = speed-up over the teacher's greedy search in the same run)",
+        ["row", "before ms", "before x greedy", "after ms", "after x greedy", "after/before time", "same hypotheses"],
+        cells,
+        text_columns=(0, 6),
+    )
 
 
 def training(out):
@@ -53,21 +61,20 @@ def training(out):
             runs = [json.loads(line) for line in f]
         speed[side] = {run["label"]: run["updates_per_s"] for run in runs}
         compared_with.update({run["label"]: run["compared_with"] for run in runs if run.get("compared_with")})
-    lines = [
-        "Training (updates/s; x = ratio to the AR recipe on the same batches in the same run)",
-        "",
-        "| recipe | before upd/s | before x AR | after upd/s | after x AR |",
-        "|---|---:|---:|---:|---:|",
-    ]
+    cells = []
     for label, after in speed["after"].items():
         before, base = speed["before"].get(label), compared_with.get(label)
         if before is None or base not in speed["before"]:
             continue
-        lines.append(
-            f"| {label} | {before:.3f} | {before / speed['before'][base]:.2f} | {after:.3f} | "
-            f"{after / speed['after'][base]:.2f} |"
+        cells.append(
+            [label, f"{before:.3f}", f"{before / speed['before'][base]:.2f}", f"{after:.3f}"]
+            + [f"{after / speed['after'][base]:.2f}"]
         )
-    return lines
+    return table(
+        "Training (updates/s; x = ratio to the AR recipe on the same batches in the same run)",
+        ["recipe", "before upd/s", "before x AR", "after upd/s", "after x AR"],
+        cells,
+    )
 
 
 def main():
