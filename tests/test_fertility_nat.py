@@ -5,7 +5,10 @@ once, batch invariance, empty/max length), the two criterions (RKL fine-tuning: 
 emits, REINFORCE sign, which parameters each term reaches, dropout-free rewards, gradients all-reduced under DDP; no
 teacher in the checkpoint), a tiny train -> generate -> interactive run, and learning on the synthetic task."""
 
+import ast
 import faulthandler
+import inspect
+import math
 import os
 import shutil
 import socket
@@ -23,10 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 from nat_plugins.cli import benchmark
 from nat_plugins.cli import fertility as fert_cli
 from nat_plugins.cli.bench.rows import BenchmarkError
+from nat_plugins.criterions import nat_rkl_finetune
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
-from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune
+from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune, NATRKLFinetuneConfig, rkl_loss, without_dropout
 from nat_plugins.generators import fertility_decoding
-from nat_plugins.generators.fertility_decoding import FertilityDecoder, cap_total, first_occurrences, nat_output
+from nat_plugins.generators.fertility_decoding import FertilityDecoder, first_occurrences
+from nat_plugins.modules import fertility as fertility_helpers
+from nat_plugins.modules.fertility import cap_total, nat_output, sample_fertilities
 from nat_plugins.modules.log_probs import token_log_probs
 from nat_plugins.modules.nad import FertilityPredictor, NADLayer, fertility_copy_index
 from nat_plugins.modules.teacher import FrozenTeacher
@@ -388,6 +394,7 @@ def record_teacher_scores(gen, monkeypatch, rank=None):
 
 def test_npd_keeps_the_candidate_the_teacher_prefers(fert_data_bin, task, tiny_teacher, monkeypatch):
     model = build(fert_data_bin, task, ["--init-from-ar", tiny_teacher])
+    rig_distribution(monkeypatch, model, [0.3, 0.4, 0.3])  # candidates of many lengths, whatever the session's models
     sample = batch(task, range(4))
     gen = decoder(model, task, "npd", npd_samples=6, npd_teacher=tiny_teacher)
     seen = record_teacher_scores(gen, monkeypatch, rank=lambda lengths: lengths.float() * -1.0)  # prefers short
@@ -400,7 +407,7 @@ def test_npd_keeps_the_candidate_the_teacher_prefers(fert_data_bin, task, tiny_t
     # the real ranking score of a candidate = the teacher's own forward on it: the plain sum of its log-probs,
     # EOS included (Gu et al. eq. 8)
     teacher = gen.teacher.model
-    row = 7
+    row = len(seen["order"]) - 1
     length = int(seen["lengths"][row])
     src = sample["net_input"]["src_tokens"][seen["order"][row]].unsqueeze(0)
     eos = task.target_dictionary.eos()
@@ -491,6 +498,97 @@ def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, 
     assert [h[0]["tokens"].tolist() for h in npd] == [h[0]["tokens"].tolist() for h in argmax]
 
 
+def rig_distribution(monkeypatch, model, probs):
+    """The fertility predictor's output replaced by ``probs`` (over fertilities 0..len-1) at every source position."""
+    logits = torch.full((model.max_fertility,), -1e4)
+    logits[: len(probs)] = torch.tensor(probs).log()
+    monkeypatch.setattr(
+        model,
+        "fertility_logits",
+        lambda out: logits.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
+    )
+
+
+def long_sentences(task, words):
+    """Indices of the test sentences with at least ``words`` source words."""
+    dataset = task.dataset("test")
+    return [i for i in range(len(dataset)) if len(dataset[i]["source"]) - 1 >= words]
+
+
+def test_npd_candidates_with_or_without_the_argmax(fert_data_bin, task, tiny_teacher, monkeypatch):
+    """--npd-candidates: 'argmax_and_samples' (default) decodes the argmax sequence first and S-1 samples;
+    'samples' (Gu et al. §4.1) decodes S samples and no argmax. p_F is 0.12 on fertility 1 (the argmax) and 0.0978
+    on each of 0, 2..9, on sentences of >= 6 subwords: a sample equals the argmax sequence with probability
+    <= 0.12^6 = 3e-6."""
+    model = build(fert_data_bin, task)
+    rig_distribution(monkeypatch, model, [0.88 / 9] + [0.12] + [0.88 / 9] * 8)
+    sample = batch(task, long_sentences(task, 6)[:6])
+    copyable = model.copyable(sample["net_input"]["src_tokens"])
+    argmax = copyable.long()  # fertility 1 at every copyable position
+    decoded = []
+    decode = model.decode
+    monkeypatch.setattr(model, "decode", lambda *args, **kwargs: decoded.append(args[2]) or decode(*args, **kwargs))
+    samples = 4
+    for candidates in ("argmax_and_samples", "samples"):
+        gen = decoder(model, task, "npd", npd_samples=samples, npd_teacher=tiny_teacher, npd_candidates=candidates)
+        torch.manual_seed(0)
+        gen.generate([model], sample)
+        rows = decoded[-1].view(len(sample["id"]), samples, -1)  # the samples are distinct: none was dropped
+        torch.manual_seed(0)
+        encoder_out = model.encode(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"])
+        fertility_lprobs = torch.log_softmax(model.fertility_logits(encoder_out), dim=-1)
+        if candidates == "samples":  # exactly S draws from p_F
+            drawn = sample_fertilities(fertility_lprobs, samples).transpose(0, 1)
+            assert torch.equal(rows, drawn.masked_fill(~copyable.unsqueeze(1), 0))
+            assert not rows.eq(argmax.unsqueeze(1)).all(dim=-1).any()
+        else:  # the argmax, then S-1 draws
+            drawn = sample_fertilities(fertility_lprobs, samples - 1).transpose(0, 1)
+            assert torch.equal(rows[:, 0], argmax)
+            assert torch.equal(rows[:, 1:], drawn.masked_fill(~copyable.unsqueeze(1), 0))
+            assert not rows[:, 1:].eq(argmax.unsqueeze(1)).all(dim=-1).any()
+
+
+def test_npd_never_scores_below_argmax_under_the_teacher(fert_data_bin, task, tiny_teacher, monkeypatch):
+    """With the argmax among the candidates (the default), the first candidate of every sentence is the argmax
+    fertility sequence and the kept candidate's teacher score is >= its score, sentence by sentence."""
+    model = build(fert_data_bin, task, ["--init-from-ar", tiny_teacher])
+    rig_distribution(monkeypatch, model, [0.25, 0.45, 0.3])  # argmax 1; samples of many lengths
+    sample = batch(task, range(NUM_SENTENCES))
+    gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher)
+    decoded = []
+    decode = model.decode
+    monkeypatch.setattr(model, "decode", lambda *args, **kwargs: decoded.append(args[2]) or decode(*args, **kwargs))
+    seen = record_teacher_scores(gen, monkeypatch)
+    torch.manual_seed(0)
+    hypos = gen.generate([model], sample)
+    argmax = model.copyable(sample["net_input"]["src_tokens"]).long()
+    for i, (hyp,) in enumerate(hypos):
+        rows = seen["order"].eq(i).nonzero().squeeze(1)
+        assert torch.equal(decoded[-1][rows[0]], argmax[i])
+        assert hyp["teacher_score"].item() >= seen["real"][rows[0]].item()
+    assert len(seen["order"]) > 2 * NUM_SENTENCES  # several distinct candidates per sentence were ranked
+
+
+def test_average_fertility_is_the_rounded_expectation(fert_data_bin, task, tiny_teacher, monkeypatch):
+    """p_F = {1: 0.3, 3: 0.7} at every source subword: E[f] = 2.4, so average decoding (§4.1) and the REINFORCE
+    baseline copy every source subword Round(2.4) = 2 times (argmax would give 3, a ceiling 3, a floor of 2.4 also
+    2 but of 2.6 not): 2 target tokens per source subword, EOS appended."""
+    model, criterion = rkl_student(fert_data_bin, task, tiny_teacher)
+    rig_distribution(monkeypatch, model, [0.0, 0.3, 0.0, 0.7])
+    sample = batch(task, range(8))
+    copyable = model.copyable(sample["net_input"]["src_tokens"])
+    expected_lengths = 2 * copyable.sum(dim=1)
+    hypos = decoder(model, task, "average").generate([model], sample)
+    assert [len(hyp["tokens"]) - 1 for (hyp,) in hypos] == expected_lengths.tolist()
+    torch.manual_seed(0)
+    out = criterion.losses(model, sample)
+    assert out["fertility"][16:].tolist() == (2 * copyable.long()).tolist()  # rows: gold, sampled, average
+    assert out["lengths"][16:].tolist() == expected_lengths.tolist()
+    rig_distribution(monkeypatch, model, [0.0, 0.2, 0.0, 0.8])  # E[f] = 2.6: 3 copies
+    hypos = decoder(model, task, "average").generate([model], sample)
+    assert [len(hyp["tokens"]) - 1 for (hyp,) in hypos] == (3 * copyable.sum(dim=1)).tolist()
+
+
 def test_empty_and_maximum_lengths(fert_data_bin, task, monkeypatch):
     model = build(fert_data_bin, task)
     sample = batch(task, range(4))
@@ -529,6 +627,8 @@ def test_decoding_option_errors(fert_data_bin, task, tmp_path):
         decoder(model, task, gen={"sampling": True})
     with pytest.raises(ValueError, match="--npd-samples"):
         decoder(model, task, "npd", npd_samples=0)
+    with pytest.raises(ValueError, match="--npd-candidates are only used by --fertility-decoding npd"):
+        decoder(model, task, npd_candidates="samples")
     with pytest.raises(ValueError, match="--prefix-size"):
         decoder(model, task, gen={"prefix_size": 1})
 
@@ -622,10 +722,50 @@ def test_teacher_token_scores_are_its_log_softmax_at_the_targets(task, tiny_teac
     assert scores[1, 1].item() == pytest.approx(lprobs[1, 1, eos].item(), abs=1e-5) and scores[1, 2:].eq(0).all()
 
 
-def rkl_student(fert_data_bin, task, tiny_teacher):
-    """A student initialised from the teacher, without dropout (so a pass is a function of its inputs)."""
+def test_rkl_default_is_the_papers_cross_entropy_form():
+    """L_RKL (eq. 10) defaults to the paper's cross-entropy form -sum p_NA log p_AR; --rkl-form kl is the reverse KL
+    sum p_NA (log p_NA - log p_AR). The CE form prefers a student peaked on the teacher's best token over one that
+    copies the teacher's spread; the KL form prefers the copy (its student-entropy term rewards spread)."""
+    assert NATRKLFinetuneConfig.__dataclass_fields__["rkl_form"].default == "ce"
+    assert inspect.signature(NATRKLFinetune).parameters["rkl_form"].default == "ce"
+    torch.manual_seed(0)
+    nat_logits = 3 * torch.randn(2, 3, 7)
+    teacher_lprobs = torch.log_softmax(3 * torch.randn(2, 3, 7), dim=-1)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    nat_lprobs = torch.log_softmax(nat_logits, dim=-1)
+    cross_entropy = -(nat_lprobs.exp() * teacher_lprobs).sum(dim=-1)
+    kl = torch.nn.functional.kl_div(teacher_lprobs, nat_lprobs, log_target=True, reduction="none").sum(dim=-1)
+    torch.testing.assert_close(rkl_loss(nat_logits, teacher_lprobs, mask), (cross_entropy * mask).sum(dim=1))
+    torch.testing.assert_close(rkl_loss(nat_logits, teacher_lprobs, mask, form="kl"), (kl * mask).sum(dim=1))
+    teacher = torch.tensor([[[0.6, 0.4]]]).log()
+    peaked, spread = torch.tensor([[[20.0, 0.0]]]), teacher.clone()
+    one = torch.ones(1, 1, dtype=torch.bool)
+    assert rkl_loss(peaked, teacher, one) < rkl_loss(spread, teacher, one)
+    assert rkl_loss(peaked, teacher, one, form="kl") > rkl_loss(spread, teacher, one, form="kl")
+    with pytest.raises(ValueError, match="--rkl-form"):
+        rkl_loss(peaked, teacher, one, form="js")
+
+
+def test_fertility_helpers_are_shared_from_modules():
+    """The criterion and the generator import the fertility helpers from nat_plugins.modules.fertility; neither the
+    criterion nor that module imports a generator."""
+    for module in (nat_rkl_finetune, fertility_helpers):
+        imports = [
+            node.module or ""
+            for node in ast.walk(ast.parse(inspect.getsource(module)))
+            if isinstance(node, ast.ImportFrom)
+        ]
+        assert not [name for name in imports if "generators" in name], module.__name__
+    for module in (fertility_decoding, nat_rkl_finetune):
+        for name in ("average_fertility", "cap_total", "ensure_nonempty", "nat_output", "sample_fertilities"):
+            assert getattr(module, name) is getattr(fertility_helpers, name), (module.__name__, name)
+
+
+def rkl_student(fert_data_bin, task, tiny_teacher, **criterion_options):
+    """A student initialised from the teacher, without dropout (so a pass is a function of its inputs), and the
+    fine-tuning criterion (its defaults but for ``criterion_options``)."""
     model = build(fert_data_bin, task, ["--init-from-ar", tiny_teacher, "--dropout", "0"]).train()
-    return model, NATRKLFinetune(task, teacher_path=tiny_teacher)
+    return model, NATRKLFinetune(task, teacher_path=tiny_teacher, **criterion_options)
 
 
 def rig_fertilities(monkeypatch, model, fertility):
@@ -634,6 +774,34 @@ def rig_fertilities(monkeypatch, model, fertility):
         "fertility_logits",
         lambda encoder_out: torch.nn.functional.one_hot(fertility, model.max_fertility).float() * 30,
     )
+
+
+def rig_predictor(model, probs):
+    """p_F ~ ``probs`` (over fertilities 0..len-1, the others e^-30) at every source position through the predictor's
+    own parameters (its output layer's weights scaled by 1e-3, its bias the log-probabilities), so that gradients
+    still reach the predictor and, through it, the encoder."""
+    out = model.fertility_predictor.out
+    with torch.no_grad():
+        out.weight.mul_(1e-3)
+        out.bias.fill_(-30.0)
+        out.bias[: len(probs)] = torch.tensor(probs).log()
+
+
+def fix_reinforce_sample(monkeypatch, fertility):
+    """The criterion's REINFORCE draw f ~ p_F replaced by ``fertility`` (B x S)."""
+    monkeypatch.setattr(nat_rkl_finetune, "sample_fertilities", lambda lprobs, num_samples: fertility.unsqueeze(0))
+
+
+def flat_teacher(monkeypatch, criterion):
+    """The criterion's teacher made uniform over the vocabulary: L_RKL (CE form) = target length * log V, whatever
+    the NAT emits, so a shorter decode is better by exactly log V per token."""
+    score = criterion.teacher.score
+
+    def flat(*args, **kwargs):
+        lprobs, target = score(*args, **kwargs)
+        return torch.full_like(lprobs, -math.log(lprobs.size(-1))), target
+
+    monkeypatch.setattr(criterion.teacher, "score", flat)
 
 
 def test_rkl_teacher_sees_exactly_what_the_generator_emits(fert_data_bin, task, tiny_teacher, monkeypatch):
@@ -682,11 +850,18 @@ def test_rkl_teacher_sees_exactly_what_the_generator_emits(fert_data_bin, task, 
     assert teacher_rows(2) == emitted(average)
 
 
-def test_rkl_gradients_reach_only_the_intended_parameters(fert_data_bin, task, tiny_teacher):
+def test_rkl_gradients_reach_only_the_intended_parameters(fert_data_bin, task, tiny_teacher, monkeypatch):
     model, criterion = rkl_student(fert_data_bin, task, tiny_teacher)
     named = dict(model.named_parameters())
-    torch.manual_seed(0)
-    out = criterion.losses(model, batch(task, range(8)))
+    # a REINFORCE term that is certainly not 0: the baseline decodes Round(E[f]) = 1 copy of every source subword,
+    # the "sample" one copy more of the first, so every sentence's sample decodes a different, longer output
+    rig_predictor(model, [0.25, 0.5, 0.25])
+    sample = batch(task, range(8))
+    sampled = model.copyable(sample["net_input"]["src_tokens"]).long()
+    sampled.scatter_add_(1, sampled.argmax(dim=1, keepdim=True), torch.ones_like(sampled[:, :1]))
+    fix_reinforce_sample(monkeypatch, sampled)
+    out = criterion.losses(model, sample)
+    assert out["lengths"][8:16].tolist() == (out["lengths"][16:] + 1).tolist()
 
     def reached(term):
         grads = torch.autograd.grad(term, list(named.values()), retain_graph=True, allow_unused=True)
@@ -722,44 +897,83 @@ def test_rkl_reward_does_not_depend_on_dropout(fert_data_bin, task, tiny_teacher
     out = criterion.losses(model, sample)
     assert torch.equal(out["fertility"][8:16], out["fertility"][16:])
     assert torch.equal(out["tokens"][8:16], out["tokens"][16:])
-    assert torch.equal(out["rkl_sampled"], out["rkl_baseline"]) and out["reinforce"].item() == 0
+    # the same decode: the same L_RKL up to the rounding of the teacher's batched pass (one row's dropout mask
+    # would move it by far more)
+    torch.testing.assert_close(out["rkl_sampled"], out["rkl_baseline"], rtol=1e-5, atol=1e-5)
+    assert abs(out["reinforce"].item()) < 1e-4
     assert model.training and all(m.training for m in model.modules())  # training mode restored after that pass
 
 
-def test_reinforce_raises_the_log_probability_of_a_better_sample(fert_data_bin, task, tiny_teacher):
+def test_reinforce_raises_the_log_probability_of_a_better_sample(fert_data_bin, task, tiny_teacher, monkeypatch):
     """One sentence, one gradient step on the REINFORCE surrogate: log p_F(f) of the drawn fertilities f goes up
-    exactly when f decoded better than the average-fertility baseline (L_RKL(f) < L_RKL(f_avg)), down otherwise."""
+    exactly when f decoded better than the average-fertility baseline (L_RKL(f) < L_RKL(f_avg)), down otherwise.
+    Both cases are certain, whatever the session's models: p_F ~ {0: 0.25, 1: 0.5, 2: 0.25} everywhere (baseline
+    Round(E[f]) = 1 per source subword), a flat teacher (L_RKL = length * log V) and f = the baseline with the first
+    fertility set to 0 (one token shorter: better by log V) or 2 (one longer: worse by log V)."""
     model, criterion = rkl_student(fert_data_bin, task, tiny_teacher)
+    rig_predictor(model, [0.25, 0.5, 0.25])
+    flat_teacher(monkeypatch, criterion)
     params = [p for p in model.parameters() if p.requires_grad]
     sample = batch(task, [5])
     net_input = sample["net_input"]
+    copyable = model.copyable(net_input["src_tokens"])
+    first = int(copyable[0].nonzero()[0])
+    log_v = math.log(len(task.target_dictionary))
 
     def log_p(fertility):
         logits = model(net_input["src_tokens"], net_input["src_lengths"], sample["fertility"])["fertility"]["out"]
         lprobs = torch.log_softmax(logits, dim=-1).gather(-1, fertility.unsqueeze(-1)).squeeze(-1)
-        return (lprobs * model.copyable(net_input["src_tokens"])).sum().item()
+        return (lprobs * copyable).sum().item()
 
-    outcomes = set()
-    for seed in range(10):
-        torch.manual_seed(seed)
+    for fertility, expected in ((0, log_v), (2, -log_v)):
+        sampled = copyable.long()
+        sampled[0, first] = fertility
+        fix_reinforce_sample(monkeypatch, sampled)
         out = criterion.losses(model, sample)
+        assert out["fertility"][2].tolist() == copyable[0].long().tolist()  # rows: gold, sampled, baseline
         advantage = float(out["rkl_baseline"] - out["rkl_sampled"])  # reward(f) - reward(f_avg), reward = -L_RKL
-        # rows: gold, sampled, baseline decode. The same decode scores the same up to rounding (the teacher scores
-        # the rows in one batch, and a row's position may change the products' rounding): no better or worse sample
-        if torch.equal(out["tokens"][1], out["tokens"][2]):
-            continue
+        assert advantage == pytest.approx(expected, rel=1e-4)
         saved = [p.detach().clone() for p in params]
         grads = torch.autograd.grad(out["reinforce"], params, allow_unused=True)
         with torch.no_grad():
             for p, g in zip(params, grads):
                 if g is not None:
                     p -= 1e-3 * g
-            change = log_p(out["sampled"]) - out["sample_lprob"].item()
+            change = log_p(sampled) - out["sample_lprob"].item()
             for p, s in zip(params, saved):
                 p.copy_(s)
-        assert change * advantage > 0, (seed, advantage, change)
-        outcomes.add(advantage > 0)
-    assert outcomes == {True, False}  # both a better and a worse sample were drawn
+        assert change * advantage > 0, (fertility, advantage, change)
+
+
+def heldout_reverse_kl(model, criterion, sample):
+    """KL(p_NA || p_AR) summed over the sentences of ``sample``: the NAT fed the gold fertilities without dropout,
+    the teacher forced on the NAT's own output (what eq. 10 measures, as the reverse KL divergence)."""
+    net_input = sample["net_input"]
+    with torch.no_grad(), without_dropout(model):
+        decoded = model(net_input["src_tokens"], net_input["src_lengths"], sample["fertility"])["word_ins"]
+        tokens, _scores, lengths = nat_output(decoded["out"], ~decoded["mask"], criterion.padding_idx, criterion.eos)
+        lprobs, _target = criterion.teacher.score(net_input["src_tokens"], net_input["src_lengths"], tokens, lengths)
+        width = decoded["out"].size(1)
+        return rkl_loss(decoded["out"], lprobs[:, :width], decoded["mask"], form="kl").sum().item()
+
+
+def test_rkl_finetuning_lowers_the_heldout_reverse_kl(fert_data_bin, task, tiny_teacher):
+    """20 Adam steps (lr 3e-3) of nat_rkl_finetune's reverse-KL terms alone (--rkl-weight 1: REINFORCE and
+    L_RKL(f_gold) in the default CE form, no distillation term, which alone would lower it too: 0.73 after 8 steps)
+    on 20 sentences lower the reverse KL to the teacher on the 20 others. Measured: 0.69-0.80 of its start over five
+    initialisations of the fertility predictor (the sign of L_RKL flipped: 1.9), ~0.5 s; threshold 0.9."""
+    model, criterion = rkl_student(fert_data_bin, task, tiny_teacher, rkl_weight=1.0)
+    train, heldout = batch(task, range(20)), batch(task, range(20, NUM_TEST))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    before = heldout_reverse_kl(model, criterion, heldout)
+    torch.manual_seed(0)
+    for _ in range(20):
+        optimizer.zero_grad()
+        loss, _, _ = criterion(model, train)
+        loss.backward()
+        optimizer.step()
+    after = heldout_reverse_kl(model, criterion, heldout)
+    assert after < 0.9 * before, (before, after)
 
 
 DDP_TIMEOUT_S = 120

@@ -1,12 +1,15 @@
 """Criterion ``nat_rkl_finetune``: fine-tuning ``fertility_nat`` towards its AR teacher (Gu et al., ICLR 2018, §4.2).
 
-Eq. 10, the reverse-KL ("word-level knowledge distillation") loss of the NAT fed fertilities f:
+Eq. 10, the "word-level knowledge distillation" loss of the NAT fed fertilities f, in the cross-entropy form the
+paper writes (``--rkl-form ce``, the default):
 
-    L_RKL(f) = sum_t sum_y p_NA(y_t = y | x, f) * (log p_NA(y_t = y | x, f) - log p_AR(y_t = y | ŷ_<t, x))
+    L_RKL(f) = - sum_t sum_y p_NA(y_t = y | x, f) * log p_AR(y_t = y | ŷ_<t, x)
 
 where ŷ is the NAT's own argmax output for f and p_AR the frozen teacher, teacher-forced on ŷ in one parallel pass.
-``--rkl-form kl`` (default) is this reverse KL; ``--rkl-form ce`` drops the NAT entropy term, which is the
-cross-entropy form the paper writes in eq. 10 (-sum_y p_NA log p_AR).
+The paper chooses this reverse direction as "more favorable towards highly peaked student output distributions": it
+is lowest when p_NA puts all its mass on the teacher's best token. ``--rkl-form kl`` adds the student's negative
+entropy, sum_y p_NA log p_NA, giving the full reverse KL divergence KL(p_NA || p_AR); that term rewards a spread
+p_NA, working against the peaked outputs the paper's form favours.
 
 Eq. 11, the fine-tuning objective implemented here:
 
@@ -29,7 +32,7 @@ gradients would not be all-reduced). There are two:
 * the gold-fertility pass, with gradient and the training-time dropout: L_KD, L_RKL(f_gold) and log p_F(f);
 * one pass without gradient and **without dropout** over 3B rows, the gold, the sampled and the average fertilities:
   it yields the NAT outputs ŷ that the teacher is fed, exactly what the generator would emit for those fertilities
-  (:func:`~nat_plugins.generators.fertility_decoding.nat_output`: argmax without pad and EOS), and the
+  (:func:`~nat_plugins.modules.fertility.nat_output`: argmax without pad and EOS), and the
   distributions of L_RKL(f) and L_RKL(f_avg). Without dropout the REINFORCE reward L_RKL(f) - L_RKL(f_avg) is a
   function of f alone, measured on the decode the generator would make; with dropout the two rows would carry
   independent masks (and rows of different lengths cannot share one), adding noise that does not depend on f.
@@ -54,11 +57,11 @@ from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 
-from ..generators.fertility_decoding import cap_total, ensure_nonempty, nat_output
+from ..modules.fertility import average_fertility, cap_total, ensure_nonempty, nat_output, sample_fertilities
 from ..modules.teacher import FrozenTeacher
 from .fertility_nat_loss import FertilityNATLoss, FertilityNATLossConfig
 
-RKL_FORMS = ChoiceEnum(["kl", "ce"])
+RKL_FORMS = ChoiceEnum(["ce", "kl"])
 
 
 @dataclass
@@ -76,17 +79,21 @@ class NATRKLFinetuneConfig(FertilityNATLossConfig):
     )
     rkl_max_len_b: int = field(default=10, metadata={"help": "see --rkl-max-len-a"})
     rkl_form: RKL_FORMS = field(
-        default="kl",
+        default="ce",
         metadata={
-            "help": "'kl': reverse KL sum p_NA (log p_NA - log p_AR); 'ce': the paper's eq. 10 "
-            "cross-entropy form -sum p_NA log p_AR"
+            "help": "L_RKL of Gu et al. eq. 10: 'ce' (default), the paper's cross-entropy form -sum_y p_NA log p_AR, "
+            "which favours peaked student distributions; 'kl', the full reverse KL sum_y p_NA (log p_NA - log p_AR), "
+            "whose extra student-entropy term rewards spread"
         },
     )
 
 
-def reverse_kl(nat_logits, teacher_lprobs, mask, form="kl"):
-    """Per-row L_RKL (eq. 10): ``nat_logits`` (N x T x V), ``teacher_lprobs`` (N x T x V), ``mask`` (N x T, True =
-    a real target position)."""
+def rkl_loss(nat_logits, teacher_lprobs, mask, form="ce"):
+    """Per-row L_RKL of Gu et al. eq. 10 (N): ``nat_logits`` (N x T x V), ``teacher_lprobs`` (N x T x V), ``mask``
+    (N x T, True = a real target position). ``form`` 'ce': -sum_t sum_y p_NA log p_AR (the paper's); 'kl': plus
+    sum_t sum_y p_NA log p_NA, the reverse KL divergence KL(p_NA || p_AR)."""
+    if form not in ("ce", "kl"):
+        raise ValueError(f"--rkl-form must be 'ce' or 'kl', got {form!r}")
     nat_lprobs = utils.log_softmax(nat_logits.float(), dim=-1)
     nat_probs = nat_lprobs.exp()
     teacher_lprobs = teacher_lprobs.float().masked_fill(torch.isinf(teacher_lprobs), -1e4)  # 0 * -inf -> 0
@@ -115,7 +122,7 @@ class NATRKLFinetune(FertilityNATLoss):
         task,
         teacher_path=None,
         rkl_weight=0.25,
-        rkl_form="kl",
+        rkl_form="ce",
         rkl_max_len_a=2.0,
         rkl_max_len_b=10,
         label_smoothing=0.0,
@@ -170,10 +177,9 @@ class NATRKLFinetune(FertilityNATLoss):
 
         # f ~ p_F (REINFORCE) and the average-fertility baseline, limited as at inference
         fert_lprobs = utils.log_softmax(net_output["fertility"]["out"].float(), dim=-1)
-        sampled = torch.distributions.Categorical(logits=fert_lprobs.detach()).sample().masked_fill(~copyable, 0)
+        sampled = sample_fertilities(fert_lprobs.detach(), 1)[0].masked_fill(~copyable, 0)
         sample_lprob = (fert_lprobs.gather(-1, sampled.unsqueeze(-1)).squeeze(-1) * copyable).sum(dim=1)
-        values = torch.arange(fert_lprobs.size(-1), device=fert_lprobs.device, dtype=fert_lprobs.dtype)
-        average = (fert_lprobs.detach().exp() * values).sum(dim=-1).round().long().masked_fill(~copyable, 0)
+        average = average_fertility(fert_lprobs.detach()).masked_fill(~copyable, 0)
         noisy = torch.cat([sampled, average])
         noisy_src = torch.cat([src_tokens, src_tokens])
         max_length = (src_lengths.double() * self.max_len_a + self.max_len_b).long().repeat(2).to(noisy.device)
@@ -194,10 +200,10 @@ class NATRKLFinetune(FertilityNATLoss):
         teacher_lprobs, _target = self.teacher.score(
             src_tokens, src_lengths, tokens, lengths, order=torch.arange(bsz, device=src_tokens.device).repeat(3)
         )
-        rkl_gold = reverse_kl(gold_logits, teacher_lprobs[:bsz, : gold_logits.size(1)], gold_mask, self.rkl_form)
+        rkl_gold = rkl_loss(gold_logits, teacher_lprobs[:bsz, : gold_logits.size(1)], gold_mask, self.rkl_form)
         with torch.no_grad():
             width = decoded["out"].size(1)
-            rkl_noisy = reverse_kl(
+            rkl_noisy = rkl_loss(
                 decoded["out"][bsz:], teacher_lprobs[bsz:, :width], decoded["mask"][bsz:], self.rkl_form
             )
         rkl_sampled, rkl_baseline = rkl_noisy[:bsz], rkl_noisy[bsz:]

@@ -4,16 +4,20 @@
 
 * ``argmax``: f_j = argmax_f p_F(f | x, j) at every source position, then the argmax token at every target position;
 * ``average``: f_j = Round(sum_f f * p_F(f | x, j)), the rounded expected fertility (§4.1 "average decoding");
-* ``npd``: noisy parallel decoding: ``--npd-samples`` S fertility sequences per sentence (the argmax one first, S-1
-  sampled from p_F); duplicate sequences are dropped (after the length limits below, which can make samples equal)
-  before any decoding, the distinct ones decoded in one batched decoder pass (the copied source inputs computed
-  once per sentence), every candidate rescored by the AR teacher (``--npd-teacher``) in one teacher-forced parallel
-  pass (its target logits minus their log-sum-exp, no log-softmax over the vocabulary), and the best candidate kept
-  per sentence (ties: the earlier candidate, so S=1 is argmax decoding). Candidates are ranked by the teacher's
-  log-probability of the tokens and the final EOS, eq. 8 of the paper; ``--npd-length-normalize`` divides it by
-  (length + 1) ** ``--lenpen`` as fairseq normalises hypothesis scores. The sampled candidates depend on the random
-  state (fairseq's ``--seed``), so with S > 1 the output of a sentence depends on its batch; S = 1, argmax and
-  average decoding do not.
+* ``npd``: noisy parallel decoding: ``--npd-samples`` S fertility sequences per sentence, which ``--npd-candidates``
+  chooses: ``argmax_and_samples`` (default) the argmax sequence first and S-1 sampled from p_F, so S counts the
+  argmax and the output never scores below argmax decoding under the teacher; ``samples`` S sequences sampled from
+  p_F and no argmax, the protocol of §4.1 (samples drawn from the fertility space, each translated, the one the
+  teacher scores best kept), under which S = 1 is a single random sample. Duplicate sequences are dropped (after
+  the length limits below, which can make samples equal) before any decoding, the distinct ones decoded in one
+  batched decoder pass (the copied source inputs computed once per sentence), every candidate rescored by the AR
+  teacher (``--npd-teacher``) in one teacher-forced parallel pass (its target logits minus their log-sum-exp, no
+  log-softmax over the vocabulary), and the best candidate kept per sentence (ties: the earlier candidate, so S=1
+  with the argmax is argmax decoding). Candidates are ranked by the teacher's log-probability of the tokens and the
+  final EOS, eq. 8 of the paper; ``--npd-length-normalize`` divides it by (length + 1) ** ``--lenpen`` as fairseq
+  normalises hypothesis scores. The sampled candidates depend on the random state (fairseq's ``--seed``), so with
+  samples the output of a sentence depends on its batch; argmax and average decoding (and NPD with S = 1 and the
+  argmax) do not.
 
 Every sentence gets at least one token (a zero total fertility gives fertility 1 to the source subword least
 likely to have fertility 0) and at most ``--max-len-a`` * source length + ``--max-len-b`` tokens (also capped by
@@ -28,27 +32,9 @@ import math
 
 import torch
 
-from ..modules.log_probs import logsumexp_fp32
+from ..modules.fertility import average_fertility, cap_total, ensure_nonempty, nat_output, sample_fertilities
 from ..modules.teacher import FrozenTeacher
 from .base import PluginGenerator
-
-
-def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
-    """Give fertility 1 to the source position least likely to have fertility 0 in every row whose fertilities sum
-    to 0 (rows without a copyable position copy their last non-padding position, the EOS); branch-free (no
-    host-device synchronisation): other rows get 0 added."""
-    empty = fertility.sum(dim=1).eq(0)
-    candidates = copyable | (~copyable.any(dim=1, keepdim=True) & nonpad)
-    key = (-fertility_lprobs[..., 0]).masked_fill(~candidates, -math.inf)
-    position = key.argmax(dim=1, keepdim=True)
-    return fertility.scatter_add(1, position, empty.long().unsqueeze(1))
-
-
-def cap_total(fertility, max_length):
-    """Cut fertilities from the end of the source so that each row sums to at most ``max_length`` (B)."""
-    ends = fertility.cumsum(dim=1)
-    limit = max_length.view(-1, 1)
-    return ends.clamp(max=limit) - (ends - fertility).clamp(max=limit)
 
 
 def first_occurrences(candidates):
@@ -57,25 +43,6 @@ def first_occurrences(candidates):
     same = candidates.unsqueeze(2).eq(candidates.unsqueeze(1)).all(dim=-1)  # B x S x S: [b, i, k] = f_i == f_k
     earlier = torch.ones_like(same[0]).tril(diagonal=-1)  # k < i
     return ~(same & earlier).any(dim=-1)
-
-
-def nat_output(logits, padding, pad, eos, unk=None, unk_penalty=0.0):
-    """What the NAT emits for decoder ``logits`` (B x T x V) and the target ``padding`` mask (B x T): at every
-    position the most probable token other than pad and EOS (the NAT's targets contain neither; the generator
-    appends EOS), with ``unk_penalty`` subtracted from ``unk``'s logit; pad on padding positions.
-
-    Returns ``tokens`` (B x T), their log-probabilities under the NAT (B x T, 0 on padding) and ``lengths`` (B).
-    ``logits`` is left unchanged (the top-4 candidates hold the best token that is none of pad/EOS/unk). Top-k and
-    the log-sum-exp run on the logits' own dtype, the scores are fp32 (:func:`..modules.log_probs.logsumexp_fp32`:
-    no fp32 copy of the B x T x V logits)."""
-    values, indices = logits.topk(min(4, logits.size(-1)), dim=-1)
-    values = values.float().masked_fill(indices.eq(pad) | indices.eq(eos), -math.inf)
-    if unk_penalty:
-        values = values - unk_penalty * indices.eq(unk).to(values.dtype)
-    best, choice = values.max(dim=-1)
-    tokens = indices.gather(-1, choice.unsqueeze(-1)).squeeze(-1).masked_fill(padding, pad)
-    scores = (best - logsumexp_fp32(logits)).masked_fill(padding, 0.0)
-    return tokens, scores, (~padding).long().sum(dim=1)
 
 
 class FertilityDecoder(PluginGenerator):
@@ -94,6 +61,7 @@ class FertilityDecoder(PluginGenerator):
             raise ValueError(f"--npd-samples must be >= 1, got {cfg.npd_samples}")
         self.mode = cfg.fertility_decoding
         self.npd_samples = cfg.npd_samples if self.mode == "npd" else 1
+        self.npd_with_argmax = self.mode != "npd" or cfg.npd_candidates == "argmax_and_samples"
         self.npd_length_normalize = cfg.npd_length_normalize
         self.teacher = None
         if self.mode == "npd":
@@ -103,9 +71,10 @@ class FertilityDecoder(PluginGenerator):
                     "rescores the candidates)"
                 )
             self.teacher = FrozenTeacher(cfg.npd_teacher, task, "--npd-teacher")
-        elif cfg.npd_teacher or cfg.npd_length_normalize:
+        elif cfg.npd_teacher or cfg.npd_length_normalize or cfg.npd_candidates != "argmax_and_samples":
             raise ValueError(
-                f"--npd-teacher and --npd-length-normalize are only used by --fertility-decoding npd (got {self.mode})"
+                "--npd-teacher, --npd-length-normalize and --npd-candidates are only used by --fertility-decoding "
+                f"npd (got {self.mode})"
             )
 
     def output_max_lengths(self, src_lengths):
@@ -116,20 +85,16 @@ class FertilityDecoder(PluginGenerator):
         return self.max_lengths(src_lengths, limit).clamp(min=1)
 
     def fertilities(self, fertility_lprobs, copyable):
-        """B*S x S_src fertilities (S candidates per sentence, adjacent rows) for the decoding mode."""
+        """B*S x S_src fertilities (S candidates per sentence, adjacent rows) for the decoding mode: the argmax or
+        average ones (§4.1); with NPD the argmax one then S-1 samples, or S samples (``--npd-candidates``)."""
         if self.mode == "average":
-            values = torch.arange(
-                fertility_lprobs.size(-1), device=fertility_lprobs.device, dtype=fertility_lprobs.dtype
-            )
-            fertility = (fertility_lprobs.exp() * values).sum(dim=-1).round().long()
-        else:
+            fertility = average_fertility(fertility_lprobs)
+        elif self.npd_with_argmax and self.npd_samples == 1:  # argmax decoding, or NPD of the argmax alone
             fertility = fertility_lprobs.argmax(dim=-1)
-        if self.npd_samples > 1:
-            # validate_args=False: the check of the logits would be a host-device synchronisation
-            fertility_p = torch.distributions.Categorical(logits=fertility_lprobs, validate_args=False)
-            sampled = fertility_p.sample((self.npd_samples - 1,))
-            fertility = torch.cat([fertility.unsqueeze(0), sampled]).transpose(0, 1)  # B x S x S_src
-            fertility = fertility.reshape(-1, fertility.size(-1))
+        else:  # NPD: S x B x S_src candidates
+            candidates = [fertility_lprobs.argmax(dim=-1).unsqueeze(0)] if self.npd_with_argmax else []
+            candidates.append(sample_fertilities(fertility_lprobs, self.npd_samples - len(candidates)))
+            fertility = torch.cat(candidates).transpose(0, 1).flatten(0, 1)
             copyable = copyable.repeat_interleave(self.npd_samples, dim=0)
         return fertility.masked_fill(~copyable, 0)
 

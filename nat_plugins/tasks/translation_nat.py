@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 SIDE_INPUTS = ("fertility", "kd_target")
 DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
 FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
+NPD_CANDIDATES = ChoiceEnum(["argmax_and_samples", "samples"])
 SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 
 
@@ -64,6 +65,7 @@ DECODING_OPTIONS = {
     "print_nad_draft": "nad_ad_transformer",
     "fertility_decoding": "fertility_nat",
     "npd_samples": "fertility_nat",
+    "npd_candidates": "fertility_nat",
     "npd_teacher": "fertility_nat",
     "npd_length_normalize": "fertility_nat",
     "int8_drafts": ("blockwise_transformer", "spec_drafter"),
@@ -129,7 +131,19 @@ class TranslationNATConfig(TranslationConfig):
         },
     )
     npd_samples: int = field(
-        default=10, metadata={"help": "fertility_nat NPD: fertility sequences per sentence (the argmax one included)"}
+        default=10,
+        metadata={
+            "help": "fertility_nat NPD: S, the candidate fertility sequences per sentence; with --npd-candidates "
+            "argmax_and_samples (the default) S counts the argmax sequence: it is the argmax plus S-1 samples"
+        },
+    )
+    npd_candidates: NPD_CANDIDATES = field(
+        default="argmax_and_samples",
+        metadata={
+            "help": "fertility_nat NPD: 'argmax_and_samples' (default): the argmax fertility sequence and S-1 samples "
+            "from the fertility predictor, so the output never scores below argmax decoding under the teacher; "
+            "'samples': S samples and no argmax (Gu et al. 2018 §4.1's protocol)"
+        },
     )
     npd_teacher: Optional[str] = field(
         default=None, metadata={"help": "fertility_nat NPD: the AR teacher checkpoint that rescores the candidates"}
