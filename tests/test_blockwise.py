@@ -20,6 +20,7 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
+from nat_plugins.generators import verify_accept_loop
 from nat_plugins.generators.blockwise_decoding import VerifyAcceptGenerator, parse_block_accept
 from nat_plugins.generators.verify_accept_loop import accepted_lengths
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
@@ -384,6 +385,15 @@ def test_acceptance_rules_on_a_rigged_example():
     assert accept(props=torch.tensor([[eos, 7, 9, 4]])) == (1, True)
     scores = accepted_lengths(proposals, lprobs.unsqueeze(0), 1, 1, eos)[2]
     assert scores.tolist() == [[-1.0, -0.25, -2.0]]
+    # a tolerance τ (speculative decoding's relaxed verification): also at most τ below the row's best; ŷ_{j+2} is 0.5
+    # below, ŷ_{j+4} 1.5
+    lprobs[1, eos] = -10.0
+
+    def within(tolerance, top_m=3):
+        return int(accepted_lengths(proposals, lprobs.unsqueeze(0), top_m, 1, eos, tolerance)[0])
+
+    assert [within(tolerance) for tolerance in (0.4, 0.5, 1.0, 1.5, math.inf)] == [1, 3, 3, 4, 4]
+    assert within(math.inf, top_m=2) == 3 and within(0.4, top_m=10) == 1  # both rules apply
 
 
 @pytest.mark.parametrize("block_size", [1, 2, 4])
@@ -439,6 +449,139 @@ def test_approximate_acceptance_invariants(toy_task, block_accept, min_block_siz
             assert hypo["steps"] <= 1 + math.ceil(length / per_call)
             if everything:
                 assert hypo["steps"] >= math.ceil(length / block_size)
+
+
+def next_tokens(model, sample, prefix):
+    """``model``'s next tokens after ``prefix`` (BOS first) for the one sentence of ``sample``, best first, and their
+    log-probabilities, ranked as the verifier ranks them at output position ``len(prefix) - 1`` (never pad; EOS not
+    at position 0, fairseq's --min-len 1)."""
+    dictionary = model.decoder.dictionary
+    with torch.no_grad():
+        logits, _ = model(**sample["net_input"], prev_output_tokens=torch.tensor([prefix]))
+    lprobs = torch.log_softmax(logits[0, -1].float(), dim=-1)
+    lprobs[dictionary.pad()] = -math.inf
+    if len(prefix) == 1:
+        lprobs[dictionary.eos()] = -math.inf
+    values, tokens = lprobs.sort(descending=True)
+    return tokens.tolist(), values.tolist()
+
+
+def record_accepted(monkeypatch):
+    """The verify-accept loop's accepted lengths (B,) of every step, as lists, in the returned list."""
+    steps = []
+
+    def recorded(*args, **kwargs):
+        result = accepted_lengths(*args, **kwargs)
+        steps.append(result[0].tolist())
+        return result
+
+    monkeypatch.setattr(verify_accept_loop, "accepted_lengths", recorded)
+    return steps
+
+
+class RiggedFirstBlock(VerifyAcceptGenerator):
+    """Proposes ``first_block`` (the k-1 drafts after ŷ_{j+1}) at the first step, the heads' drafts after."""
+
+    first_block = None
+
+    def propose(self, first, features, tokens, last, max_len):
+        drafts = super().propose(first, features, tokens, last, max_len)
+        if self.first_block is not None:
+            drafts, self.first_block = torch.tensor([self.first_block]), None
+        return drafts
+
+
+def test_top_m_acceptance_and_min_block_size_on_a_rigged_block(toy_task, monkeypatch):
+    """The first block after y_1 proposes p1's 2nd-best token, then its best, then its 3rd best (each given the
+    proposals before): exact acceptance keeps y_1 alone, topk:2 the first two proposals too, topk:3 all three;
+    --min-block-size 3 keeps three whatever the verification."""
+    model = random_model(toy_task, 4, seed=0, identity_first_head=True)
+    sample = sub_batch(random_batch(toy_task.target_dictionary, 1, seed=0), 0)
+    bos = eos = toy_task.target_dictionary.eos()
+    y1 = next_tokens(model, sample, [bos])[0][0]
+    d2 = next_tokens(model, sample, [bos, y1])[0][1]
+    d3 = next_tokens(model, sample, [bos, y1, d2])[0][0]
+    d4 = next_tokens(model, sample, [bos, y1, d2, d3])[0][2]
+    assert eos not in (d2, d3, d4)
+    accepted = record_accepted(monkeypatch)
+    for block_accept, min_block_size, expected in (
+        ("exact", 1, 1),
+        ("topk:2", 1, 3),
+        ("topk:3", 1, 4),
+        ("exact", 3, 3),
+    ):
+        task = with_task_options(toy_task, block_accept=block_accept, min_block_size=min_block_size)
+        generator = RiggedFirstBlock([model], task, Namespace(beam=1, max_len_b=MAX_LEN_B))
+        generator.first_block = [d2, d3, d4]
+        accepted.clear()
+        generator.generate([model], sample)
+        assert accepted[0] == [expected], (block_accept, min_block_size)
+
+
+# fairseq generation options every exact decoder must follow as SequenceGenerator does: a length limit that grows with
+# the batch's padded source length, a minimum length, an unk penalty and a length penalty on the score
+LENGTH_AND_SCORE_OPTIONS = {"max_len_a": 0.8, "max_len_b": 2, "min_len": 4, "unkpen": 1.5, "lenpen": 0.6}
+
+
+def fairseq_greedy(model, task, sample, options):
+    """SequenceGenerator with beam 1 under fairseq-generate's options ``options``."""
+    generator = SequenceGenerator(
+        [model],
+        task.target_dictionary,
+        beam_size=1,
+        max_len_a=options.get("max_len_a", 0),
+        max_len_b=options.get("max_len_b", 200),
+        min_len=options.get("min_len", 1),
+        unk_penalty=options.get("unkpen", 0),
+        len_penalty=options.get("lenpen", 1),
+    )
+    return generator.generate([model], sample)
+
+
+def assert_same_hypotheses(ours, theirs):
+    for mine, reference in zip(ours, theirs):
+        assert mine[0]["tokens"].tolist() == reference[0]["tokens"].tolist()
+        torch.testing.assert_close(
+            mine[0]["positional_scores"], reference[0]["positional_scores"], rtol=1e-4, atol=1e-4
+        )
+        assert float(mine[0]["score"]) == pytest.approx(float(reference[0]["score"]), abs=1e-4)
+
+
+def check_options_matter(decode, sample):
+    """Each option of :data:`LENGTH_AND_SCORE_OPTIONS` changes what ``decode(options)`` (hypotheses) gives for
+    ``sample``, so that comparing those with fairseq's covers it: --min-len, --unkpen and --lenpen change tokens or
+    scores when left out, and the length limit follows the batch's padded source length."""
+
+    def outputs(options):
+        return [(h[0]["tokens"].tolist(), round(float(h[0]["score"]), 4)) for h in decode(options)]
+
+    full = outputs(LENGTH_AND_SCORE_OPTIONS)
+    for name in ("min_len", "unkpen", "lenpen"):
+        assert outputs({k: v for k, v in LENGTH_AND_SCORE_OPTIONS.items() if k != name}) != full, name
+    lengths = [len(tokens) - 1 for tokens, _ in full]
+    limit = int(LENGTH_AND_SCORE_OPTIONS["max_len_a"] * sample["net_input"]["src_tokens"].size(1) + 2)
+    assert LENGTH_AND_SCORE_OPTIONS["max_len_b"] < max(lengths) <= limit
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_acceptance_follows_fairseqs_length_unk_and_score_options(toy_task, seed):
+    """--max-len-a > 0 on a batch of mixed source lengths (one limit for the batch, from its padded length, as in
+    SequenceGenerator), --min-len, --unkpen and --lenpen: exact acceptance prints SequenceGenerator's beam-1
+    hypotheses and scores, on models where each option changes the output (unk and EOS made likely)."""
+    dictionary = toy_task.target_dictionary
+    model = random_model(toy_task, 3, seed, identity_first_head=True)
+    with torch.no_grad():
+        model.decoder.output_projection.weight[dictionary.unk()] += torch.randn(32)
+        model.decoder.output_projection.weight[dictionary.eos()] += torch.randn(32)
+    sample = random_batch(dictionary, 8, seed)
+
+    def decode(options):
+        return VerifyAcceptGenerator([model], toy_task, Namespace(beam=1, **options)).generate([model], sample)
+
+    assert_same_hypotheses(
+        decode(LENGTH_AND_SCORE_OPTIONS), fairseq_greedy(model, toy_task, sample, LENGTH_AND_SCORE_OPTIONS)
+    )
+    check_options_matter(decode, sample)
 
 
 def test_decoding_options_are_checked(toy_task):

@@ -1,6 +1,7 @@
 """The lean decoding forward of fairseq's decoder layers (nat_plugins/modules/lean_decoder.py): the same features as
-fairseq's layers, with and without a cache, in batches with padding, post-norm and pre-norm, and the cache it leaves
-is the one fairseq's layers would leave (rollback and reorder keep working)."""
+fairseq's layers, with a cache (batches with padding, post-norm and pre-norm) and without one
+(``test_fused_projections_follow_the_weights``), and the cache it leaves is the one fairseq's layers would leave, its
+self-attention and encoder-attention entries alike, after every call, rollback and reorder."""
 
 import os
 
@@ -30,6 +31,20 @@ def features(model, embedded, positions, encoder_out, cache, attn_mask, padding_
     )
 
 
+def assert_same_caches(decoder, caches):
+    """The lean forward's cache (``caches[True]``) holds fairseq's (``caches[False]``): every self-attention and
+    encoder-attention entry fairseq stores, equal (the lean encoder attention keeps its padding bias beside them)."""
+    for layer in decoder.layers:
+        for attention in (layer.self_attn, layer.encoder_attn):
+            fairseqs, leans = (attention._get_input_buffer(caches[lean]) for lean in (False, True))
+            assert fairseqs and set(fairseqs) <= set(leans)
+            for name, tensor in fairseqs.items():
+                if tensor is None:
+                    assert leans[name] is None, name
+                else:
+                    torch.testing.assert_close(leans[name].to(tensor.dtype), tensor, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(toy_task, pre_norm):
     """Three sentences read a padded prefix, then blocks of new slots against the cache, the cache rolled back to
@@ -51,6 +66,7 @@ def test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(t
             for lean in (False, True)
         }
         torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+        assert_same_caches(decoder, caches)
         cached = width
         for accepted in ([1, 3, 2], [2, 1, 3]):
             block = torch.randn(3, 3, 32, generator=generator)
@@ -61,22 +77,21 @@ def test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(t
                 outputs[lean] = features(model, block, positions, encoder_out, caches[lean], mask, new_padding, lean)
                 rollback_cache(decoder, caches[lean], 3, torch.tensor(accepted))
             torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+            assert_same_caches(decoder, caches)
             cached = self_attention_buffers(decoder, caches[False])[0]["prev_key"].size(2)
-        buffers = [self_attention_buffers(decoder, caches[lean]) for lean in (False, True)]
-        for fairseqs, leans in zip(*buffers):
-            assert fairseqs.keys() == leans.keys()
-            for name in fairseqs:
-                torch.testing.assert_close(leans[name], fairseqs[name], rtol=1e-5, atol=1e-5)
         # sentences leaving the batch: fairseq's reorder of the lean cache, then one more call each way
         keep = torch.tensor([2, 0])
         block = torch.randn(2, 1, 32, generator=generator)
         encoder_out = model.encoder.reorder_encoder_out(encoder_out, keep)
         for lean in (False, True):
             decoder.reorder_incremental_state_scripting(caches[lean], keep)
+        assert_same_caches(decoder, caches)
+        for lean in (False, True):
             outputs[lean] = features(
                 model, block, torch.full((2, 1), cached), encoder_out, caches[lean], None, torch.zeros(2, 1), lean
             )
         torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+        assert_same_caches(decoder, caches)
 
 
 class ExtendedLayer(TransformerDecoderLayerBase):

@@ -19,6 +19,14 @@ from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_
 from nat_plugins.generators.speculative_decoding import SpeculativeDecoder
 from nat_plugins.models.spec_drafter import HIDDEN, draft_attention_mask, every_cut_attention_mask
 
+from .test_blockwise import (
+    LENGTH_AND_SCORE_OPTIONS,
+    assert_same_hypotheses,
+    check_options_matter,
+    fairseq_greedy,
+    next_tokens,
+    record_accepted,
+)
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
     TINY_TRANSFORMER,
@@ -48,16 +56,19 @@ def save_checkpoint(model, args, path):
     torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history, "extra_state": {}}, path)
 
 
-def random_teacher(task, seed, path, data=None):
+def random_teacher(task, seed, path, data=None, eos_boost=0.5, unk_boost=0.0):
     """A random 2-layer AR Transformer saved as a checkpoint at ``path``, whose greedy outputs vary in length and
-    content (large learned positional embeddings, a random EOS direction; as tests/test_blockwise.py); ``data``: the
-    data directory its checkpoint names (target language ``tgt``)."""
+    content (large learned positional embeddings, a random EOS direction of scale ``eos_boost``, as
+    tests/test_blockwise.py, and one of scale ``unk_boost`` for unk); ``data``: the data directory its checkpoint names
+    (target language ``tgt``)."""
     teacher, args = build(
         task, ["--arch", "transformer", "--decoder-layers", "2", "--decoder-learned-pos"] + TINY_SIZES, seed
     )
+    dictionary = task.target_dictionary
     with torch.no_grad():
         teacher.decoder.embed_positions.weight.mul_(10)
-        teacher.decoder.output_projection.weight[task.target_dictionary.eos()] += 0.5 * torch.randn(32)
+        teacher.decoder.output_projection.weight[dictionary.eos()] += eos_boost * torch.randn(32)
+        teacher.decoder.output_projection.weight[dictionary.unk()] += unk_boost * torch.randn(32)
     if data is not None:
         args.data, args.source_lang, args.target_lang = data, "src", "tgt"
     save_checkpoint(teacher, args, path)
@@ -357,6 +368,72 @@ def test_relaxed_verification(toy_task, tmp_path):
         assert top3.generate([model], sub_batch(sample, i))[0][0]["tokens"].tolist() == batched[i][0]["tokens"].tolist()
     with pytest.raises(ValueError, match="--speculative-beta >= 1"):
         relaxed(0, 1.0)
+
+
+class RiggedFirstBlock(SpeculativeDecoder):
+    """Drafts ``first_block`` (k drafts after BOS) at the first step, the drafter's drafts after."""
+
+    first_block = None
+
+    def propose(self, first, features, tokens, last, max_len):
+        drafts = super().propose(first, features, tokens, last, max_len)
+        if self.first_block is not None:
+            drafts, self.first_block = torch.tensor([self.first_block]), None
+        return drafts
+
+
+def test_relaxed_verification_on_a_rigged_block(toy_task, tmp_path, monkeypatch):
+    """The first block drafts the teacher's 2nd-best token, then its best, then its 3rd best (each given the drafts
+    before). β decides (τ = ∞): β = 1 accepts no draft, 2 the first two, 3 all three. τ decides (β = 3): a τ between
+    the 2nd-best and the 3rd-best drafts' distances to their row's best keeps the drafts before the farther one, a τ
+    below both keeps none. Exact verification accepts none."""
+    path = str(tmp_path / "teacher.pt")
+    teacher = random_teacher(toy_task, 0, path)
+    sample = sub_batch(random_batch(toy_task.target_dictionary, 1, seed=0), 0)
+    bos = eos = toy_task.target_dictionary.eos()
+    tokens, values = next_tokens(teacher, sample, [bos])
+    d1, gap1 = tokens[1], values[0] - values[1]
+    d2 = next_tokens(teacher, sample, [bos, d1])[0][0]
+    tokens, values = next_tokens(teacher, sample, [bos, d1, d2])
+    d3, gap3 = tokens[2], values[0] - values[2]
+    assert eos not in (d1, d2, d3) and abs(gap1 - gap3) > 1e-3
+    model = drafter(toy_task, 3, 0)
+    accepted = record_accepted(monkeypatch)
+    cases = [
+        ({}, 0),
+        ({"speculative_beta": 1, "speculative_tau": math.inf}, 0),
+        ({"speculative_beta": 2, "speculative_tau": math.inf}, 2),
+        ({"speculative_beta": 3, "speculative_tau": math.inf}, 3),
+        ({"speculative_beta": 3, "speculative_tau": (gap1 + gap3) / 2}, 2 if gap1 < gap3 else 0),
+        ({"speculative_beta": 3, "speculative_tau": min(gap1, gap3) / 2}, 0),
+    ]
+    for relaxed, drafts_accepted in cases:
+        verify = {"speculative_verify": "relaxed"} if relaxed else {}
+        generator = speculative(model, toy_task, path, RiggedFirstBlock, **verify, **relaxed)
+        generator.first_block = [d1, d2, d3]
+        accepted.clear()
+        generator.generate([model], sample)
+        assert accepted[0] == [1 + drafts_accepted], relaxed  # BOS's slot and the accepted drafts
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exact_verification_follows_fairseqs_length_unk_and_score_options(toy_task, tmp_path, seed):
+    """--max-len-a > 0 on a batch of mixed source lengths, --min-len, --unkpen and --lenpen (tests/test_blockwise.py's
+    set): exact verification prints the teacher's SequenceGenerator beam-1 hypotheses and scores, on a teacher where
+    each option changes the output."""
+    path = str(tmp_path / "teacher.pt")
+    teacher = random_teacher(toy_task, seed, path, eos_boost=1.0, unk_boost=1.0)
+    sample = random_batch(toy_task.target_dictionary, 8, seed)
+    model = drafter(toy_task, 3, seed)
+
+    def decode(options):
+        task = with_task_options(toy_task, speculative_teacher=path)
+        return SpeculativeDecoder([model], task, Namespace(beam=1, **options)).generate([model], sample)
+
+    assert_same_hypotheses(
+        decode(LENGTH_AND_SCORE_OPTIONS), fairseq_greedy(teacher, toy_task, sample, LENGTH_AND_SCORE_OPTIONS)
+    )
+    check_options_matter(decode, sample)
 
 
 def test_decoding_options_are_checked(toy_task, tmp_path):
