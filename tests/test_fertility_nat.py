@@ -1,9 +1,13 @@
 """NAT with fertility (Gu et al., ICLR 2018): links -> fertilities (unaligned targets, clamping), the fertility
-pipeline's errors, copy by fertility inside the model, self-masking, gold-fertility inference == training forward,
-argmax/average/NPD decoding (S=1 == argmax, teacher picks the best by its plain log-probability, duplicates decoded
-once, batch invariance, empty/max length), the two criterions (RKL fine-tuning: the teacher sees what the generator
-emits, REINFORCE sign, which parameters each term reaches, dropout-free rewards, gradients all-reduced under DDP; no
-teacher in the checkpoint), a tiny train -> generate -> interactive run, and learning on the synthetic task."""
+pipeline's errors, copy by fertility inside the model, self-masking, the fertility predictor with 0 or 1 hidden layer,
+gold-fertility inference == training forward, argmax/average/NPD decoding (S=1 == argmax, teacher picks the best by
+its plain log-probability, never below the argmax candidate, candidates with or without the argmax, duplicates decoded
+once, batch invariance, empty/max length, average = Round(E[f])), the two criterions (RKL fine-tuning: the CE form by
+default, the teacher sees what the generator emits, REINFORCE sign, which parameters each term reaches, dropout-free
+rewards, held-out reverse KL lowered, gradients all-reduced under DDP; no teacher in the checkpoint), a tiny train ->
+generate -> interactive run, and learning on the synthetic task. Tests that need a better or worse sample, spread
+candidates or a known average rig the fertility distribution, the samples or the teacher, so that they do not rest on
+what the session-trained teacher happens to output."""
 
 import ast
 import faulthandler
