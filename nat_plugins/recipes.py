@@ -159,6 +159,11 @@ class Job:
         return self.steps[0].name
 
 
+def job(*steps: Step) -> Job:
+    """A job of ``steps``, in order."""
+    return Job(steps)
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of a system: the jobs that train it (a job that two configurations share trains once), its
@@ -387,11 +392,9 @@ def blockwise(k: int) -> Config:
     script, exact = f"{EXAMPLES}/blockwise.sh", ("--beam", "1", "--block-accept", "exact")
     return Config(
         jobs=(
-            Job(
-                (
-                    Step(frozen, script, (DATA_BIN, TEACHER, SAVE_DIR, k, "frozen")),
-                    Step(finetuned, script, (DATA_BIN, Checkpoint(frozen), SAVE_DIR, k, "finetuned")),
-                )
+            job(
+                Step(frozen, script, (DATA_BIN, TEACHER, SAVE_DIR, k, "frozen")),
+                Step(finetuned, script, (DATA_BIN, Checkpoint(frozen), SAVE_DIR, k, "finetuned")),
             ),
         ),
         rows=(
@@ -409,7 +412,7 @@ def speculative(k: int) -> Config:
     verify = ("--beam", "1", "--speculative-teacher", TEACHER)
     relaxed = ("--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "1")
     return Config(
-        jobs=(Job((Step(step, f"{EXAMPLES}/spec_drafter.sh", (DATA_BIN, TEACHER, SAVE_DIR, k)),)),),
+        jobs=(job(Step(step, f"{EXAMPLES}/spec_drafter.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
         rows=(
             Row(f"Speculative k={k}, exact", step, verify, drafts=True),
             Row(f"Speculative k={k}, relaxed", step, verify + relaxed),
@@ -421,7 +424,7 @@ def sat(k: int) -> Config:
     """Semi-Autoregressive Transformer (Wang et al. 2018) on distilled data, greedy and beam 4."""
     step = f"sat-{k}"
     return Config(
-        jobs=(Job((Step(step, f"{EXAMPLES}/sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k)),)),),
+        jobs=(job(Step(step, f"{EXAMPLES}/sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
         rows=(Row(f"SAT K={k}, greedy", step, ("--beam", "1")), Row(f"SAT K={k}, beam 4", step, ("--beam", "4"))),
     )
 
@@ -430,7 +433,7 @@ def recover_sat(k: int) -> Config:
     """RecoverSAT (Ran et al. 2020): K segments in parallel."""
     step = f"recover-sat-{k}"
     return Config(
-        jobs=(Job((Step(step, f"{EXAMPLES}/recover_sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k)),)),),
+        jobs=(job(Step(step, f"{EXAMPLES}/recover_sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
         rows=(Row(f"RecoverSAT K={k}", step, ("--beam", "1")),),
     )
 
@@ -442,13 +445,9 @@ def fertility_nat(samples: int) -> Config:
     decoding = ("--beam", "1", "--fertility-decoding")
     return Config(
         jobs=(
-            Job(
-                (
-                    Step(
-                        "fertility", "run_scripts/fertility.sh", (DATA_BIN, "--save-links", LINKS), compared_with=None
-                    ),
-                    Step("fertility-nat", f"{EXAMPLES}/fertility_nat.sh", (DATA_BIN, TEACHER, SAVE_DIR)),
-                )
+            job(
+                Step("fertility", "run_scripts/fertility.sh", (DATA_BIN, "--save-links", LINKS), compared_with=None),
+                Step("fertility-nat", f"{EXAMPLES}/fertility_nat.sh", (DATA_BIN, TEACHER, SAVE_DIR)),
             ),
         ),
         rows=(
@@ -468,8 +467,8 @@ def nad_ad(_value=None) -> Config:
     by the real targets too), with the paired bootstrap test of the gain."""
     return Config(
         jobs=(
-            Job((Step("nad-ad", f"{EXAMPLES}/nad_ad.sh", (DATA_BIN, TEACHER, SAVE_DIR), compared_with="ar-baseline"),)),
-            Job((Step("ar-baseline", f"{EXAMPLES}/ar_baseline.sh", (DATA_BIN, TEACHER, SAVE_DIR)),)),
+            job(Step("nad-ad", f"{EXAMPLES}/nad_ad.sh", (DATA_BIN, TEACHER, SAVE_DIR), compared_with="ar-baseline")),
+            job(Step("ar-baseline", f"{EXAMPLES}/ar_baseline.sh", (DATA_BIN, TEACHER, SAVE_DIR))),
         ),
         rows=(
             Row(NAD_AD_ROW, "nad-ad", ("--beam", "4")),
@@ -487,7 +486,7 @@ def fairseq_nat(_value=None) -> Config:
     script = f"{EXAMPLES}/fairseq_nat.sh"
     lev = ("--task", "translation_lev", "--iter-decode-max-iter")
     return Config(
-        jobs=tuple(Job((Step(f"fairseq-{model}", script, (DATA_BIN, SAVE_DIR, model)),)) for model in ("nat", "cmlm")),
+        jobs=tuple(job(Step(f"fairseq-{model}", script, (DATA_BIN, SAVE_DIR, model))) for model in ("nat", "cmlm")),
         rows=(
             Row(FAIRSEQ_NAT_ROW, "fairseq-nat", lev + ("0",), plugin=False),
             Row(FAIRSEQ_CMLM_ROW, "fairseq-cmlm", lev + ("9",), plugin=False),
