@@ -41,7 +41,14 @@ SYSTEMS = {
     "blockwise": TINY_BLOCKWISE + TASK + ["--criterion", "blockwise_loss", "--block-size", "3"],
     "fertility_nat": TINY_FNAT + TASK + ["--criterion", "fertility_nat_loss"],
     "nad_ad": TINY_NAD_AD + TASK + ["--criterion", "nad_ad_loss", "--use-distilled", "side"],
+    "spec_drafter": ["--arch", "spec_drafter", "--draft-size", "3"]
+    + TINY_TRANSFORMER[2:]
+    + TASK
+    + ["--criterion", "spec_drafter_loss", "--use-distilled", "target"],
 }
+# what a system's checkpoint always decodes with (TEACHER: the teacher's checkpoint)
+SPECULATIVE = ["--speculative-teacher", "TEACHER"]
+SYSTEM_DECODING = {"spec_drafter": SPECULATIVE}
 # the decoding of every generator: (system, fairseq-generate options)
 DECODINGS = [
     ("teacher", ["--beam", "2"]),
@@ -54,6 +61,7 @@ DECODINGS = [
     ("fertility_nat", ["--beam", "1", "--fertility-decoding", "average"]),
     ("fertility_nat", ["--beam", "1", "--fertility-decoding", "npd", "--npd-samples", "3", "--npd-teacher", "TEACHER"]),
     ("nad_ad", ["--beam", "2"]),
+    ("spec_drafter", ["--beam", "1"] + SPECULATIVE),
 ]
 
 
@@ -86,7 +94,10 @@ def checkpoints(data_bin, tmp_path_factory):
     }
 
 
-def decoding_args(options, checkpoints):
+def decoding_args(options, checkpoints, system=None):
+    """fairseq-generate/-interactive options: ``options`` (and the system's ``SYSTEM_DECODING``), the teacher's
+    checkpoint for TEACHER."""
+    options = list(options) + SYSTEM_DECODING.get(system, [])
     return TASK + [checkpoints["teacher"] if a == "TEACHER" else a for a in options]
 
 
@@ -104,13 +115,18 @@ def test_empty_source_line_is_translated(data_bin, checkpoints, tmp_path, system
     generated = hypotheses(generate_lines(data_bin, checkpoints[system], args))
     assert sorted(generated) == list(range(7))
     input_file = write_input(tmp_path, ["s1 s2", "", "s3"])
-    assert sorted(hypotheses(interactive_lines(data_bin, checkpoints[system], input_file, args))) == [0, 1, 2]
+    interactive = hypotheses(interactive_lines(data_bin, checkpoints[system], input_file, args))
+    assert sorted(interactive) == [0, 1, 2]
+    if system == "fertility_nat":  # test sentence 2 and input line 1 are the empty ones
+        assert generated[2].split() and interactive[1].split(), (generated[2], interactive[1])
 
 
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_unknown_words_become_unk(data_bin, checkpoints, tmp_path, system):
     input_file = write_input(tmp_path, ["s1 nosuchword s2", "zzz"])
-    lines = interactive_lines(data_bin, checkpoints[system], input_file, TASK + ["--beam", "1"])
+    lines = interactive_lines(
+        data_bin, checkpoints[system], input_file, decoding_args(["--beam", "1"], checkpoints, system)
+    )
     sources = dict(line.split("\t", 1) for line in lines if line.startswith("S-"))
     assert sources == {"S-0": "s1 <unk> s2", "S-1": "<unk>"}
     assert sorted(hypotheses(lines)) == [0, 1]
@@ -121,7 +137,9 @@ def test_source_longer_than_max_positions(data_bin, checkpoints, tmp_path):
     input_file = write_input(tmp_path, [" ".join(["s1"] * 1100)])  # the models' 1024 source positions
     for system in SYSTEMS:
         with pytest.raises(Exception, match=message):
-            interactive_lines(data_bin, checkpoints[system], input_file, TASK + ["--beam", "1"])
+            interactive_lines(
+                data_bin, checkpoints[system], input_file, decoding_args(["--beam", "1"], checkpoints, system)
+            )
     short = ["--max-source-positions", "5", "--beam", "1"]
     with pytest.raises(Exception, match=r"Size of sample #\d+ is invalid"):
         generate_lines(data_bin, checkpoints["sat"], TASK + short)
@@ -139,14 +157,27 @@ def test_source_longer_than_max_positions(data_bin, checkpoints, tmp_path):
         ("recover_sat", "{'num_segments': 2}", "size mismatch for decoder.embed_segments.weight"),
         ("blockwise", "{'block_size': 2}", "decoder.block_heads"),
         ("fertility_nat", "{'max_fertility': 10}", "fertility_predictor"),
+        ("spec_drafter", "{'decoder_layers': 2}", r'Missing key\(s\) in state_dict: "decoder\.layers\.1\.'),
     ],
 )
-def test_model_options_cannot_change_at_decoding(data_bin, checkpoints, system, override, message):
+def test_model_options_cannot_change_at_decoding(data_bin, checkpoints, capsys, system, override, message):
     with pytest.raises(ValueError, match=message) as error:
         generate_lines(data_bin, checkpoints[system], TASK + ["--beam", "1", "--model-overrides", override])
     assert "--model-overrides" in str(error.value)
-    with pytest.raises(SystemExit):  # on the command line they are not decoding options at all (argparse's error)
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match="2"):  # on the command line they are not decoding options at all
         generate_lines(data_bin, checkpoints["sat"], TASK + ["--group-size", "3"])
+    assert "error: unrecognized arguments: --group-size 3" in capsys.readouterr().err
+
+
+def test_speculative_draft_size_may_change_at_decoding(data_bin, checkpoints):
+    """The drafter's k query slots share one mask embedding, so --model-overrides may change --draft-size: exact
+    verification still prints the teacher's greedy output."""
+    teacher = hypotheses(generate_lines(data_bin, checkpoints["teacher"], TASK + ["--beam", "1"]))
+    for draft_size in (1, 5):
+        override = ["--beam", "1", "--model-overrides", f"{{'draft_size': {draft_size}}}"]
+        args = decoding_args(override, checkpoints, "spec_drafter")
+        assert hypotheses(generate_lines(data_bin, checkpoints["spec_drafter"], args)) == teacher
 
 
 @pytest.mark.parametrize(
@@ -166,15 +197,21 @@ def test_decoding_options_of_another_system_are_refused(data_bin, checkpoints, s
         generate_lines(data_bin, checkpoints[system], decoding_args(["--beam", "1"] + options, checkpoints))
 
 
-def test_npd_teacher_with_another_dictionary(data_bin, checkpoints, tmp_path):
-    raw = write_dummy_parallel(str(tmp_path / "raw"), n_train=30, n_valid=4, n_test=4, seed=1)
+@pytest.fixture(scope="module")
+def other_dictionary_teacher(tmp_path_factory):
+    """A teacher (1 update) of toy data with 7 more source words: another joined dictionary."""
+    tmp = tmp_path_factory.mktemp("other-dictionary")
+    raw = write_dummy_parallel(str(tmp / "raw"), n_train=30, n_valid=4, n_test=4, seed=1)
     with open(os.path.join(raw, "train.src"), "a") as f:
-        f.write("a b c d e f g\n")  # 7 more source words: another joined dictionary
+        f.write("a b c d e f g\n")
     with open(os.path.join(raw, "train.tgt"), "a") as f:
         f.write("t1\n")
-    other_bin = binarize(raw, str(tmp_path / "bin"))
-    other = train_model(other_bin, str(tmp_path / "teacher"), SYSTEMS["teacher"], max_update=1)
-    npd = ["--beam", "1", "--fertility-decoding", "npd", "--npd-teacher", other]
+    other_bin = binarize(raw, str(tmp / "bin"))
+    return train_model(other_bin, str(tmp / "teacher"), SYSTEMS["teacher"], max_update=1)
+
+
+def test_npd_teacher_with_another_dictionary(data_bin, checkpoints, other_dictionary_teacher):
+    npd = ["--beam", "1", "--fertility-decoding", "npd", "--npd-teacher", other_dictionary_teacher]
     with pytest.raises(ValueError, match="does not fit this data-bin .*same dictionaries"):
         generate_lines(data_bin, checkpoints["fertility_nat"], TASK + npd)
 
@@ -202,6 +239,45 @@ def test_max_fertility_below_a_fertility_of_the_data_warns(data_bin, checkpoints
         criterion(model, sample)
     (message,) = warnings()  # once per run
     assert "a fertility of 2 in the training data" in message and "train with --max-fertility 3 or more" in message
+
+
+# ----- --init-from-ar ----------------------------------------------------------------------------------------------
+def test_init_from_ar_file_missing(data_bin, tmp_path):
+    missing = str(tmp_path / "no-such-teacher.pt")
+    message = (
+        f"--init-from-ar {re.escape(missing)}: no such file: pass the AR teacher's checkpoint .*or drop --init-from-ar"
+    )
+    with pytest.raises(FileNotFoundError, match=message):
+        train_model(data_bin, str(tmp_path / "sat"), SYSTEMS["sat"] + ["--init-from-ar", missing], max_update=1)
+
+
+def test_init_from_ar_without_a_matching_parameter(data_bin, checkpoints, tmp_path):
+    """A teacher of other sizes (the student: 16-d, FFN 48): nothing matches, only fairseq's version buffers."""
+    sizes = ["--encoder-embed-dim", "16", "--decoder-embed-dim", "16"]
+    smaller = SYSTEMS["sat"] + sizes + ["--encoder-ffn-embed-dim", "48", "--decoder-ffn-embed-dim", "48"]
+    message = (
+        r"--init-from-ar .*: no parameter of SATTransformerModel \(--init-from-ar-scope all\) has a name and shape in "
+        r"that checkpoint: is it an AR Transformer with this model's sizes .*pass the AR teacher's checkpoint"
+    )
+    with pytest.raises(ValueError, match=message):
+        train_model(data_bin, str(tmp_path / "sat"), smaller + ["--init-from-ar", checkpoints["teacher"]], max_update=1)
+
+
+@pytest.mark.parametrize("system", ["sat", "recover_sat"])  # RecoverSAT adds DEL to the teacher's dictionary
+def test_init_from_ar_with_another_dictionary(data_bin, other_dictionary_teacher, tmp_path, system):
+    """Embeddings of another vocabulary size used to be skipped by the shape match (random, one INFO line)."""
+    message = (
+        r"--init-from-ar .*: that checkpoint was trained with another source dictionary \(encoder.embed_tokens.weight "
+        r"has \d+ rows, this data-bin's dictionary has \d+ symbols\), so its embeddings cannot initialise this model: "
+        r"binarize the data with the teacher's dictionaries \(fairseq-preprocess --srcdict/--tgtdict"
+    )
+    with pytest.raises(ValueError, match=message):
+        train_model(
+            data_bin,
+            str(tmp_path / system),
+            SYSTEMS[system] + ["--init-from-ar", other_dictionary_teacher],
+            max_update=1,
+        )
 
 
 # ----- checkpoint files --------------------------------------------------------------------------------------------
