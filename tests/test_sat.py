@@ -330,31 +330,54 @@ def untrained_sat_lines(data_bin, teacher, split="test"):
     return lines
 
 
-def test_sat_k2_learns_from_the_teacher_without_stuttering(synthetic_teacher, tmp_path):
-    """SAT K=2 initialised from the synthetic teacher and trained 600 updates on its distilled targets.
-
-    Measured (2-core CPU, shared with other jobs; ~24 s of CPU time): teacher greedy 80.9 BLEU; SAT K=2 greedy
-    77.7 BLEU (0.96 of the teacher; threshold 0.8), 0.19 of its 2-token groups are one token repeated (threshold
-    0.3; references ~0.03). The stutter check fires on a stuttering model: the same SAT before training decodes
-    0.94 repeated groups, and with the paper's initialisation (``--init-from-ar-scope paper``) the
-    same budget ends at 41.5 BLEU with 0.55 repeated groups."""
+@pytest.fixture(scope="module")
+def learned_sat(synthetic_teacher, tmp_path_factory):
+    """The learning tests' SAT K=2: initialised from the synthetic teacher, trained ``SAT_LEARNING_UPDATES`` on its
+    distilled targets, decoded greedily on the test set. Returns ``{sat, references, teacher}``: sentence lists in
+    test-set order (SAT and teacher outputs, references)."""
     teacher, data_bin = synthetic_teacher
-    untrained = untrained_sat_lines(data_bin, teacher)
-    assert repeated_group_rate(untrained, 2) > 0.8  # the copied AR decoder predicts the successor of its input
-
     teacher_lines = generate_lines(data_bin, teacher, ["--task", "translation_nat", "--beam", "1"])
-    references = dict(line[2:].split("\t", 1) for line in teacher_lines if line.startswith("T-"))
-    references = {int(key): text for key, text in references.items()}
-    ids = sorted(references)
-    teacher_bleu = corpus_bleu([hypotheses(teacher_lines)[i] for i in ids], [references[i] for i in ids])
+    references = {int(line[2:].split("\t", 1)[0]): line.split("\t", 1)[1] for line in teacher_lines if line[:2] == "T-"}
     checkpoint = train_model(
         data_bin,
-        str(tmp_path / "sat"),
+        str(tmp_path_factory.mktemp("learned-sat")),
         SAT_LEARNING_ARGS + ["--init-from-ar", teacher],
         max_update=SAT_LEARNING_UPDATES,
     )
     sat = hypotheses(generate_lines(data_bin, checkpoint, ["--task", "translation_nat", "--beam", "1"]))
-    sat_lines = [sat[i] for i in ids]
-    sat_bleu = corpus_bleu(sat_lines, [references[i] for i in ids])
+    ids, teacher_hypotheses = sorted(references), hypotheses(teacher_lines)
+    return {
+        name: [lines[i] for i in ids]
+        for name, lines in (("sat", sat), ("references", references), ("teacher", teacher_hypotheses))
+    }
+
+
+def test_sat_k2_learns_from_the_teacher(synthetic_teacher, learned_sat):
+    """SAT K=2 initialised from the synthetic teacher and trained 600 updates on its distilled targets.
+
+    Measured (2-core CPU, shared with other jobs; ~24 s of CPU time): teacher greedy 80.9 BLEU; SAT K=2 greedy
+    77.7 BLEU (0.96 of the teacher; threshold 0.8), 0.19 of its 2-token groups are one token repeated (bound 0.3
+    here, against regressions; the stutter guard is the next test). The untrained SAT (the copied AR decoder
+    predicts the successor of its input) repeats 0.94 of its groups."""
+    teacher, data_bin = synthetic_teacher
+    assert repeated_group_rate(untrained_sat_lines(data_bin, teacher), 2) > 0.8
+    teacher_bleu = corpus_bleu(learned_sat["teacher"], learned_sat["references"])
+    sat_bleu = corpus_bleu(learned_sat["sat"], learned_sat["references"])
     assert sat_bleu >= 0.8 * teacher_bleu, (sat_bleu, teacher_bleu)
-    assert repeated_group_rate(sat_lines, 2) < 0.3, sat_lines[:5]
+    assert repeated_group_rate(learned_sat["sat"], 2) < 0.3, learned_sat["sat"][:5]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SAT K=2 stutters: 0.19 of its groups repeat position 1 at position 2 vs 0.026 in its distilled training "
+    "targets (measured 2026-11-26; 0.16 after 1200 updates, 0.09 with a learned group-slot embedding): remove this "
+    "mark when the SAT's quality is fixed",
+)
+def test_sat_k2_stutters_at_most_twice_as_often_as_its_training_targets(synthetic_teacher, learned_sat):
+    """Stutter guard: in the learning test's SAT K=2 output, position 2 of a group equals position 1 at most twice as
+    often as in the (distilled) training targets it was trained on."""
+    _teacher, data_bin = synthetic_teacher
+    with open(os.path.join(data_bin, "train.kd.tgt.txt")) as f:
+        target_rate = repeated_group_rate(f.read().splitlines(), 2)
+    sat_rate = repeated_group_rate(learned_sat["sat"], 2)
+    assert sat_rate <= 2 * target_rate, (sat_rate, target_rate, learned_sat["sat"][:5])
