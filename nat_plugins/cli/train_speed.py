@@ -19,6 +19,7 @@ import argparse
 import itertools
 import json
 import logging
+import os
 import sys
 import time
 from typing import List
@@ -48,6 +49,8 @@ def parse(argv):
     parser.add_argument("--output", help="JSON-lines file the result is appended to")
     args = parser.parse_args(argv[:split])
     if args.table:
+        if not os.path.isfile(args.table):
+            parser.error(f"--table {args.table}: no such file")
         return args, None
     if split == len(argv):
         raise SystemExit("train_speed: put fairseq-train's options after '--' (see --help)")
