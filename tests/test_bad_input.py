@@ -1,4 +1,4 @@
-"""Bad input (README, "Bad input"): what a user gets for each case the README table lists, on tiny checkpoints of
+"""Bad input (docs/errors.md): what a user gets for each case its table lists, on tiny checkpoints of
 every system (2 updates each: the messages, not the translations, are under test), and a check that every test the
 table names exists."""
 
@@ -325,20 +325,20 @@ def test_fairseq_generate_without_user_dir(data_bin, checkpoints):
     assert "Weights only load failed" in run.stderr and "argparse.Namespace" in run.stderr, run.stderr[-2000:]
 
 
-# ----- the README table --------------------------------------------------------------------------------------------
+# ----- the table of docs/errors.md --------------------------------------------------------------------------------
 def bad_input_rows():
-    """The rows of the README's "Bad input" table: (case, the tests its last column names)."""
-    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as f:
-        section = f.read().split("\n## Bad input\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| case")]
+    """The rows of the bad-input table in docs/errors.md: (case, the tests its last column names)."""
+    with open(os.path.join(REPO_ROOT, "docs", "errors.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| case")]
     return [(row.split(" | ")[0][2:], re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row.split(" | ")[-1])) for row in rows]
 
 
-def test_readme_bad_input_table_names_existing_tests():
+def test_bad_input_table_names_existing_tests():
     rows = bad_input_rows()
     assert len(rows) >= 20
     for case, tests in rows:
-        assert tests, f"README 'Bad input' row {case!r} names no test"
+        assert tests, f"docs/errors.md row {case!r} names no test"
         for path, name in tests:
             with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as f:
                 assert re.search(rf"^def {name}\(", f.read(), re.MULTILINE), f"{path}::{name} (row {case!r}) not found"
