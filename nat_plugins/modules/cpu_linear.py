@@ -1,15 +1,14 @@
 """Linear layers of decoding on a CPU, where a call multiplies a few rows by every weight matrix and the weights come
 from memory, not from the cache.
 
-* :class:`WeightFirstLinear` computes the product as W·xᵀ instead of x·Wᵀ. On the 2-core CPU of docs/results.md
-  torch's ``F.linear`` (BLAS with the weight as the transposed right operand) reads the weights at a third of the
-  speed of the same product with the weight as the left operand: the 7800 x 256 output projection, cold cache,
-  4 rows 1.09 ms -> 0.34 ms, 1 row 0.86 ms -> 0.31 ms as two equal columns (one column takes BLAS's matrix-vector
-  path, as slow as ``F.linear``); from a few hundred rows on the two orders cost about the same
-  (``run_scripts/bench_linear_layout.py``). Every output is the same dot product, so results change by rounding only.
-  Training (gradients enabled), other devices and dtypes, and calls with more rows keep ``F.linear``. Plugin
-  generators, frozen teachers and models decoded through ``translation_nat`` use it
-  (:func:`use_weight_first_linears`).
+* :class:`WeightFirstLinear` computes the product as W·xᵀ instead of x·Wᵀ. On the CPUs measured (docs/results.md,
+  ``dev/bench_linear_layout.py``) torch's ``F.linear`` (BLAS with the weight as the transposed right operand) reads
+  the weights of such few-row products several times slower than the same product with the weight as the left
+  operand; one row takes BLAS's matrix-vector path either way unless it is passed as two equal columns, which pays
+  only for big weights; from a few hundred rows on the two orders cost about the same. Every output is the same dot
+  product, so results change by rounding only. Training (gradients enabled), other devices and dtypes, and calls
+  with more rows keep ``F.linear``. Plugin generators, frozen teachers and models decoded through
+  ``translation_nat`` use it (:func:`use_weight_first_linears`).
 * :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft.
 """
 
@@ -19,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# from about this many rows on, W·xᵀ is no faster than F.linear (measured up to 2048 rows, docs/results.md)
+# from about this many rows on, W·xᵀ is no faster than F.linear (docs/results.md)
 MAX_ROWS = 256
-# one row is a matrix-vector product either way; as two columns it gains only on big weights (the output projection:
-# 7800 x 256 2.8x faster; 1024 x 256 not faster; run_scripts/bench_linear_layout.py)
+# one row is a matrix-vector product either way; as two columns it gains only on big weights such as the output
+# projection (dev/bench_linear_layout.py)
 MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 
 
@@ -36,7 +35,7 @@ def linear(x, weight, bias=None):
     if 1 < num_rows <= MAX_ROWS:
         # xᵀ as a transposed view of row-major rows: BLAS reads it column-major, the fast case. Rows that are
         # themselves a transposed product (another such layer's output: fc1 -> fc2) are copied row-major first:
-        # read as they lie, the product is 3-4x slower (run_scripts/bench_linear_layout.py)
+        # read as they lie, BLAS takes its slow path (dev/bench_linear_layout.py)
         product = weight_first(weight, bias, rows.contiguous().t())
     elif num_rows == 1 and weight.numel() >= MIN_WEIGHT_FOR_ONE_ROW:
         product = weight_first(weight, bias, rows.repeat(2, 1).t())[:1]  # two equal columns: the matrix-matrix path
