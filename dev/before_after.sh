@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Before/after speed of a code change, measured back to back on one machine with the same trained models (the
-# tables of docs/results.md "Speed work"): the code at git revision BASE ("before") and this checkout ("after") each
+# Before/after speed of a code change, measured back to back on one machine with the same trained models: the code at git revision BASE ("before") and this checkout ("after") each
 # 1. decode the test set with the teacher (beam 4, greedy) and the plugin rows below (nat-benchmark: batch-1
-#    latency, median and p90; every row's speed-up is over the teacher's greedy search of the same benchmark run,
-#    DESIGN.md §7), and
+#    latency, median and p90; every row's speed-up is over the teacher's greedy search of the same benchmark run),
+#    and
 # 2. time every training recipe on the same batches (run_scripts/train_speed.sh: updates/s and the ratio to the AR
 #    recipe of the same run).
 # Needs a finished quickstart's work directory (its checkpoints, data-bin, raw test references).

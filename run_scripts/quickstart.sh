@@ -55,7 +55,7 @@ PREP_ARGS=(--vocab-size "${VOCAB_SIZE:-8000}")
 step data bash "$ROOT/run_scripts/prepare_data.sh" "$WORK" "${PREP_ARGS[@]}"
 step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$(dirname "$TEACHER")" --no-progress-bar
 step distill bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER"
-# a teacher that stutters teaches its students to stutter (DESIGN.md §10): the log and the report say how much it does
+# a teacher that stutters teaches its students to stutter: the log and the report say how much it does
 KD_TARGETS=$(find "$DATA_BIN" -maxdepth 1 -name 'train.kd.*.txt' | head -n 1)
 KD_REPEATS=$(python - "$KD_TARGETS" <<'PY'
 import sys

@@ -1,4 +1,4 @@
-"""The AR teacher decoded by CTranslate2: the production baseline rows of the benchmark (DESIGN.md §7).
+"""The AR teacher decoded by CTranslate2: the production baseline rows of the benchmark.
 
 Production users decode fairseq Transformers with CTranslate2 (a C++ inference engine), typically ~3x faster than
 ``fairseq-generate`` on a CPU, so a plugin decoder that only beats fairseq's Python ``SequenceGenerator`` may

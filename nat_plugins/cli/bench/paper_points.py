@@ -1,10 +1,10 @@
 """The papers' own quality/speed claims, drawn as a relative reference in ``pareto.png``.
 
 Each point is a system's BLEU as % of the same paper's AR baseline BLEU and its batch-1 latency speedup over that
-baseline, all on WMT14 en-de, as DESIGN.md §5 reports them. They are other data, models and hardware: compare
+baseline, all on WMT14 en-de, from the papers' tables. They are other data, models and hardware: compare
 shapes (how much BLEU a speedup costs), not numbers.
 
-Left out because DESIGN.md §5 gives no baseline BLEU to express them as a %: blockwise parallel decoding (Stern et
+Left out because no baseline BLEU expresses them as a %: blockwise parallel decoding (Stern et
 al. 2018: best wall-clock speedup 3.3x at k=8, 26.11 BLEU on newstest2013) and Encoder-NAD-AD (Zhou et al. 2020:
 +0.59 BLEU over its AR baseline at 8% slower decoding).
 """
@@ -28,7 +28,7 @@ class PaperPoint:
         return 100 * self.bleu / self.baseline_bleu
 
 
-# Gu et al.'s AR baseline (beam 4, WMT14 en-de): 23.45 BLEU, their Table 1; DESIGN.md §5 gives only the NAT's side
+# Gu et al.'s AR baseline (beam 4, WMT14 en-de): 23.45 BLEU, their Table 1
 GU_AR_BLEU = 23.45
 WANG_AR_BLEU = 27.11  # SAT paper's Transformer, beam 4
 RAN_AR_BLEU = 27.17  # RecoverSAT paper's Transformer
