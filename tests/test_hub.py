@@ -100,6 +100,62 @@ def test_translate_equals_fairseq_generate(systems, sources, tiny_teacher, name,
     assert load(systems, name).translate(sources, **options) == [expected[i] for i in range(len(sources))]
 
 
+@pytest.fixture(scope="module")
+def drafter_checkpoint(dummy_data_bin, tiny_teacher, tmp_path_factory):
+    """A spec_drafter (k=3) initialised from the tiny teacher and trained 8 updates on the real targets."""
+    args = ["--arch", "spec_drafter", "--draft-size", "3"] + TINY_TRANSFORMER[2:] + TASK
+    args += ["--criterion", "spec_drafter_loss", "--init-from-ar", tiny_teacher]
+    return train_model(dummy_data_bin, str(tmp_path_factory.mktemp("hub-spec_drafter")), args, max_update=8)
+
+
+def steps_printed(lines):
+    """``{sentence id: decoder calls}`` of fairseq-generate's ``--print-step`` lines."""
+    return {int(line.split("\t")[0][2:]): int(line.split("\t")[1]) for line in lines if line.startswith("I-")}
+
+
+@pytest.mark.parametrize(
+    "options, cli",
+    [
+        ({}, []),
+        (
+            {"speculative_verify": "relaxed", "speculative_beta": 3, "speculative_tau": 3.0},
+            ["--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "3.0"],
+        ),
+    ],
+)
+def test_speculative_translate_equals_fairseq_generate(
+    dummy_data_bin, drafter_checkpoint, tiny_teacher, sources, options, cli
+):
+    """A spec_drafter checkpoint behind the hub with the teacher given per call (``speculative_teacher=``): the
+    hypotheses and the teacher calls per sentence are fairseq-generate's with ``--speculative-teacher``; exact
+    verification prints the teacher's own greedy output (fairseq's SequenceGenerator, beam 1), relaxed verification
+    (per-call options too) needs fewer teacher calls. The options do not stay on the task after the call."""
+    lines = generate_lines(
+        dummy_data_bin,
+        drafter_checkpoint,
+        TASK + ["--beam", "1", "--print-step", "--speculative-teacher", tiny_teacher] + cli,
+    )
+    expected, expected_steps = hypotheses(lines), steps_printed(lines)
+    assert sorted(expected) == list(range(len(sources)))
+    hub = from_pretrained(
+        os.path.dirname(drafter_checkpoint), os.path.basename(drafter_checkpoint), dummy_data_bin, bpe=None
+    )
+    options = {"speculative_teacher": tiny_teacher, **options}
+    assert hub.translate(sources, **options) == [expected[i] for i in range(len(sources))]
+    steps = steps_of(hub, sources, **options)
+    assert steps == [expected_steps[i] for i in range(len(sources))]
+    assert hub.task.cfg.speculative_teacher is None and hub.task.cfg.speculative_verify == "exact"
+
+    teacher = hypotheses(generate_lines(dummy_data_bin, tiny_teacher, TASK + ["--beam", "1"]))
+    words = sum(len(expected[i].split()) + 1 for i in range(len(sources)))  # EOS included
+    if not cli:
+        assert expected == teacher
+        assert sum(steps) < words  # some teacher calls accepted drafts
+    else:
+        exact = steps_of(hub, sources, speculative_teacher=tiny_teacher)
+        assert sum(steps) < sum(exact)
+
+
 def test_per_call_options_apply_and_do_not_leak(systems, sources, tiny_teacher):
     blockwise = load(systems, "blockwise")
     exact = blockwise.translate(sources)

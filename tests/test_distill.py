@@ -1,0 +1,101 @@
+"""Sequence-level distillation (``nat-distill``, nat_plugins/cli/distill.py) against its reference, fairseq-generate:
+the distilled training targets are the teacher's fairseq-generate hypotheses sentence by sentence (same options, in
+sentence-id order), as text and as the binarized targets a student trains on, sharded or not.
+
+(tests/test_end_to_end.py covers what this does not: shards decoded in any order, merge refusals, a second name.)"""
+
+import os
+import shutil
+
+import pytest
+from fairseq import options, tasks
+
+from nat_plugins.cli import distill
+
+from .utils import USER_DIR, generate_lines, hypotheses
+
+NUM_TRAIN = 300  # tests/utils.py: write_dummy_parallel
+# the same batches for both (generate_lines: --batch-size 16), so even a beam near-tie cannot tell them apart
+COMMON = ["--user-dir", USER_DIR, "--cpu", "--batch-size", "16", "--num-workers", "0", "--no-progress-bar"]
+
+
+def run_distill(data_bin, teacher, decoding, shard_dir, extra=()):
+    distill.cli_main([data_bin, "--path", teacher, "--shard-dir", shard_dir] + COMMON + decoding + list(extra))
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def training_targets(data_bin):
+    """The training split's targets as the translation_nat task gives them to a student with ``--use-distilled
+    target`` (token ids, EOS included), and the target dictionary."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [data_bin, "--task", "translation_nat", "--arch", "transformer", "--use-distilled", "target"],
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset("train")
+    dataset = task.dataset("train")
+    return [dataset[i]["target"].tolist() for i in range(len(dataset))], task.target_dictionary
+
+
+def assert_trains_on(data_bin, expected):
+    """A student of ``data_bin`` with ``--use-distilled target`` trains on the sentences ``expected``, EOS-ended."""
+    targets, dictionary = training_targets(data_bin)
+    assert targets == [dictionary.encode_line(line, add_if_not_exist=False).tolist() for line in expected]
+
+
+@pytest.mark.parametrize(
+    "decoding, sharded",
+    [
+        # run_scripts/distill.sh: beam 4 and its length limits, fairseq's translation task (no --task)
+        pytest.param(["--beam", "4", "--max-len-a", "1.2", "--max-len-b", "10"], True, id="recipe-beam4"),
+        # the speculative drafter's greedy targets, through translation_nat (its CPU linear layers)
+        pytest.param(["--task", "translation_nat", "--beam", "1"], False, id="greedy-translation_nat"),
+    ],
+)
+def test_distilled_targets_are_the_teachers_fairseq_generate_output(
+    dummy_data_bin, tiny_teacher, tmp_path, decoding, sharded
+):
+    """Line i of ``train.kd.tgt.txt`` and target i of the binarized ``train.kd.tgt`` (read through the task) are
+    fairseq-generate's hypothesis H-i of the teacher with the same options, for all 300 training sentences; with
+    ``sharded``, the training sentences decoded as 2 shards and merged give the same files."""
+    data_bin = shutil.copytree(dummy_data_bin, str(tmp_path / "bin"))
+    # fairseq's translation task drops a last batch of fewer than --required-batch-size-multiple (8) sentences
+    lines = generate_lines(
+        data_bin, tiny_teacher, ["--gen-subset", "train", "--required-batch-size-multiple", "1"] + decoding
+    )
+    generated = hypotheses(lines)
+    assert sorted(generated) == list(range(NUM_TRAIN))
+    expected = [generated[i] for i in range(NUM_TRAIN)]
+    assert len(set(expected)) > NUM_TRAIN // 2  # real translations, not one line repeated
+
+    run_distill(data_bin, tiny_teacher, decoding, str(tmp_path / "whole"))
+    text_path = os.path.join(data_bin, "train.kd.tgt.txt")
+    assert read_lines(text_path) == expected
+    assert_trains_on(data_bin, expected)
+    binarized = {ext: read_bytes(os.path.join(data_bin, f"train.kd.tgt.{ext}")) for ext in ("bin", "idx")}
+    if not sharded:
+        return
+    for name in ("txt", "bin", "idx"):
+        os.remove(os.path.join(data_bin, f"train.kd.tgt.{name}"))
+    shard_dir = str(tmp_path / "shards")
+    for shard_id in (0, 1):
+        shard = ["--num-shards", "2", "--shard-id", str(shard_id), "--no-merge"]
+        run_distill(data_bin, tiny_teacher, decoding, shard_dir, shard)
+    assert not os.path.exists(text_path)
+    distill.cli_main([data_bin, "--num-shards", "2", "--merge-only", "--shard-dir", shard_dir])
+    shards = [read_lines(os.path.join(shard_dir, f"train.kd.tgt.shard{i}of2")) for i in (0, 1)]
+    assert all(len(shard) < NUM_TRAIN for shard in shards)  # each holds part of the split
+    assert sorted(int(line.split("\t")[0]) for shard in shards for line in shard) == list(range(NUM_TRAIN))
+    assert read_lines(text_path) == expected
+    assert_trains_on(data_bin, expected)
+    for ext, content in binarized.items():
+        assert read_bytes(os.path.join(data_bin, f"train.kd.tgt.{ext}")) == content, ext
