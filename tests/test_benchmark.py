@@ -17,8 +17,8 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.cli import benchmark, ctranslate2_rows, rep_mis
-from nat_plugins.cli.bench import analysis, measure, paper_points, report
+from nat_plugins.cli import benchmark, rep_mis
+from nat_plugins.cli.bench import analysis, measure, paper_points, report, schedule
 from nat_plugins.cli.bench import rows as bench_rows
 from nat_plugins.cli.bench.rows import BenchmarkError
 from nat_plugins.cli.decoding import Generation
@@ -29,7 +29,13 @@ SYSTEM = "same teacher greedy=CHECKPOINT::--task translation --beam 1"
 PAIRED = "AR teacher, greedy::same teacher greedy"
 CMLM = "fairseq CMLM=CHECKPOINT::--task translation_lev --iter-decode-max-iter 4 --iter-decode-force-max-iter"
 NUM_TEST = 40
-NAMES = ["AR teacher, beam 4", "AR teacher, greedy", "fairseq CMLM", "same teacher greedy"]
+NAMES = [
+    "AR teacher, beam 4",
+    "AR teacher, greedy",
+    "AR teacher, greedy (plugin layout)",
+    "fairseq CMLM",
+    "same teacher greedy",
+]
 TINY_CMLM_ARGS = (
     ["--arch", "cmlm_transformer"]
     + TINY_TRANSFORMER[2:]
@@ -92,7 +98,7 @@ def _args(fixture, **changes):
 
 
 def test_outputs_written(fixture):
-    names = {"results.md", "results.json", report.PARETO_PLOT_FILE, report.LENGTH_PLOT_FILE}
+    names = {"results.md", "results.json", report.PARETO_PLOT_FILE, report.LENGTH_PLOT_FILE, report.BATCH_PLOT_FILE}
     names |= {f"hyp.{slug}.txt" for slug in ("ar-teacher-beam-4", "ar-teacher-greedy", "same-teacher-greedy")}
     for name in names:
         assert os.path.getsize(os.path.join(fixture["out"], name)) > 0, name
@@ -104,7 +110,9 @@ def test_json_rows_and_metadata(fixture):
     with open(os.path.join(fixture["out"], "results.json"), encoding="utf-8") as f:
         results = json.load(f)
     assert [r["name"] for r in results["rows"]] == NAMES
-    assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "system", "system"]
+    assert [r["role"] for r in results["rows"]] == ["teacher_beam", "teacher_greedy", "teacher_greedy_plugin"] + [
+        "system"
+    ] * 2
     expected = {
         "name",
         "slug",
@@ -118,7 +126,15 @@ def test_json_rows_and_metadata(fixture):
         "hyp_file",
         "num_sentences",
         "throughput_sent_per_s",
-        "throughput_seconds",
+        "throughput_round_rates",
+        "latency_ratio_rounds",
+        "throughput_ratio_rounds",
+        "latency_ratio_spread",
+        "throughput_ratio_spread",
+        "flag",
+        "by_batch_size",
+        "latency_speedup_vs_ar_greedy_plugin",
+        "throughput_speedup_vs_ar_greedy_plugin",
         "latency_ms_median",
         "latency_ms_p90",
         "latency_ms_mean",
@@ -160,9 +176,18 @@ def test_json_rows_and_metadata(fixture):
         assert row["bleu_pct_of_teacher"] == pytest.approx(100 * row["bleu"] / teacher_bleu)
         assert row["latency_speedup_vs_ct2_greedy"] is None and row["throughput_speedup_vs_ct2_greedy"] is None
     assert results["rows"][1]["throughput_speedup_vs_ar_greedy"] == pytest.approx(1.0)
+    for row in results["rows"]:  # 3 rounds at batch 1 and at --batch-size 12; the sizes of the sweep: 1 and 12
+        assert len(row["latency_ratio_rounds"]) == len(row["throughput_ratio_rounds"]) == 3
+        assert [e["batch_size"] for e in row["by_batch_size"]] == [1, 12]
+        assert row["throughput_sent_per_s"] == pytest.approx(np.median(row["throughput_round_rates"]))
+    assert results["rows"][1]["latency_ratio_rounds"] == [1.0] * 3 and results["rows"][1]["flag"] == ""
     meta = results["meta"]
     for key in ("device", "torch", "fairseq", "precision", "date", "num_sentences", "data_bin", "teacher"):
         assert meta[key], key
+    timing = meta["timing"]
+    assert timing["rounds"] == 3 and timing["batch_sizes"] == [1, 12] and timing["threads"] >= 1
+    assert set(timing["anchor_drift"]) == {"1", "12"} and len(timing["load_average_start"]) == 3
+    assert timing["ctranslate2_threads"] is None and meta["ctranslate2_agreement"] is None
     assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
     assert meta["latency_sentences_timed"] == NUM_TEST - 2
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
@@ -172,6 +197,7 @@ def test_json_rows_and_metadata(fixture):
         in markdown
     )
     assert "CTranslate2" not in markdown
+    assert "| system | batch 1 | batch 12 |" in markdown and "- timing: 3 rounds round-robin" in markdown
 
 
 def test_reports_name_files_relative_to_the_work_directory(fixture):
@@ -250,7 +276,7 @@ def fixed_row(name, role, bleu, latency_ms, seconds):
         ["h"] * 4,
         bleu,
         "sig",
-        seconds,
+        [4 / seconds],
         [0],
         [latency_ms],
         "SequenceGenerator",
@@ -373,7 +399,7 @@ def test_latency_percentiles_on_a_known_list():
         ["h"] * 4,
         0.0,
         "sig",
-        1.0,
+        [4.0],
         [0, 1, 2, 3],
         [4.0, 1.0, 3.0, 2.0],
         "SequenceGenerator",
@@ -419,12 +445,12 @@ def test_rep_mis_of_every_row(fixture):
 
 
 def test_system_row_matches_greedy_teacher(fixture):
-    beam, greedy, _cmlm, system = fixture["results"]["rows"]
+    beam, greedy, plugin, _cmlm, system = fixture["results"]["rows"]
 
     def read(row):
         return open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8").read()
 
-    assert read(system) == read(greedy)
+    assert read(system) == read(greedy) == read(plugin)  # the plugin's linear layout decodes the same
     assert system["decoder_calls_per_sentence"] == greedy["decoder_calls_per_sentence"]
     # greedy AR emits exactly one token (the last one EOS) per decoder call
     assert greedy["tokens_per_call"] == pytest.approx(1.0)
@@ -655,25 +681,140 @@ def test_bad_generate_args_name_the_row(fixture, tmp_path):
 
 
 def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
-    """The CTranslate2 baseline rows: the converted teacher's greedy output is fairseq's greedy output."""
+    """The CTranslate2 baseline rows (float32 and int8, beam and greedy) in the same protocol: the converted
+    teacher's float32 greedy output is fairseq's greedy output; speedups against the fastest CTranslate2 greedy row."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is installed by run_scripts/setup_env.sh")
-    args = _args(fixture, out_dir=str(tmp_path), ctranslate2=True)
-    references = benchmark.check_inputs(args, [])
-    teacher_spec = bench_rows.teacher_specs(args.teacher, args.teacher_beam)[1]
-    task, dataset = measure.load_split(measure.generation_cfg(args, teacher_spec, use_cuda=False), teacher_spec.name)
-    beam, greedy = ctranslate2_rows.ctranslate2_rows(args, task, dataset, references, NUM_TEST, use_cuda=False)
-    assert beam.name == "AR teacher, beam 4 (CTranslate2)" and greedy.name == "AR teacher, greedy (CTranslate2)"
-    assert (beam.role, greedy.role) == (bench_rows.CT2_BEAM, bench_rows.CT2_GREEDY)
-    assert beam.length_limit == greedy.length_limit == "0·|x| + 200"  # fairseq's default, as the other rows
-    fairseq_greedy = (
-        open(os.path.join(fixture["out"], fixture["results"]["rows"][1]["hyp_file"]), encoding="utf-8")
-        .read()
-        .splitlines()
+    args = _args(fixture, out_dir=str(tmp_path), ctranslate2=True, system=[], paired_test=[], no_plots=True)
+    results = benchmark.main(args)
+    rows = {row["name"]: row for row in results["rows"]}
+    assert [row["name"] for row in results["rows"]] == [
+        "AR teacher, beam 4",
+        "AR teacher, greedy",
+        "AR teacher, beam 4 (CTranslate2)",
+        "AR teacher, greedy (CTranslate2)",
+        "AR teacher, beam 4 (CTranslate2 int8)",
+        "AR teacher, greedy (CTranslate2 int8)",
+        "AR teacher, greedy (plugin layout)",
+    ]
+    greedy = rows["AR teacher, greedy (CTranslate2)"]
+    assert greedy["role"] == bench_rows.CT2_GREEDY and greedy["args"][:3] == [
+        "ctranslate2",
+        "--compute-type",
+        "float32",
+    ]
+    assert greedy["length_limit"] == "0·|x| + 200" and greedy["decoder_calls_per_sentence"] is None
+    agreement = results["meta"]["ctranslate2_agreement"]
+    assert agreement["row"] == greedy["name"] and agreement["sentences"] == NUM_TEST
+    assert agreement["differing_sentences"] <= 2  # fp32 rounding may flip a near tie
+    fastest = results["meta"]["ctranslate2_fastest_greedy"]
+    ct2_greedy = [rows[name] for name in ("AR teacher, greedy (CTranslate2)", "AR teacher, greedy (CTranslate2 int8)")]
+    assert fastest["latency"] == min(ct2_greedy, key=lambda row: row["latency_ms_median"])["name"]
+    assert rows[fastest["latency"]]["latency_speedup_vs_ct2_greedy"] == 1.0
+    assert rows[fastest["throughput"]]["throughput_speedup_vs_ct2_greedy"] == 1.0
+    assert abs(rows["AR teacher, beam 4 (CTranslate2)"]["bleu"] - rows["AR teacher, beam 4"]["bleu"]) < 2.0
+    assert results["meta"]["timing"]["ctranslate2_threads"]["inter"] == 1
+
+
+class FakeRunner:
+    """A row whose decoding of a unit takes ``cost(indices)`` seconds on a shared fake clock; it logs every
+    decode call as (name, indices)."""
+
+    def __init__(self, name, clock, log, cost):
+        self.name, self.clock, self.log, self.cost = name, clock, log, cost
+        self.outputs = {}
+
+    def inputs(self, indices):
+        return list(indices)
+
+    def decode(self, indices):
+        self.log.append((self.name, tuple(indices)))
+        self.clock[0] += self.cost(indices)
+        return indices
+
+    def record(self, indices, outputs):
+        self.outputs.update({i: i for i in outputs})
+
+
+def fake_rows(costs):
+    clock, log = [0.0], []
+    runners = [FakeRunner(name, clock, log, cost) for name, cost in costs.items()]
+    return runners, log, lambda: clock[0]
+
+
+def test_round_robin_shares_blocks_and_rotates_the_first_row():
+    runners, log, clock = fake_rows({"a": lambda u: 1.0, "greedy": lambda u: 2.0, "c": lambda u: 4.0})
+    units = [[i] for i in range(7)]
+    timed = schedule.run_rounds(runners, units, 3, anchor=1, batch_size=1, warmup=[[9]], clock=clock)
+    assert timed.blocks == [[[0], [3], [6]], [[1], [4]], [[2], [5]]]  # interleaved: the same mix in every block
+    assert timed.order == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    assert log[:3] == [("a", (9,)), ("greedy", (9,)), ("c", (9,))]  # warm-up first, off the clock
+    timed_calls = log[3:]
+    assert timed_calls[:9] == [(name, (i,)) for name in "a" for i in (0, 3, 6)] + [
+        (name, (i,)) for name in ("greedy", "c") for i in (0, 3, 6)
+    ]
+    assert [name for name, _ in timed_calls[9:11]] == ["greedy", "greedy"]  # round 2 starts with the next row
+    assert timed_calls[-3:] == [("greedy", (0,)), ("greedy", (3,)), ("greedy", (6,))]  # the drift anchor
+    for runner in runners:  # every row timed once on every unit (and the anchor again on block 0)
+        assert sorted(i for name, unit in timed_calls[:-3] if name == runner.name for i in unit) == list(range(7))
+    assert timed.seconds[2] == [[4.0] * 3, [4.0] * 2, [4.0] * 2]
+    assert timed.ratios(0) == [2.0] * 3 and timed.ratios(2) == [0.5] * 3 and timed.ratios(1) == [1.0] * 3
+    assert timed.sentences() == [3, 2, 2] and timed.drift == 0.0
+    few = schedule.run_rounds(runners, units[:2], 3, anchor=1, batch_size=1, clock=clock)
+    assert few.blocks == [[[0], [1]]] * 3  # fewer units than rounds: every round times them all
+
+
+def test_a_slow_round_shows_in_the_spread_and_flags_the_ratio():
+    """Background load during one round of one row: its ratios disagree, the spread shows it and the flag is set;
+    a row that wins in every round by more than the spread is not flagged; the anchor's drift is measured."""
+    slow_round = {"calls": 0}
+
+    def noisy(unit):  # 1.0 s per sentence, 3.0 s during its second block (a preemption)
+        slow_round["calls"] += 1
+        return 3.0 if 4 <= slow_round["calls"] <= 5 else 1.0
+
+    anchor_calls = {"n": 0}
+
+    def greedy(unit):  # 1.2 s, 10% slower when re-timed at the end
+        anchor_calls["n"] += 1
+        return 1.32 if anchor_calls["n"] > 7 else 1.2
+
+    runners, _, clock = fake_rows({"noisy": noisy, "greedy": greedy, "fast": lambda u: 0.4})
+    timed = schedule.run_rounds(runners, [[i] for i in range(7)], 3, anchor=1, batch_size=1, clock=clock)
+    noisy_ratios, fast_ratios = timed.ratios(0), timed.ratios(2)
+    assert noisy_ratios == pytest.approx([1.2, 0.4, 1.2])
+    assert bench_rows.spread(noisy_ratios) == pytest.approx(0.8) and schedule.unsettled(noisy_ratios)
+    assert fast_ratios == pytest.approx([3.0] * 3) and not schedule.unsettled(fast_ratios)
+    assert not schedule.unsettled([1.0, 1.0, 1.0]) and schedule.unsettled([1.1, 0.95, 1.05])
+    assert schedule.unsettled([1.2, 1.5, 2.5]) and not schedule.unsettled([1.4, 1.5, 1.6])
+    assert timed.drift == pytest.approx(0.1)
+    rows = [fixed_row(name, role, 20.0, 10.0, 1.0) for name, role in (("b", "teacher_beam"), ("g", "teacher_greedy"))]
+    rows[0].latency_ratio_rounds, rows[0].throughput_ratio_rounds = noisy_ratios, fast_ratios
+    analysis.compare(rows)
+    assert rows[0].flag == "latency" and rows[1].flag == ""
+    assert rows[0].latency_ratio_spread == pytest.approx(0.8) and "| latency |" in report.markdown_table(rows, 4)
+
+
+def test_speed_by_batch_size_of_fixed_timings():
+    runners, _, clock = fake_rows({"greedy": lambda u: 0.1 * len(u), "batched": lambda u: 0.02 + 0.01 * len(u)})
+    timings = schedule.time_batch_sizes(runners, [1, 4], 3, 0, range(1, 7), range(1), list(range(12)), clock)
+    assert sorted(timings) == [1, 4]
+    batch4, outputs = timings[4]
+    assert batch4.blocks == [[[0, 1, 2, 3]], [[4, 5, 6, 7]], [[8, 9, 10, 11]]]
+    assert runners[0].outputs == {} and sorted(outputs[1]) == list(range(12))  # outputs handed over per size
+    tokens = {i: measure.Output("h", 5) for i in range(12)}
+    speed = analysis.speed_at(batch4, 1, tokens)
+    assert speed["batch_size"] == 4 and speed["ms_per_sentence"] == pytest.approx(15.0)
+    assert speed["tokens_per_s"] == pytest.approx(20 / 0.06) and speed["speedup_vs_ar_greedy"] == pytest.approx(
+        0.4 / 0.06
     )
-    same = sum(a == b for a, b in zip(greedy.hyps, fairseq_greedy))
-    assert len(greedy.hyps) == NUM_TEST and same >= NUM_TEST - 2  # fp32 rounding may flip a near tie
-    assert len(greedy.timed_latency_ms) == NUM_TEST - 2 and greedy.decoder_calls_per_sentence is None
-    assert abs(beam.bleu - fixture["results"]["rows"][0]["bleu"]) < 2.0
+    assert speed["ratio_spread"] == pytest.approx(0) and not speed["unsettled"]
+    assert benchmark.parse_batch_sizes("8,64,1", 32) == [1, 8, 32, 64] and benchmark.parse_batch_sizes(None, 64) == [
+        1,
+        64,
+    ]
+    for bad in ("0,8", "eight"):
+        with pytest.raises(BenchmarkError, match="--batch-sizes"):
+            benchmark.parse_batch_sizes(bad, 64)
 
 
 def test_paired_bootstrap_of_two_rows(fixture):

@@ -1,4 +1,4 @@
-"""Speed/quality benchmark of plugin decoders against the AR teacher (DESIGN.md §7).
+"""Speed/quality benchmark of plugin decoders against the AR teacher, as ratios measured in one run.
 
 Every row is decoded through the path ``fairseq_cli/generate.py`` takes (task, checkpoint ensemble,
 ``task.build_generator``, ``task.inference_step``) on the same device, data, precision and seed. The two
@@ -6,27 +6,33 @@ AR-teacher rows use plain ``--task translation`` (fairseq's ``SequenceGenerator`
 defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 
 * BLEU: sacreBLEU (13a) of the detokenized hypotheses of the throughput pass against the raw references;
-* throughput: the whole split in length-sorted batches of ``--batch-size`` sentences, sentences per second
-  of summed ``task.inference_step`` time (data loading and detokenization excluded);
-* latency: batch 1, sentences in index order, the first ``--warmup`` not counted, median, 90th percentile and
-  mean (the number of timed sentences is in the report's header);
+* speed, one protocol for every row (:mod:`.bench.schedule`): the same units of sentences for all rows (batch 1:
+  the first ``--latency-sentences`` after ``--warmup``; batch B: the split's length-sorted batches), dealt into
+  ``--rounds`` interleaved blocks and timed round-robin (each round every row on the same block, the first row
+  rotating), fairseq's greedy teacher re-timed at the end (its drift); the timed region is source ids in, best
+  hypothesis ids out; threads fixed (``--threads``), ``OMP_WAIT_POLICY=PASSIVE`` with ``--ctranslate2``;
+* latency: batch 1, median, 90th percentile and mean per sentence; throughput: batches of ``--batch-size``,
+  the median over rounds of sentences per second; per round the ratio to the greedy teacher, its spread, and a
+  ``flag`` where the rounds do not settle a win; ``--batch-sizes``: tokens/s, ms/sentence and the ratio at each;
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
   sentences as runs of any decoder layer stack (:class:`.bench.measure.DecoderPassCounter`: fairseq's
   ``SequenceGenerator`` and ``IterativeRefinementGenerator`` and every plugin generator, auxiliary passes such
   as NPD's teacher rescoring and NAD-AD's NAD included), plus the mean of ``hypo["steps"]`` where the generator
   reports it;
-* BLEU as % of the teacher beam row's; speedups of latency and throughput against both teacher rows and, with
-  ``--ctranslate2``, against the teacher decoded greedily by CTranslate2;
+* BLEU as % of the teacher beam row's; speedups of latency and throughput against both teacher rows, the greedy
+  teacher decoded through ``--task translation_nat`` (the plugin rows' linear layout) and, with ``--ctranslate2``,
+  the fastest CTranslate2 greedy row;
 * Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`.rep_mis`): the relative increment (%) of the repeated-token
-  ratio (a token equal to one of the 2 before it) and of the ratio of reference tokens missing, over the
+  ratio (a token equal to any of the 9 before it, eq. 8) and of the ratio of reference tokens missing, over the
   teacher's greedy row; and the two ratios themselves (``rep_ratio``, ``mis_ratio``, %), on the words of
   sacreBLEU's 13a tokenization of the detokenized output and the references.
 
 ``--paired-test 'BASELINE::SYSTEM'`` adds sacreBLEU's paired bootstrap resampling test (1,000 resamples) of two
 rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` and ``results.json``.
 
-``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy; :mod:`.ctranslate2_rows`), the
-production baseline a fast decoder has to beat.
+``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy at the run's precision and at int8 on
+CPU, float16/int8_float16 on GPU; :mod:`.ctranslate2_rows`), the production baseline a fast decoder has to beat,
+and counts the sentences where its float32 greedy output differs from fairseq's.
 
 ``--npd-checkpoint CKPT --npd-samples 1,5,10,25,100`` adds one row per number of samples S of noisy parallel decoding
 (Gu et al. 2018 §4.1) of a ``fertility_nat`` checkpoint, rescored by the teacher (``NAT, NPD S=<S>``), and
@@ -41,7 +47,8 @@ the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 
 scale), with this run's Pareto front and the papers' own claims (relative to their AR baselines;
 :mod:`.bench.paper_points`) as a grey reference.
 
-Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by_length.png`` (``npd.png``) and
+Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by_length.png``, ``by_batch_size.png``
+(``npd.png``) and
 ``hyp.<slug>.txt`` (one detokenized hypothesis per line, in test-set order) for every row. The reports name files
 (data, checkpoints, references, files in the rows' arguments) relative to ``--work-dir``, the run's work directory.
 The plots need matplotlib (the ``plot`` extra); ``--no-plots`` writes the tables alone.
@@ -49,6 +56,7 @@ The plots need matplotlib (the ``plot`` extra); ``--no-plots`` writes the tables
 
 import argparse
 import os
+import sys
 from typing import List, Optional
 
 import torch
@@ -62,23 +70,33 @@ from nat_plugins.cli.bench.analysis import (
     compare,
     paired_bootstrap,
     parse_length_buckets,
+    speed_at,
 )
-from nat_plugins.cli.bench.measure import generation_cfg, load_split, measure_row, source_lengths
-from nat_plugins.cli.bench.report import markdown_table, pyplot, run_metadata, write_report
+from nat_plugins.cli.bench.measure import (
+    FairseqRunner,
+    batch1_stats,
+    generation_cfg,
+    load_split,
+    make_row,
+    source_lengths,
+)
+from nat_plugins.cli.bench.report import initial_environment, markdown_table, pyplot, run_metadata, write_report
 from nat_plugins.cli.bench.rows import (
     CTRANSLATE2_ROLES,
-    ROLES,
     SYSTEM,
+    TEACHER_GREEDY,
     BenchmarkError,
     RowSpec,
     ctranslate2_specs,
     npd_specs,
     parse_paired_tests,
     parse_system_spec,
+    plugin_layout_spec,
     run_cli,
     teacher_specs,
 )
-from nat_plugins.cli.ctranslate2_rows import ctranslate2_rows
+from nat_plugins.cli.bench.schedule import time_batch_sizes
+from nat_plugins.cli.ctranslate2_rows import compute_types, ctranslate2_runners
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -135,7 +153,35 @@ def get_parser() -> argparse.ArgumentParser:
         default=10,
         help="leading batch-1 sentences decoded but left out of the latency and decoder-call statistics (default: 10)",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch for throughput (default: 64)")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="sentences per batch of the throughput columns; its pass gives the rows' hypotheses (default: 64)",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        default=None,
+        metavar="B,B,...",
+        help="batch sizes of the speed-against-batch-size table and plot, each timed like the others (batch 1 on "
+        "the latency sentences, larger ones on the whole split); 1 and --batch-size are always timed "
+        "(default: 1,BATCH_SIZE)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the round-robin timing at every batch size (>= 3): the units of sentences are dealt into "
+        "this many interleaved blocks, each round times every row on one block (default: 3)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads of torch (torch.set_num_threads) and of CTranslate2 (intra_threads; inter_threads 1) "
+        "(default: torch's default)",
+    )
     parser.add_argument(
         "--post-process",
         default="sentencepiece",
@@ -222,6 +268,10 @@ def check_inputs(args, specs: List[RowSpec]) -> List[str]:
         raise BenchmarkError(f"row names must differ in their letters and digits (file names: {slugs})")
     if args.batch_size < 1 or args.warmup < 0 or args.teacher_beam < 1:
         raise BenchmarkError("--batch-size and --teacher-beam must be >= 1 and --warmup >= 0")
+    if args.rounds < 3:
+        raise BenchmarkError(f"--rounds {args.rounds}: at least 3 rounds, so that they can disagree")
+    if args.threads is not None and args.threads < 1:
+        raise BenchmarkError(f"--threads {args.threads}: expected >= 1")
     if not os.path.isfile(args.reference):
         raise BenchmarkError(f"--reference {args.reference!r} does not exist")
     if args.distilled_targets is not None and not os.path.isfile(args.distilled_targets):
@@ -244,9 +294,22 @@ def length_plot_rows(args, specs: List[RowSpec]) -> List[str]:
     return list(args.length_plot_rows)
 
 
+def parse_batch_sizes(text: Optional[str], batch_size: int) -> List[int]:
+    """``--batch-sizes 'B,B,...'`` with 1 and ``--batch-size`` added, increasing."""
+    try:
+        sizes = [int(part) for part in text.split(",")] if text else []
+    except ValueError:
+        sizes = [0]
+    if min(sizes, default=1) < 1:
+        raise BenchmarkError(f"--batch-sizes {text!r}: expected numbers >= 1, e.g. 1,8,32,64")
+    return sorted(set(sizes) | {1, batch_size})
+
+
 def row_specs(args) -> List[RowSpec]:
-    """The teacher's rows, the ``--system`` rows and the ``--npd-checkpoint`` rows, in that order."""
-    specs = teacher_specs(args.teacher, args.teacher_beam) + [parse_system_spec(spec) for spec in args.system]
+    """The fairseq rows: the teacher's, the greedy teacher with the plugin layout, the ``--system`` rows and the
+    ``--npd-checkpoint`` rows, in that order."""
+    specs = teacher_specs(args.teacher, args.teacher_beam) + [plugin_layout_spec(args.teacher)]
+    specs += [parse_system_spec(spec) for spec in args.system]
     if args.npd_checkpoint:
         specs += npd_specs(args.npd_checkpoint, args.teacher, args.npd_samples or "1,5,10,25,100")
     elif args.npd_samples:
@@ -259,9 +322,14 @@ def main(args) -> dict:
     use_cuda = torch.cuda.is_available() and not args.cpu
     if not args.no_plots:
         pyplot()  # fails now, not after the decoding, when matplotlib is missing
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
     specs = row_specs(args)
-    ct2_specs = ctranslate2_specs(args.teacher, args.teacher_beam) if args.ctranslate2 else []
+    types = compute_types(use_cuda, args.fp16) if args.ctranslate2 else []
+    ct2_specs = ctranslate2_specs(args.teacher, args.teacher_beam, types) if args.ctranslate2 else []
     references = check_inputs(args, specs + ct2_specs)
+    sizes = parse_batch_sizes(args.batch_sizes, args.batch_size)
     cfgs = [generation_cfg(args, spec, use_cuda) for spec in specs]  # every row's arguments checked up front
     pairs = parse_paired_tests(args.paired_test, [spec.name for spec in specs + ct2_specs])
     buckets = parse_length_buckets(args.length_buckets)
@@ -276,10 +344,17 @@ def main(args) -> dict:
     if num_latency <= args.warmup:
         raise BenchmarkError(f"--warmup {args.warmup} leaves none of the {num_latency} latency sentences to time")
     os.makedirs(args.out_dir, exist_ok=True)
-    rows = [measure_row(spec, cfg, references, num_latency, args.warmup, args.seed) for spec, cfg in zip(specs, cfgs)]
-    if args.ctranslate2:
-        rows += ctranslate2_rows(args, task, dataset, references, num_latency, use_cuda)
-    rows.sort(key=lambda row: ROLES.index(row.role))  # reference rows first, then the systems in their order
+    runners = [FairseqRunner(spec, cfg, args.seed, len(references)) for spec, cfg in zip(specs, cfgs)]
+    if args.ctranslate2:  # reported after the teacher's fairseq rows
+        runners[2:2] = ctranslate2_runners(args, ct2_specs, task, dataset, use_cuda, threads)
+    anchor = next(i for i, runner in enumerate(runners) if runner.spec.role == TEACHER_GREEDY)
+    load_start = os.getloadavg()
+    latency_ids, warmup_ids = range(args.warmup, num_latency), range(args.warmup)
+    timings = time_batch_sizes(
+        runners, sizes, args.rounds, anchor, latency_ids, warmup_ids, dataset.ordered_indices().tolist()
+    )
+    load_end = os.getloadavg()
+    rows = [row_of(k, runner, timings, args.batch_size, references) for k, runner in enumerate(runners)]
     for row in rows:
         row.write_hyps(args.out_dir)
         row.spec = row.spec.relative_to(args.work_dir)  # as the reports name it
@@ -289,14 +364,54 @@ def main(args) -> dict:
     add_length_buckets(rows, lengths, references, buckets)
     counts = bucket_counts(lengths, rows[0].timed_ids, buckets)  # every row times the same sentences
     meta = run_metadata(args, use_cuda, len(dataset), num_latency, rows, counts, plot_rows)
+    meta["timing"] = {
+        "protocol": "round-robin over shared blocks, first row rotating each round; anchor: fairseq greedy",
+        "rounds": args.rounds,
+        "batch_sizes": sizes,
+        "threads": threads,
+        "ctranslate2_threads": {"intra": 1 if use_cuda else threads, "inter": 1} if args.ctranslate2 else None,
+        "omp_wait_policy": initial_environment().get("OMP_WAIT_POLICY"),
+        "load_average_start": load_start,
+        "load_average_end": load_end,
+        "anchor_drift": {str(size): timed.drift for size, (timed, _) in timings.items()},
+    }
     paired = paired_bootstrap(pairs, {row.name: row.hyps for row in rows}, references)
     results = write_report(args.out_dir, meta, rows, paired, plots=not args.no_plots)
     print(markdown_table(rows, args.teacher_beam))
     return results
 
 
+def row_of(k: int, runner, timings: dict, batch_size: int, references: List[str]):
+    """The :class:`.bench.rows.Row` of runner ``k`` from the timings of every batch size: latency from batch 1,
+    throughput and hypotheses from ``batch_size``, the speed at every size."""
+    ones, ones_outputs = timings[1]
+    batched, batched_outputs = timings[batch_size]
+    latency_ms = {
+        unit[0]: 1000 * seconds
+        for block, block_seconds in zip(ones.blocks, ones.seconds[k])
+        for unit, seconds in zip(block, block_seconds)
+    }
+    hyps = [batched_outputs[k][i].text for i in range(len(references))]
+    rates = [n / seconds for n, seconds in zip(batched.sentences(), batched.totals(k))]
+    row = make_row(runner, hyps, references, rates, batch1_stats(latency_ms, ones_outputs[k]))
+    row.latency_ratio_rounds, row.throughput_ratio_rounds = ones.ratios(k), batched.ratios(k)
+    row.by_batch_size = [speed_at(timed, k, outputs[k]) for timed, outputs in timings.values()]
+    return row
+
+
+def passive_openmp(argv: List[str]):
+    """With ``--ctranslate2``, re-execute the command with ``OMP_WAIT_POLICY=PASSIVE`` unless the process started
+    with a policy: torch and CTranslate2 bring their own OpenMP runtimes, whose idle threads otherwise spin and slow
+    the other engine down. The runtimes read the variable when they load, before this code runs, hence the exec."""
+    if "--ctranslate2" in argv and "OMP_WAIT_POLICY" not in initial_environment():
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.execv(sys.executable, [sys.executable, "-m", "nat_plugins.cli.benchmark"] + argv)
+
+
 def cli_main(argv: Optional[List[str]] = None):
     """Console entry point (``nat-benchmark``)."""
+    if argv is None:  # the command line: a caller's own process is not re-executed
+        passive_openmp(sys.argv[1:])
     run_cli(get_parser(), main, argv)
 
 

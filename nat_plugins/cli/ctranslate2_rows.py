@@ -4,8 +4,9 @@ Production users decode fairseq Transformers with CTranslate2 (a C++ inference e
 ``fairseq-generate`` on a CPU, so a plugin decoder that only beats fairseq's Python ``SequenceGenerator`` may
 still lose to it. With ``nat-benchmark --ctranslate2`` the teacher is converted once
 (``ctranslate2.converters.FairseqConverter``, into ``OUT_DIR/ctranslate2-teacher``) and decoded on the same
-device, threads, precision, sentences and length limit as the other rows; the rows are the benchmark's
-:class:`~.bench.rows.Row` s with the same BLEU, latency and throughput measurements (decoder calls are not
+device, threads, sentences and length limit as the other rows, beam and greedy at every compute type of
+:func:`compute_types` (the run's precision and the production settings: int8 on CPU), timed by the same protocol
+(:mod:`.bench.schedule`); the rows are the benchmark's :class:`~.bench.rows.Row` s (decoder calls are not
 observable inside CTranslate2, so those stay empty).
 
 Source subwords are the binarized test set's (EOS left to CTranslate2, which the converter configures to add it);
@@ -16,13 +17,12 @@ source). Scores are length-normalised as fairseq's (``length_penalty`` 1).
 import argparse
 import os
 import shlex
-import time
+from typing import Dict, List
 
 import torch
 
-from .bench.measure import Batch1, length_limit, make_row
-from .bench.rows import CT2_BEAM, BenchmarkError, ctranslate2_specs
-from .decoding import progress
+from .bench.measure import Output, length_limit
+from .bench.rows import BenchmarkError
 
 CONVERTED_DIR = "ctranslate2-teacher"
 
@@ -66,95 +66,89 @@ def convert_teacher(teacher, data_bin, out_dir, user_dir, source_lang=None, targ
     return model_dir
 
 
-class CTranslate2Teacher:
-    """Decodes the binarized split with the converted teacher and measures it like a benchmark row."""
+def compute_types(use_cuda: bool, fp16: bool) -> List[str]:
+    """CTranslate2's compute types of the rows: the run's precision first, then the production settings (int8 on
+    CPU; float16 and int8_float16 on a GPU)."""
+    if not use_cuda:
+        return ["float32", "int8"]
+    return ["float16", "int8_float16"] if fp16 else ["float32", "float16", "int8_float16"]
 
-    def __init__(self, model_dir, dataset, src_dict, tgt_dict, post_process, use_cuda, fp16, generate_args):
-        import ctranslate2
 
-        device = "cuda" if use_cuda else "cpu"
-        compute_type = "float16" if fp16 else "float32"
-        threads = 1 if use_cuda else torch.get_num_threads()
-        self.translator = ctranslate2.Translator(
-            model_dir, device=device, compute_type=compute_type, inter_threads=1, intra_threads=threads
-        )
-        self.tgt_dict = tgt_dict
-        self.post_process = post_process
-        self.max_len_a, self.max_len_b = length_limits(generate_args)
-        special = {src_dict.eos(), src_dict.pad(), src_dict.bos()}
-        self.sources = [[src_dict[t] for t in dataset.src[i].tolist() if t not in special] for i in range(len(dataset))]
-        self.source_lengths = [len(dataset.src[i]) for i in range(len(dataset))]  # EOS included, as fairseq's
+class CTranslate2Runner:
+    """One CTranslate2 row (a compute type and beam size) timed by :func:`.bench.schedule.run_rounds` like the fairseq
+    rows: source subwords in off the clock, ``translate_batch`` and the best hypotheses' ids (target dictionary)
+    out on it, detokenization off it."""
 
-    def translate(self, indices, beam):
-        """Translate the sentences ``indices`` in one batch; returns (texts, seconds)."""
+    generator_name = "ctranslate2.Translator"
+    npd_samples = None
+
+    def __init__(self, spec, translator, sources, source_lengths, tgt_dict, post_process, max_len_a, max_len_b):
+        self.spec, self.translator = spec, translator
+        self.beam = int(spec.args[spec.args.index("--beam") + 1])
+        self.sources, self.source_lengths = sources, source_lengths
+        self.tgt_dict, self.post_process = tgt_dict, post_process
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.length_limit = length_limit(max_len_a, max_len_b)
+        self.outputs: Dict[int, Output] = {}
+
+    def inputs(self, indices):
         longest = max(self.source_lengths[i] for i in indices)
-        max_length = max(1, int(self.max_len_a * longest + self.max_len_b))
-        start = time.perf_counter()
+        return indices, [self.sources[i] for i in indices], max(1, int(self.max_len_a * longest + self.max_len_b))
+
+    def decode(self, inputs):
+        _, sources, max_length = inputs
         results = self.translator.translate_batch(
-            [self.sources[i] for i in indices],
-            beam_size=beam,
-            max_decoding_length=max_length,
-            length_penalty=1.0,
-            return_scores=False,
+            sources, beam_size=self.beam, max_decoding_length=max_length, length_penalty=1.0, return_scores=False
         )
-        seconds = time.perf_counter() - start
-        texts = []
-        for result in results:
-            ids = torch.tensor([self.tgt_dict.index(t) for t in result.hypotheses[0]], dtype=torch.long)
-            texts.append(self.tgt_dict.string(ids, self.post_process))
-        return texts, seconds
+        return [
+            torch.tensor([self.tgt_dict.index(t) for t in result.hypotheses[0]], dtype=torch.long) for result in results
+        ]
 
-    def measure(self, beam, num_latency, warmup, batch_size, desc):
-        """Batch-1 latency over sentences ``warmup..num_latency-1``, then the throughput pass in length-sorted
-        batches; returns (hypotheses in sentence order, seconds of the throughput pass, :class:`Batch1`)."""
-        batch1 = Batch1([], [])
-        for index in progress(range(num_latency), f"{desc}: batch 1"):
-            _, seconds = self.translate([index], beam)
-            if index >= warmup:
-                batch1.ids.append(index)
-                batch1.latency_ms.append(1000 * seconds)
-        order = sorted(range(len(self.sources)), key=lambda i: self.source_lengths[i])
-        hyps, total = [None] * len(order), 0.0
-        for start in progress(range(0, len(order), batch_size), f"{desc}: throughput"):
-            indices = order[start : start + batch_size]
-            texts, seconds = self.translate(indices, beam)
-            total += seconds
-            for i, text in zip(indices, texts):
-                hyps[i] = text
-        return hyps, total, batch1
+    def record(self, inputs, outputs):
+        for index, ids in zip(inputs[0], outputs):
+            self.outputs[index] = Output(self.tgt_dict.string(ids, self.post_process), len(ids) + 1)
 
 
-def ctranslate2_rows(args, task, dataset, references, num_latency, use_cuda):
-    """The teacher's beam and greedy rows decoded by CTranslate2 on the split ``dataset`` of the teacher's ``task``."""
+def ctranslate2_runners(args, specs, task, dataset, use_cuda, threads) -> List[CTranslate2Runner]:
+    """The CTranslate2 rows ``specs`` (:func:`.bench.rows.ctranslate2_specs`) on the split ``dataset`` of the teacher's
+    ``task``: one translator per compute type, ``inter_threads=1`` and ``intra_threads=threads`` (CPU)."""
+    import ctranslate2
+
     try:
         model_dir = convert_teacher(
             args.teacher, args.data_bin, args.out_dir, args.user_dir, task.cfg.source_lang, task.cfg.target_lang
         )
     except CTranslate2Unavailable as err:
         raise BenchmarkError(str(err)) from err
-    decoder = CTranslate2Teacher(
-        model_dir,
-        dataset,
-        task.source_dictionary,
-        task.target_dictionary,
-        args.post_process,
-        use_cuda,
-        args.fp16,
-        args.generate_args,
-    )
-    rows = []
-    for spec in ctranslate2_specs(args.teacher, args.teacher_beam):
-        beam = args.teacher_beam if spec.role == CT2_BEAM else 1
-        hyps, seconds, batch1 = decoder.measure(beam, num_latency, args.warmup, args.batch_size, spec.name)
-        rows.append(
-            make_row(
-                spec,
-                hyps,
-                references,
-                seconds,
-                batch1,
-                "ctranslate2.Translator",
-                length_limit(decoder.max_len_a, decoder.max_len_b),
+    device = "cuda" if use_cuda else "cpu"
+    src_dict = task.source_dictionary
+    special = {src_dict.eos(), src_dict.pad(), src_dict.bos()}
+    sources = [[src_dict[t] for t in dataset.src[i].tolist() if t not in special] for i in range(len(dataset))]
+    source_lengths = [len(dataset.src[i]) for i in range(len(dataset))]  # EOS included, as fairseq's
+    max_len_a, max_len_b = length_limits(args.generate_args)
+    translators = {}
+    runners = []
+    for spec in specs:
+        compute_type = spec.args[spec.args.index("--compute-type") + 1]
+        if compute_type not in translators:
+            if compute_type not in ctranslate2.get_supported_compute_types(device):
+                raise BenchmarkError(f"--ctranslate2: this {device} has no CTranslate2 compute type {compute_type!r}")
+            translators[compute_type] = ctranslate2.Translator(
+                model_dir,
+                device=device,
+                compute_type=compute_type,
+                inter_threads=1,
+                intra_threads=1 if use_cuda else threads,
             )
+        runner = CTranslate2Runner(
+            spec,
+            translators[compute_type],
+            sources,
+            source_lengths,
+            task.target_dictionary,
+            args.post_process,
+            max_len_a,
+            max_len_b,
         )
-    return rows
+        runners.append(runner)
+    return runners

@@ -9,7 +9,8 @@ import sacrebleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from ..rep_mis import rep_mis
-from .rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row
+from .rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY, TEACHER_GREEDY_PLUGIN, BenchmarkError, Row, spread
+from .schedule import unsettled
 
 
 def corpus_bleu(hyps: List[str], references: List[str]):
@@ -27,18 +28,64 @@ def reference_row(rows: List[Row], role: str, required: bool = True) -> Optional
 
 
 def compare(rows: List[Row]):
-    """Every row's BLEU as % of the teacher's beam row's, and its latency and throughput speedups against the
-    teacher's beam and greedy rows and, when it was measured, the teacher decoded greedily by CTranslate2."""
+    """Every row's BLEU as % of the teacher's beam row's; its latency and throughput speedups against the teacher's
+    beam and greedy rows, the greedy teacher with the plugin layout and the fastest CTranslate2 greedy row (each where
+    the run has it); and its ``flag``: the ratios to the greedy teacher that the rounds leave unsettled."""
     teacher = reference_row(rows, TEACHER_BEAM)
     for row in rows:
         row.bleu_pct_of_teacher = 100 * row.bleu / teacher.bleu if teacher.bleu > 0 else None
-    for key, role in (("ar_beam", TEACHER_BEAM), ("ar_greedy", TEACHER_GREEDY), ("ct2_greedy", CT2_GREEDY)):
-        ref = reference_row(rows, role, required=role != CT2_GREEDY)
-        if ref is None:
-            continue
+    greedy, plugin = reference_row(rows, TEACHER_GREEDY), reference_row(rows, TEACHER_GREEDY_PLUGIN, required=False)
+    references = {"ar_beam": (teacher, teacher), "ar_greedy": (greedy, greedy)}
+    if plugin is not None:
+        references["ar_greedy_plugin"] = (plugin, plugin)
+    if fastest_ctranslate2_greedy(rows) is not None:
+        references["ct2_greedy"] = fastest_ctranslate2_greedy(rows)
+    for key, (latency_ref, throughput_ref) in references.items():
         for row in rows:
-            setattr(row, f"latency_speedup_vs_{key}", ref.latency_ms_median / row.latency_ms_median)
-            setattr(row, f"throughput_speedup_vs_{key}", row.throughput_sent_per_s / ref.throughput_sent_per_s)
+            setattr(row, f"latency_speedup_vs_{key}", latency_ref.latency_ms_median / row.latency_ms_median)
+            setattr(
+                row, f"throughput_speedup_vs_{key}", row.throughput_sent_per_s / throughput_ref.throughput_sent_per_s
+            )
+    for row in rows:
+        measured = (("latency", row.latency_ratio_rounds), ("throughput", row.throughput_ratio_rounds))
+        row.flag = ", ".join(name for name, ratios in measured if unsettled(ratios))
+
+
+def fastest_ctranslate2_greedy(rows: List[Row]) -> Optional[tuple]:
+    """The CTranslate2 greedy rows the ``_vs_ct2_greedy`` speedups are against: (the fastest at batch 1, the fastest
+    batched); None without CTranslate2 rows."""
+    ct2 = [row for row in rows if row.role == CT2_GREEDY]
+    if not ct2:
+        return None
+    return min(ct2, key=lambda r: r.latency_ms_median), max(ct2, key=lambda r: r.throughput_sent_per_s)
+
+
+def ctranslate2_agreement(rows: List[Row]) -> Optional[dict]:
+    """Sentences where CTranslate2's float32 greedy output differs from fairseq's greedy output (None without that
+    row): the converted model decodes what fairseq decodes."""
+    greedy = reference_row(rows, TEACHER_GREEDY)
+    for row in rows:
+        if row.role == CT2_GREEDY and row.spec.args[row.spec.args.index("--compute-type") + 1] == "float32":
+            differing = sum(a != b for a, b in zip(row.hyps, greedy.hyps))
+            return {"row": row.name, "differing_sentences": differing, "sentences": len(row.hyps)}
+    return None
+
+
+def speed_at(rounds, row: int, outputs: Dict[int, object]) -> dict:
+    """Row ``row``'s speed at the batch size of ``rounds`` (:class:`.schedule.Rounds`; ``outputs``: its
+    :class:`.measure.Output` by sentence): medians over rounds of emitted tokens per second and ms per sentence, and
+    the per-round ratios to the greedy teacher (> 1: faster) with their median, spread and whether they settle it."""
+    seconds, ratios = rounds.totals(row), rounds.ratios(row)
+    tokens = [sum(outputs[i].tokens for unit in block for i in unit) for block in rounds.blocks]
+    return {
+        "batch_size": rounds.batch_size,
+        "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
+        "ms_per_sentence": statistics.median(1000 * s / n for s, n in zip(seconds, rounds.sentences())),
+        "speedup_vs_ar_greedy": statistics.median(ratios),
+        "ratio_rounds": ratios,
+        "ratio_spread": spread(ratios),
+        "unsettled": unsettled(ratios),
+    }
 
 
 def add_rep_mis(rows: List[Row], references: List[str]):

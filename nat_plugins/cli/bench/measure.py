@@ -1,17 +1,14 @@
-"""Decoding and measuring one fairseq row: the path ``fairseq_cli/generate.py`` takes (:mod:`..decoding`), timed.
+"""Decoding one fairseq row the way ``fairseq_cli/generate.py`` does (:mod:`..decoding`), as the timing protocol
+(:mod:`.schedule`) runs it, and the :class:`Row` of its measurements.
 
-* throughput: the whole split in length-sorted batches of ``--batch-size`` sentences, summed
-  ``task.inference_step`` time (data loading and detokenization excluded); its hypotheses are the row's output;
-* batch 1: sentences in index order, the first ``--warmup`` decoded but not counted; per sentence the latency,
-  the decoder passes (:class:`DecoderPassCounter`) and the emitted tokens (EOS included), and ``hypo["steps"]``
-  where the generator reports it.
+Per decoded sentence a row keeps its best hypothesis (detokenized), the emitted tokens (EOS included), at batch 1
+the decoder passes (:class:`DecoderPassCounter`), and ``hypo["steps"]`` where the generator reports it.
 """
 
 import functools
 import logging
 import shlex
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -25,7 +22,7 @@ from fairseq_cli.generate import get_symbols_to_strip_from_output
 from torch import nn
 
 from ...modules.teacher import FrozenTeacher
-from ..decoding import Generation, load_generation, progress
+from ..decoding import Generation, load_generation
 from .analysis import corpus_bleu
 from .rows import BenchmarkError, Row, RowSpec, split_generate_args
 
@@ -192,26 +189,75 @@ class DecoderPassCounter:
 
 
 def seed_everything(seed: int):
-    """The same seed before every pass, so sampling decoders are reproducible across rows and passes."""
+    """The same seed before every decoded unit, so a sampling decoder's output does not depend on the schedule."""
     np.random.seed(seed)
     utils.set_torch_seed(seed)
 
 
-def timed_decode(generation: Generation, sample):
-    """Decode one batch; returns (hypotheses, seconds), CUDA synchronised."""
-    if generation.use_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    hypos = generation.decode(sample)
-    if generation.use_cuda:
-        torch.cuda.synchronize()
-    return hypos, time.perf_counter() - start
+@dataclass
+class Output:
+    """What a row reports of one decoded sentence: its detokenized best hypothesis, emitted tokens (EOS included),
+    ``hypo["steps"]`` where the generator reports it, and decoder passes (batch 1 only; None: not observable)."""
+
+    text: str
+    tokens: int
+    steps: Optional[float] = None
+    passes: Optional[int] = None
+
+
+class FairseqRunner:
+    """A row decoded the way fairseq-generate does, timed by :func:`.schedule.run_rounds`: the sentences collated
+    (source ids) off the clock, ``task.inference_step`` on the clock (CUDA synchronised), the best hypotheses
+    detokenized off it; decoder passes counted (:class:`DecoderPassCounter`) in every batch-1 unit."""
+
+    def __init__(self, spec: RowSpec, cfg, seed: int, num_sentences: int):
+        logger.info("row %r: %s %s", spec.name, spec.checkpoint, shlex.join(spec.args))
+        self.spec, self.seed = spec, seed
+        self.decoder = load_row(cfg, spec)
+        generation = self.decoder.generation
+        if len(generation.dataset) != num_sentences:
+            raise BenchmarkError(
+                f"row {spec.name!r}: its split has {len(generation.dataset)} sentences, the references {num_sentences}"
+            )
+        self.generator_name = type(generation.generator).__name__
+        self.length_limit = length_limit(cfg.generation.max_len_a, cfg.generation.max_len_b, generation.generator)
+        self.npd_samples = cfg.task.get("npd_samples") if cfg.task.get("fertility_decoding") == "npd" else None
+        auxiliary = auxiliary_models(generation.generator, generation.models)
+        self.counter = DecoderPassCounter(generation.models, auxiliary).__enter__()  # hooks for the whole run
+        if not all(self.counter.stacks):
+            logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", spec.name)
+        self.outputs: Dict[int, Output] = {}
+
+    def inputs(self, indices: List[int]):
+        generation = self.decoder.generation
+        sample = generation.to_device(generation.dataset.collater([generation.dataset[i] for i in indices]))
+        seed_everything(self.seed)
+        if generation.use_cuda:
+            torch.cuda.synchronize()
+        self.counter.reset()
+        return sample
+
+    def decode(self, sample):
+        hypos = self.decoder.generation.decode(sample)
+        if self.decoder.generation.use_cuda:
+            torch.cuda.synchronize()
+        return [nbest[0] for nbest in hypos]
+
+    def record(self, sample, best):
+        passes = self.counter.passes if len(best) == 1 else None
+        for sample_id, hypo in zip(sample["id"].tolist(), best):
+            steps = hypo.get("steps")
+            self.outputs[sample_id] = Output(
+                self.decoder.to_text(hypo["tokens"]),
+                self.decoder.emitted_length(hypo["tokens"]),
+                None if steps is None else float(steps),
+                passes,
+            )
 
 
 @dataclass
 class Batch1:
-    """The timed batch-1 sentences of a row: ids, latencies and what the decoder did for them; ``hyps``: the
-    detokenized output of every sentence decoded, warm-up included, in sentence order."""
+    """The timed batch-1 sentences of a row: ids, latencies and what the decoder did for them."""
 
     ids: List[int]
     latency_ms: List[float]
@@ -219,59 +265,23 @@ class Batch1:
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None
     tokens_per_step: Optional[float] = None  # emitted tokens per hypo["steps"] (speculative: per teacher call)
-    hyps: List[str] = field(default_factory=list)
 
 
-def measure_throughput(decoder: RowDecoder, seed: int, desc: str):
-    """Decode the whole split in length-sorted batches; returns (seconds, hypotheses in sentence order)."""
-    generation = decoder.generation
-    seed_everything(seed)
-    hyps: Dict[int, str] = {}
-    seconds = 0.0
-    for sample in generation.batches(f"{desc}: throughput", num_workers=0):
-        hypos, elapsed = timed_decode(generation, sample)
-        seconds += elapsed
-        for i, sample_id in enumerate(sample["id"].tolist()):
-            hyps[sample_id] = decoder.to_text(hypos[i][0]["tokens"])
-    size = len(generation.dataset)
-    if len(hyps) != size:
-        raise BenchmarkError(
-            f"row {desc!r}: {size - len(hyps)} sentences were not decoded (longer than the model allows?)"
-        )
-    return seconds, [hyps[i] for i in range(size)]
-
-
-def measure_batch1(decoder: RowDecoder, num_sentences: int, warmup: int, seed: int, desc: str) -> Batch1:
-    """Batch-1 latency, decoder calls, tokens per call and per ``hypo["steps"]`` over sentences
-    ``warmup..num_sentences-1``."""
-    generation = decoder.generation
-    dataset = generation.dataset
-    seed_everything(seed)
-    ids, latencies, calls, tokens, steps, step_tokens, hyps = [], [], [], [], [], [], []
-    with DecoderPassCounter(generation.models, auxiliary_models(generation.generator, generation.models)) as counter:
-        for index in progress(range(num_sentences), f"{desc}: batch 1", generation.cfg.common):
-            sample = generation.to_device(dataset.collater([dataset[index]]))
-            counter.reset()
-            hypos, elapsed = timed_decode(generation, sample)
-            best = hypos[0][0]
-            hyps.append(decoder.to_text(best["tokens"]))
-            if index < warmup:
-                continue
-            ids.append(index)
-            latencies.append(1000 * elapsed)
-            calls.append(counter.passes)
-            tokens.append(decoder.emitted_length(best["tokens"]))
-            if best.get("steps") is not None:
-                steps.append(float(best["steps"]))
-                step_tokens.append(tokens[-1])
-    mean_steps = statistics.fmean(steps) if steps else None
-    tokens_per_step = sum(step_tokens) / sum(steps) if sum(steps) > 0 else None
-    if None in calls:
-        logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", desc)
-        return Batch1(ids, latencies, mean_steps=mean_steps, tokens_per_step=tokens_per_step, hyps=hyps)
-    return Batch1(
-        ids, latencies, statistics.fmean(calls), sum(tokens) / max(sum(calls), 1), mean_steps, tokens_per_step, hyps
-    )
+def batch1_stats(latency_ms: Dict[int, float], outputs: Dict[int, Output]) -> Batch1:
+    """Latency, decoder calls, tokens per call and per ``hypo["steps"]`` over the timed sentences (``latency_ms``:
+    sentence -> ms), in sentence order."""
+    ids = sorted(latency_ms)
+    timed = [outputs[i] for i in ids]
+    stepped = [out for out in timed if out.steps is not None]
+    steps = sum(out.steps for out in stepped)
+    mean_steps = statistics.fmean(out.steps for out in stepped) if stepped else None
+    tokens_per_step = sum(out.tokens for out in stepped) / steps if steps > 0 else None
+    batch1 = Batch1(ids, [latency_ms[i] for i in ids], mean_steps=mean_steps, tokens_per_step=tokens_per_step)
+    if all(out.passes is not None for out in timed):
+        calls = sum(out.passes for out in timed)
+        batch1.decoder_calls_per_sentence = calls / len(timed)
+        batch1.tokens_per_call = sum(out.tokens for out in timed) / max(calls, 1)
+    return batch1
 
 
 def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
@@ -282,52 +292,23 @@ def length_limit(max_len_a: float, max_len_b: int, generator=None) -> str:
     return f"{max_len_a:g}·|x| + {max_len_b}"
 
 
-def make_row(
-    spec: RowSpec,
-    hyps: List[str],
-    references: List[str],
-    throughput_seconds: float,
-    batch1: Batch1,
-    generator: str,
-    limit: str,
-    npd_samples: Optional[int] = None,
-) -> Row:
-    """A :class:`Row` of measurements (BLEU: sacreBLEU of ``hyps`` against ``references``)."""
+def make_row(runner, hyps: List[str], references: List[str], rates: List[float], batch1: Batch1) -> Row:
+    """The :class:`Row` of a runner's measurements (BLEU: sacreBLEU of ``hyps`` against ``references``; ``rates``:
+    sentences per second of each round of the batched pass)."""
     bleu, signature = corpus_bleu(hyps, references)
     return Row(
-        spec,
+        runner.spec,
         hyps,
         bleu,
         signature,
-        throughput_seconds,
+        rates,
         batch1.ids,
         batch1.latency_ms,
-        generator,
-        limit,
+        runner.generator_name,
+        runner.length_limit,
         batch1.decoder_calls_per_sentence,
         batch1.tokens_per_call,
         batch1.mean_steps,
         batch1.tokens_per_step,
-        npd_samples,
+        runner.npd_samples,
     )
-
-
-def measure_row(spec: RowSpec, cfg, references: List[str], num_latency: int, warmup: int, seed: int) -> Row:
-    """Load one row and measure it: batch 1 first, then the throughput pass (its output is the row's)."""
-    logger.info("row %r: %s %s", spec.name, spec.checkpoint, shlex.join(spec.args))
-    decoder = load_row(cfg, spec)
-    if len(decoder.generation.dataset) != len(references):
-        raise BenchmarkError(
-            f"row {spec.name!r}: its split has {len(decoder.generation.dataset)} sentences, the "
-            f"references {len(references)}"
-        )
-    batch1 = measure_batch1(decoder, num_latency, warmup, seed, spec.name)
-    seconds, hyps = measure_throughput(decoder, seed, spec.name)
-    generator = decoder.generation.generator
-    limit = length_limit(cfg.generation.max_len_a, cfg.generation.max_len_b, generator)
-    npd = cfg.task.get("npd_samples") if cfg.task.get("fertility_decoding") == "npd" else None
-    row = make_row(spec, hyps, references, seconds, batch1, type(generator).__name__, limit, npd)
-    if decoder.generation.use_cuda:
-        del decoder, generator
-        torch.cuda.empty_cache()
-    return row

@@ -16,12 +16,13 @@ import torch
 import nat_plugins
 
 from ..rep_mis import repeated_ratio
-from .analysis import pareto_front
+from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
-from .rows import TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path
+from .rows import CTRANSLATE2_ROLES, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path
 
 PARETO_PLOT_FILE = "pareto.png"
 LENGTH_PLOT_FILE = "by_length.png"
+BATCH_PLOT_FILE = "by_batch_size.png"
 NPD_PLOT_FILE = "npd.png"
 
 
@@ -35,6 +36,27 @@ def device_name(use_cuda: bool) -> str:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         model = names[0] if names else model
     return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def initial_environment() -> Dict[str, str]:
+    """The environment the process started with (``/proc/self/environ``; ``os.environ`` where there is none): what
+    the OpenMP runtimes read when they loaded, whatever was changed since."""
+    if not os.path.exists("/proc/self/environ"):
+        return dict(os.environ)
+    with open("/proc/self/environ", "rb") as f:
+        entries = f.read().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
+def library_versions() -> Dict[str, Optional[str]]:
+    """Versions of the decoding libraries (ctranslate2: None when not installed)."""
+    try:
+        import ctranslate2
+
+        ct2 = ctranslate2.__version__
+    except ImportError:
+        ct2 = None
+    return {"torch": torch.__version__, "fairseq": fairseq.__version__, "ctranslate2": ct2}
 
 
 def distilled_targets_stats(path: Optional[str], work_dir: str) -> Optional[dict]:
@@ -66,12 +88,12 @@ def run_metadata(
     length_plot_rows: List[str],
 ) -> dict:
     """The header: what was measured (files relative to ``--work-dir``), where and how."""
+    fastest = fastest_ctranslate2_greedy(rows)
     return {
         "title": args.title,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": device_name(use_cuda),
-        "torch": torch.__version__,
-        "fairseq": fairseq.__version__,
+        **library_versions(),
         "nat_plugins": nat_plugins.__version__,
         "precision": "fp16" if args.fp16 else "fp32",
         "data_bin": relative_path(args.data_bin, args.work_dir),
@@ -91,6 +113,8 @@ def run_metadata(
         "length_plot_rows": length_plot_rows,
         "seed": args.seed,
         "distilled_targets": distilled_targets_stats(args.distilled_targets, args.work_dir),
+        "ctranslate2_fastest_greedy": fastest and {"latency": fastest[0].name, "throughput": fastest[1].name},
+        "ctranslate2_agreement": ctranslate2_agreement(rows),
     }
 
 
@@ -109,10 +133,14 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
         ("latency ms (mean)", "latency_ms_mean", 1, ""),
         (f"latency × vs {beam}", "latency_speedup_vs_ar_beam", 2, "×"),
         ("latency × vs greedy", "latency_speedup_vs_ar_greedy", 2, "×"),
+        ("± rounds", "latency_ratio_spread", 2, ""),
+        ("latency × vs greedy, plugin layout", "latency_speedup_vs_ar_greedy_plugin", 2, "×"),
         ("latency × vs CTranslate2 greedy", "latency_speedup_vs_ct2_greedy", 2, "×"),
         ("sent/s (batch)", "throughput_sent_per_s", 1, ""),
         (f"throughput × vs {beam}", "throughput_speedup_vs_ar_beam", 2, "×"),
         ("throughput × vs greedy", "throughput_speedup_vs_ar_greedy", 2, "×"),
+        ("± rounds ", "throughput_ratio_spread", 2, ""),
+        ("throughput × vs greedy, plugin layout", "throughput_speedup_vs_ar_greedy_plugin", 2, "×"),
         ("throughput × vs CTranslate2 greedy", "throughput_speedup_vs_ct2_greedy", 2, "×"),
         ("decoder calls / sent", "decoder_calls_per_sentence", 2, ""),
         ("ms / decoder call", "ms_per_decoder_call", 2, ""),
@@ -124,12 +152,31 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
         ("rep. tokens %", "rep_ratio", 2, ""),
         ("missing tokens %", "mis_ratio", 2, ""),
     ]
-    if all(r.latency_speedup_vs_ct2_greedy is None for r in rows):
-        columns = [column for column in columns if "_ct2_" not in column[1]]
-    lines = ["| system | " + " | ".join(title for title, *_ in columns) + " |", "|---|" + "---:|" * len(columns)]
+    for absent in ("_ct2_", "_plugin", "_spread"):  # references and rounds the run did not measure
+        if all(getattr(r, attr) is None for r in rows for _, attr, *_ in columns if absent in attr):
+            columns = [column for column in columns if absent not in column[1]]
+    lines = [
+        "| system | " + " | ".join(title for title, *_ in columns) + " | flag |",
+        "|---|" + "---:|" * len(columns) + "---|",
+    ]
     for r in rows:
         cells = [_fmt(getattr(r, attr), digits, suffix) for _, attr, digits, suffix in columns]
-        lines.append("| " + " | ".join([r.name] + cells) + " |")
+        lines.append("| " + " | ".join([r.name] + cells + [r.flag]) + " |")
+    return "\n".join(lines)
+
+
+def batch_size_table(rows: List[Row]) -> str:
+    """Every row's speed at every timed batch size: emitted tokens/s, ms per sentence and × the greedy teacher
+    (± its spread across rounds; ? where the rounds leave it unsettled)."""
+    sizes = [entry["batch_size"] for entry in rows[0].by_batch_size]
+    lines = ["| system | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---:|" * len(sizes)]
+    for r in rows:
+        cells = [
+            f"{e['tokens_per_s']:.0f} tok/s, {e['ms_per_sentence']:.1f} ms/sent, {e['speedup_vs_ar_greedy']:.2f}× "
+            f"(± {e['ratio_spread']:.2f}){'?' if e['unsettled'] else ''}"
+            for e in r.by_batch_size
+        ]
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -153,8 +200,9 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
     header = [
         f"# {meta['title']}",
         "",
-        f"- device: {meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, "
-        f"nat_plugins {meta['nat_plugins']}; precision {meta['precision']}; {meta['date']}",
+        f"- device: {meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, ctranslate2 "
+        f"{meta['ctranslate2'] or '(not installed)'}, nat_plugins {meta['nat_plugins']}; "
+        f"precision {meta['precision']}; {meta['date']}",
         f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
         f"BLEU = sacreBLEU ({rows[0].bleu_signature}) vs `{meta['reference']}`",
         "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
@@ -163,6 +211,7 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
         f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
+        timing_line(meta),
         "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
         "however entered: NAD-AD's NAD pass and NPD's teacher rescoring pass included; ensemble members count once); "
         "ms / decoder call: mean batch-1 latency / decoder calls per sentence (the cost of one greedy step or "
@@ -183,6 +232,11 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
     header += [
         "",
         markdown_table(rows, meta["teacher_beam"]),
+        "",
+        "Speed against batch size (batch 1: the latency sentences; larger: the whole split), medians over rounds; × "
+        f"fairseq's greedy teacher (± spread across rounds; ?: unsettled); plot: `{BATCH_PLOT_FILE}`",
+        "",
+        batch_size_table(rows),
         "",
         "By source length (subwords, EOS excluded): BLEU (sacreBLEU over the bucket's sentences) / median batch-1 "
         f"latency in ms (over its timed sentences); plot: `{LENGTH_PLOT_FILE}`",
@@ -210,6 +264,32 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
             for t in paired
         ]
     return "\n".join(header) + "\n"
+
+
+def timing_line(meta: dict) -> str:
+    """The header line of the timing protocol: rounds, threads, OpenMP policy, load, the anchor's drift and the
+    CTranslate2 checks."""
+    t = meta["timing"]
+    drift = ", ".join(f"batch {size}: {100 * value:+.1f}%" for size, value in t["anchor_drift"].items())
+    ct2 = t["ctranslate2_threads"]
+    line = (
+        f"- timing: {t['rounds']} rounds round-robin over shared blocks (first row rotating), source ids in, best "
+        f"hypothesis ids out; torch threads {t['threads']}"
+        + (f", CTranslate2 intra_threads {ct2['intra']} inter_threads {ct2['inter']}" if ct2 else "")
+        + f"; OMP_WAIT_POLICY {t['omp_wait_policy'] or '(unset)'}; load average "
+        f"{t['load_average_start'][0]:.2f} at start, {t['load_average_end'][0]:.2f} at end; drift of fairseq greedy "
+        f"(block 0 re-timed at the end): {drift}; flag: a ratio to fairseq greedy no further from 1 than its spread "
+        "across rounds (no win)"
+    )
+    fastest, agreement = meta.get("ctranslate2_fastest_greedy"), meta.get("ctranslate2_agreement")
+    if fastest:
+        line += f"; × CTranslate2 greedy: against {fastest['latency']} (batch 1), {fastest['throughput']} (batched)"
+    if agreement:
+        line += (
+            f"; {agreement['row']} differs from fairseq greedy on {agreement['differing_sentences']} of "
+            f"{agreement['sentences']} sentences"
+        )
+    return line
 
 
 def pyplot():
@@ -381,6 +461,37 @@ def plot_npd(meta: dict, rows: List[Row], path: str):
     plt.close(fig)
 
 
+def plot_by_batch_size(meta: dict, rows: List[Row], path: str):
+    """× fairseq's greedy teacher against batch size (log x), one line per row, CTranslate2 rows dashed."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    markers = "osD^v<>Pp*hX"
+    for i, r in enumerate(rows):
+        sizes = [e["batch_size"] for e in r.by_batch_size]
+        style = "--" if r.role in CTRANSLATE2_ROLES else "-"
+        ax.plot(
+            sizes,
+            [e["speedup_vs_ar_greedy"] for e in r.by_batch_size],
+            linestyle=style,
+            marker=markers[i % len(markers)],
+            color=plt.cm.tab20(i % 20),
+            label=r.name,
+        )
+    ax.axhline(1, color="0.6", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    sizes = [e["batch_size"] for e in rows[0].by_batch_size]
+    ax.set_xticks(sizes, [str(size) for size in sizes])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
+    ax.set_xlabel("batch size (sentences)")
+    ax.set_ylabel("× fairseq greedy (median over rounds)")
+    ax.set_title(f"{meta['title']}: speed against batch size\n{meta['device']}, {meta['precision']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+
+
 def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict], plots: bool = True) -> dict:
     """Write ``results.json``, ``results.md`` and (``plots``) the plots; returns the ``results.json`` content."""
     results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
@@ -391,6 +502,7 @@ def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict], 
     if plots:
         plot_pareto(meta, rows, os.path.join(out_dir, PARETO_PLOT_FILE))
         plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))
+        plot_by_batch_size(meta, rows, os.path.join(out_dir, BATCH_PLOT_FILE))
         if npd_groups(rows):
             plot_npd(meta, rows, os.path.join(out_dir, NPD_PLOT_FILE))
     return results

@@ -30,11 +30,12 @@ HARNESS_OPTIONS = (
 
 # roles, in the order the rows are reported
 TEACHER_BEAM = "teacher_beam"  # the AR teacher, fairseq's SequenceGenerator, beam --teacher-beam
-TEACHER_GREEDY = "teacher_greedy"  # the same, beam 1
-CT2_BEAM = "ctranslate2_beam"  # the teacher decoded by CTranslate2, beam --teacher-beam
+TEACHER_GREEDY = "teacher_greedy"  # the same, beam 1: the anchor of every timing ratio
+CT2_BEAM = "ctranslate2_beam"  # the teacher decoded by CTranslate2, beam --teacher-beam (one row per compute type)
 CT2_GREEDY = "ctranslate2_greedy"  # the same, beam 1
+# the teacher greedily through --task translation_nat, whose linear layers get the plugin rows' W·xᵀ layout
+TEACHER_GREEDY_PLUGIN = "teacher_greedy_plugin"
 SYSTEM = "system"  # a --system row
-ROLES = (TEACHER_BEAM, TEACHER_GREEDY, CT2_BEAM, CT2_GREEDY, SYSTEM)
 CTRANSLATE2_ROLES = (CT2_BEAM, CT2_GREEDY)
 
 
@@ -130,12 +131,27 @@ def teacher_specs(teacher: str, beam: int) -> List[RowSpec]:
     ]
 
 
-def ctranslate2_specs(teacher: str, beam: int) -> List[RowSpec]:
-    """The teacher decoded by CTranslate2, beam and greedy (:mod:`nat_plugins.cli.ctranslate2_rows`)."""
-    return [
-        RowSpec(f"AR teacher, beam {beam} (CTranslate2)", teacher, ["ctranslate2", "--beam", str(beam)], CT2_BEAM),
-        RowSpec("AR teacher, greedy (CTranslate2)", teacher, ["ctranslate2", "--beam", "1"], CT2_GREEDY),
-    ]
+def plugin_layout_spec(teacher: str) -> RowSpec:
+    """The teacher decoded greedily by fairseq's SequenceGenerator through ``--task translation_nat``, which gives a
+    plain AR model's linear layers the plugin rows' layout: the AR baseline without a layout gain."""
+    return RowSpec(
+        "AR teacher, greedy (plugin layout)",
+        teacher,
+        ["--task", "translation_nat", "--beam", "1"],
+        TEACHER_GREEDY_PLUGIN,
+    )
+
+
+def ctranslate2_specs(teacher: str, beam: int, compute_types: List[str]) -> List[RowSpec]:
+    """The teacher decoded by CTranslate2 (:mod:`nat_plugins.cli.ctranslate2_rows`), beam and greedy, for every
+    compute type; the first (the run's precision) is named without it."""
+    specs = []
+    for i, compute_type in enumerate(compute_types):
+        suffix = "CTranslate2" if i == 0 else f"CTranslate2 {compute_type}"
+        for size, role, label in ((beam, CT2_BEAM, f"beam {beam}"), (1, CT2_GREEDY, "greedy")):
+            args = ["ctranslate2", "--compute-type", compute_type, "--beam", str(size)]
+            specs.append(RowSpec(f"AR teacher, {label} ({suffix})", teacher, args, role))
+    return specs
 
 
 def npd_name(samples: int) -> str:
@@ -182,6 +198,11 @@ def percentile(values: List[float], q: float) -> float:
     return float(np.percentile(values, q))
 
 
+def spread(ratios: List[float]) -> Optional[float]:
+    """Largest minus smallest of per-round ratios (None without rounds)."""
+    return max(ratios) - min(ratios) if ratios else None
+
+
 @dataclass
 class Row:
     """One row's measurements (:mod:`.measure`, :mod:`nat_plugins.cli.ctranslate2_rows`) and what is derived from
@@ -191,8 +212,8 @@ class Row:
     hyps: List[str]  # detokenized hypotheses of the throughput pass, in sentence order
     bleu: float
     bleu_signature: str
-    throughput_seconds: float  # summed decode time of the batched pass
-    timed_ids: List[int]  # the batch-1 sentences timed (warm-up excluded), in decoding order
+    throughput_round_rates: List[float]  # sentences per second of the batched pass, per round (.schedule)
+    timed_ids: List[int]  # the batch-1 sentences timed (warm-up excluded), in sentence order
     timed_latency_ms: List[float]  # their batch-1 latencies
     generator: str  # what decoded the row: the generator's class name
     length_limit: str  # the longest output it allowed (measure.length_limit)
@@ -207,10 +228,17 @@ class Row:
     bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
     latency_speedup_vs_ar_beam: Optional[float] = None
     latency_speedup_vs_ar_greedy: Optional[float] = None
-    latency_speedup_vs_ct2_greedy: Optional[float] = None  # the teacher decoded greedily by CTranslate2
+    latency_speedup_vs_ar_greedy_plugin: Optional[float] = None  # the teacher greedy with the plugin's layout
+    latency_speedup_vs_ct2_greedy: Optional[float] = None  # the fastest CTranslate2 greedy row of the run
     throughput_speedup_vs_ar_beam: Optional[float] = None
     throughput_speedup_vs_ar_greedy: Optional[float] = None
+    throughput_speedup_vs_ar_greedy_plugin: Optional[float] = None
     throughput_speedup_vs_ct2_greedy: Optional[float] = None
+    # per round (.schedule): the greedy teacher's time / this row's on the round's block, batch 1 and batched
+    latency_ratio_rounds: List[float] = field(default_factory=list)
+    throughput_ratio_rounds: List[float] = field(default_factory=list)
+    flag: str = ""  # the ratios to the greedy teacher that the rounds leave unsettled (.schedule.unsettled)
+    by_batch_size: List[dict] = field(default_factory=list)  # speed at every --batch-sizes size (.analysis)
     rep: Optional[float] = None
     mis: Optional[float] = None
     rep_ratio: Optional[float] = None
@@ -236,7 +264,16 @@ class Row:
 
     @property
     def throughput_sent_per_s(self) -> float:
-        return len(self.hyps) / self.throughput_seconds
+        """The median over rounds: one preempted round does not count in full."""
+        return statistics.median(self.throughput_round_rates)
+
+    @property
+    def latency_ratio_spread(self) -> Optional[float]:
+        return spread(self.latency_ratio_rounds)
+
+    @property
+    def throughput_ratio_spread(self) -> Optional[float]:
+        return spread(self.throughput_ratio_rounds)
 
     @property
     def latency_ms_median(self) -> float:
@@ -281,6 +318,8 @@ class Row:
             "latency_ms_p90": self.latency_ms_p90,
             "latency_ms_mean": self.latency_ms_mean,
             "latency_sentences_timed": len(self.timed_latency_ms),
+            "latency_ratio_spread": self.latency_ratio_spread,
+            "throughput_ratio_spread": self.throughput_ratio_spread,
             "ms_per_decoder_call": self.ms_per_decoder_call,
             **measured,
         }
