@@ -2,11 +2,12 @@
 
 At each batch size the benchmark cuts the sentences into units (batch 1: one timed sentence each; batch B: the
 split's length-sorted batches of B) and deals them into ``rounds`` interleaved blocks (unit ``u`` goes to block
-``u mod rounds``, so every block has the same mix of lengths; fewer units than rounds: each block has them all). Round ``r`` times every row on block ``r``, the rows
-in an order that rotates by one each round (no row is always first or last). Every row's timed region is the same:
-its inputs (source ids) prepared, then ``decode`` (best hypothesis ids out) on the clock; bookkeeping (text,
-counts) after it. After the last round the anchor row (fairseq's greedy teacher) decodes block 0 again: its
-start-vs-end drift says how much the machine changed while the rows were timed.
+``u mod rounds``, so every block has the same mix of lengths; with fewer units than rounds each block has them all).
+Round ``r`` times every row on block ``r``, the rows in an order that rotates by one each round (no row is always
+first or last). Every row's timed region is the same: its inputs (source ids) prepared, then ``decode`` (best
+hypothesis ids out) on the clock; bookkeeping (text, counts) after it. After the last round the anchor row
+(fairseq's greedy teacher) decodes block 0 again: its start-vs-end drift says how much the machine changed while the
+rows were timed.
 
 Per row and round the ratio to the anchor (the anchor's block time / the row's, > 1: faster) shows how well the
 rounds agree: a ratio whose distance from 1 is not larger than its spread across rounds is flagged, not a win.
