@@ -434,7 +434,7 @@ def test_rep_mis_of_every_row(fixture):
     for row in rows:
         with open(os.path.join(fixture["out"], row["hyp_file"]), encoding="utf-8") as f:
             hyps = [tokenize(line) for line in f.read().splitlines()]
-        assert row["rep_ratio"] == pytest.approx(rep_mis.repeated_ratio(hyps, window=2))
+        assert row["rep_ratio"] == pytest.approx(rep_mis.repeated_ratio(hyps))
         assert row["mis_ratio"] == pytest.approx(rep_mis.missing_ratio(hyps, references))
         assert row["rep"] == pytest.approx(100 * (row["rep_ratio"] / greedy["rep_ratio"] - 1))
         assert row["mis"] == pytest.approx(100 * (row["mis_ratio"] / greedy["mis_ratio"] - 1))

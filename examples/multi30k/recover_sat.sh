@@ -5,7 +5,7 @@
 #   [PRESET=cpu|gpu] bash examples/multi30k/recover_sat.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
 # Ablations: --anneal-steps 0 (p = 0: always EQUAL splits), --pseudo-rep-prob 0 (q = 0). Decode greedily with
 #   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \
-#     --beam 1 --print-step --print-segments
+#     --beam 1 --max-len-a 1 --max-len-b 10 --print-step --print-segments   (a segment: at most ceil(|x|/K) + 10 tokens)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
 usage="usage: recover_sat.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]"
@@ -15,8 +15,8 @@ arch_args recover_sat
 student_args 100 5e-4 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh)
 # anneal p over the first two thirds of training; q = 0.5 (the paper's best, measured at K = 10) from K = 5 on, 0.2
 # below: with K = 2 every injected segment repeats the sentence's first segment, and at q = 0.5 the second segment
-# learns to start as a copy of the first (tests/test_recover_sat.py, synthetic task: 38 BLEU at q = 0.5 vs 53 at
-# q = 0.15)
+# learns to copy the first and be deleted (tests/test_recover_sat.py, synthetic task: < 1 token per decoder call at
+# q = 0.5, 1.5 at q = 0.2)
 ANNEAL_STEPS=$(( 2 * STUDENT_UPDATES / 3 ))
 if [ "$K" -ge 5 ]; then PSEUDO_REP_PROB=0.5; else PSEUDO_REP_PROB=0.2; fi
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \

@@ -3,11 +3,13 @@
 The segmented decoder inputs and targets are built on the fly from ``sample["target"]``, for the whole batch in a
 few tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`; no per-sentence Python):
 
-* mixed annealing dividing (§3.3): s ~ Bernoulli(p); s = 0 cuts at the EQUAL points ceil(i*n/K), s = 1 at K-1
-  distinct RAND points drawn from 1..n (n: an empty last segment); p = max(0, 1 - updates / ``--anneal-steps``)
-  goes linearly from 1 to 0 (``--anneal-steps 0``: p = 0, always EQUAL). It follows the model's update count
-  (``set_num_updates``), so it continues correctly after ``--restore-file``. No split point falls inside a word
-  (``▁``/``@@`` aware).
+* mixed annealing dividing (§3.3, eq. 5-6): s ~ Bernoulli(p); s = 0 cuts at the EQUAL points ceil(i*n/K), s = 1
+  at K-1 distinct RAND points drawn from 1..n (n: an empty last segment), n counted in subwords: a split may fall
+  at any subword position, as in the paper (``--split-at-word-starts``: only before a word's first subword,
+  ``▁``/``@@`` aware). p = max(0, 1 - updates / ``--anneal-steps``) goes linearly from 1 to 0 over the whole
+  training by default (``--anneal-steps`` defaults to fairseq's ``--max-update``, as the paper anneals p from 1
+  to 0 during training; ``--anneal-steps 0``: p = 0, always EQUAL). It follows the model's update count
+  (``set_num_updates``), so it continues correctly after ``--restore-file``.
 * pseudo-repetitive segments (§3.2), with probability ``--pseudo-rep-prob`` q per sentence: the sentence is divided
   into K-1 segments, a prefix of random length 1..|S| of a random non-empty segment S is copied, followed by DEL,
   right after S; it is trained like any segment (its tokens, then DEL where a segment ends with EOS).
@@ -19,7 +21,9 @@ draws of its own (:class:`~nat_plugins.modules.segments.SegmentDraws`). Validati
 Logged: ``loss``/``nll_loss`` per trained position, ``anneal_p`` and ``pseudo_rep_rate`` (injected sentences).
 """
 
+import logging
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq.criterions import FairseqCriterion, register_criterion
@@ -32,22 +36,47 @@ from ..modules.options import check_label_smoothing
 from ..modules.segments import DEL_SYMBOL, SegmentDraws, segment_targets, word_boundary_tables
 from ._metrics import log_loss_and_nll, summed
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class RecoverSATLossConfig(FairseqDataclass):
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing epsilon (the paper: 0.15)"})
-    anneal_steps: int = field(
-        default=10000,
+    anneal_steps: Optional[int] = field(
+        default=None,
         metadata={
             "help": "updates over which p (probability of RAND rather than EQUAL split points) goes "
-            "linearly from 1 to 0; 0 means p = 0 throughout (always EQUAL)"
+            "linearly from 1 to 0 (default: --max-update, the whole training, as in the paper); "
+            "0 means p = 0 throughout (always EQUAL)"
         },
     )
     pseudo_rep_prob: float = field(
         default=0.5, metadata={"help": "probability q of injecting a pseudo-repetitive segment into a sentence"}
     )
+    split_at_word_starts: bool = field(
+        default=False,
+        metadata={
+            "help": "split targets into segments only before the first subword of a word (sentencepiece '▁', "
+            "subword-nmt '@@' aware), moving EQUAL's points to the nearest word start; default: at any subword "
+            "position, as the paper (its released code's word rule never fired); at large K this leaves many "
+            "segments empty"
+        },
+    )
     sentence_avg: bool = II("optimization.sentence_avg")
     seed: int = II("common.seed")
+    max_update: int = II("optimization.max_update")
+
+
+def default_anneal_steps(max_update):
+    """``--anneal-steps`` when it is not given: the whole training, fairseq's ``--max-update`` (§3.3: p goes from 1
+    to 0 during training); a clear error when training has no update limit."""
+    if max_update is None or max_update <= 0:
+        raise ValueError(
+            "--anneal-steps defaults to --max-update (p anneals from 1 to 0 over the whole training), but "
+            f"--max-update is {max_update} (no update limit): pass --max-update N, or --anneal-steps N "
+            "(0: p = 0, always EQUAL split points)"
+        )
+    return max_update
 
 
 def annealed_p(num_updates, anneal_steps):
@@ -59,8 +88,13 @@ def annealed_p(num_updates, anneal_steps):
 
 @register_criterion("recover_sat_loss", dataclass=RecoverSATLossConfig)
 class RecoverSATLoss(FairseqCriterion):
-    def __init__(self, task, label_smoothing, anneal_steps, pseudo_rep_prob, sentence_avg, seed):
+    def __init__(
+        self, task, label_smoothing, anneal_steps, pseudo_rep_prob, split_at_word_starts, sentence_avg, seed, max_update
+    ):
         super().__init__(task)
+        if anneal_steps is None:
+            anneal_steps = default_anneal_steps(max_update)
+            logger.info(f"--anneal-steps {anneal_steps}: p anneals from 1 to 0 over the whole training (--max-update)")
         if anneal_steps < 0:
             raise ValueError(f"--anneal-steps must be >= 0, got {anneal_steps}")
         if not 0.0 <= pseudo_rep_prob <= 1.0:
@@ -68,9 +102,10 @@ class RecoverSATLoss(FairseqCriterion):
         self.eps = check_label_smoothing(label_smoothing)
         self.anneal_steps = anneal_steps
         self.pseudo_rep_prob = pseudo_rep_prob
+        self.split_at_word_starts = split_at_word_starts
         self.sentence_avg = sentence_avg
         self.seed = seed
-        self.boundary_tables = None  # built on first use: the model adds DEL to the dictionary
+        self.boundary_tables = None  # --split-at-word-starts: built on first use (the model adds DEL to the dictionary)
         self.calls = (None, 0)  # (update number, batches seen in that update)
 
     def draws(self, model, target):
@@ -88,7 +123,8 @@ class RecoverSATLoss(FairseqCriterion):
         tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`); also p and the number of
         sentences that got a pseudo-repetitive segment (a tensor)."""
         dictionary = self.task.target_dictionary
-        if self.boundary_tables is None or self.boundary_tables[0].device != target.device:
+        stale = self.boundary_tables is None or self.boundary_tables[0].device != target.device
+        if self.split_at_word_starts and stale:
             self.boundary_tables = tuple(table.to(target.device) for table in word_boundary_tables(dictionary))
         p = annealed_p(model.num_updates, self.anneal_steps) if model.training else 0.0
         draws = self.draws(model, target) if model.training else None

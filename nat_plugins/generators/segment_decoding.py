@@ -2,12 +2,14 @@
 
 All K segments of a sentence advance one token per decoder call (greedy, the argmax of each segment's
 distribution), against the decoder's incremental key/value cache (fairseq's ``incremental_state``), which grows by
-K positions per call. A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length: an even
-share of the source length plus a margin, ceil(|x| / K) + ``--segment-length-margin`` (also capped by
-``--max-len-a/b`` and the decoder's positions). The first segment never emits DEL (it has no predecessor to
-repeat; its distribution is renormalised without DEL, so with K = 1 the scores are the AR model's) and not EOS
-before ``--min-len`` steps (fairseq's rule), so it is never empty. Ended segments are fed padding, which the key
-padding mask hides.
+K positions per call. A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length:
+fairseq's length rule applied to the segment's even share of the source, int(``--max-len-a`` * ceil(|x| / K) +
+``--max-len-b``) tokens (also capped by the decoder's positions). With K = 1 that is the AR model's limit
+a * |x| + b, so K = 1 is fairseq's greedy search for outputs of any length; the paper's cap, ceil(|x| / K) + 10,
+is ``--max-len-a 1 --max-len-b 10`` (fairseq's defaults, 0 and 200, let every segment run to 200 tokens).
+The first segment never emits DEL (it has no predecessor to repeat; its distribution is renormalised without DEL,
+so with K = 1 the scores are the AR model's) and not EOS before ``--min-len`` steps (fairseq's rule), so it is
+never empty. Ended segments are fed padding, which the key padding mask hides.
 A sentence leaves the batch when all its segments have ended, so batch size > 1 costs no extra steps; maximum
 lengths are per sentence, so a sentence decodes the same in any batch. ``hypo["steps"]`` = decoder calls.
 
@@ -30,27 +32,23 @@ from .base import PluginGenerator
 
 
 class SegmentDecoder(PluginGenerator):
-    """Greedy segment decoding of one RecoverSAT model (see the module docstring); ``--segment-length-margin`` is a
-    task option."""
+    """Greedy segment decoding of one RecoverSAT model (see the module docstring)."""
 
     name = "RecoverSAT segment decoding"
 
     def __init__(self, models, task, gen_args):
         super().__init__(models, task, gen_args)
         self.require_greedy("is greedy (the paper's decoding)")
-        self.length_margin = task.cfg.segment_length_margin
-        if self.length_margin < 0:
-            raise ValueError(f"--segment-length-margin must be >= 0, got {self.length_margin}")
         self.num_segments = self.model.decoder.num_segments
         self.del_index = self.tgt_dict.index(DEL_SYMBOL)
         if self.del_index == self.unk:
             raise ValueError(f"the target dictionary has no {DEL_SYMBOL} symbol: is this a recover_sat model?")
 
     def segment_max_lengths(self, src_lengths):
-        """Tokens a segment may emit before it is forced to EOS, per sentence."""
-        even_share = (src_lengths + self.num_segments - 1) // self.num_segments + self.length_margin
-        overall = self.max_lengths(src_lengths, self.model.max_decoder_positions() - 1)
-        return torch.minimum(even_share, overall).clamp_(min=0)
+        """Tokens a segment may emit before it is forced to EOS, per sentence: ``--max-len-a/-b`` applied to the
+        segment's even share of the source, ceil(|x| / K) (:meth:`max_lengths`; K = 1: the AR model's limit)."""
+        even_share = (src_lengths + self.num_segments - 1) // self.num_segments
+        return self.max_lengths(even_share, self.model.max_decoder_positions() - 1).clamp_(min=0)
 
     @torch.no_grad()
     def generate(self, models, sample, **kwargs):

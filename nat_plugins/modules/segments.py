@@ -4,9 +4,13 @@ pseudo-repetitive segment injection (§3.2), training batches of segments and th
 
 A target y_1..y_n (without EOS) is cut at split points 0 <= c_1 <= ... <= c_{K-1} <= n into K segments
 S_k = y[c_{k-1}:c_k] (c_0 = 0, c_K = n); equal points give empty segments, which are just BOS -> EOS.
-Split points never fall inside a word: a point i (between y_{i-1} and y_i) is allowed when y_i starts a word
+By default a split point may fall at any subword position, as in the paper's EQUAL(n, m) = {ceil(i*n/(m+1))}
+and RAND over [1, n] (eq. 5-6; the released code's rule against splitting inside a word never fired, so the
+paper's numbers come from such splits). With ``boundary_tables`` (:func:`word_boundary_tables`; the criterion's
+``--split-at-word-starts``) a point i (between y_{i-1} and y_i) is allowed only when y_i starts a word
 (sentencepiece: it begins with ``▁``, when the dictionary is a sentencepiece one) and y_{i-1} does not continue
-into the next token (subword-nmt: it does not end with ``@@``). Word-level vocabularies allow every point.
+into the next token (subword-nmt: it does not end with ``@@``); word-level vocabularies allow every point. Snapping
+to word starts leaves many segments empty at large K (12 subwords in 5 words at K = 10: 5 empty segments).
 
 Decoder layout ("step-major"): the K segments advance together, so position t*K + k holds step t of segment k.
 A query at step t sees every key at steps <= t in all segments (§3.1), which in this layout is the relaxed causal
@@ -78,12 +82,16 @@ class SegmentDraws(NamedTuple):
         )
 
 
-def allowed_split_mask(target, lengths, starts_word, continues_word):
+def allowed_split_mask(target, lengths, boundary_tables=None):
     """B x T bool: point i (between ``target[:, i-1]`` and ``target[:, i]``) is an interior split point 1..n-1 of
-    its sentence (``lengths``: n, EOS excluded) that does not cut a word (``word_boundary_tables`` on the device)."""
-    allowed = torch.zeros_like(target, dtype=torch.bool)
-    allowed[:, 1:] = starts_word[target[:, 1:]] & ~continues_word[target[:, :-1]]
-    return allowed & (point_grid(target) < lengths.unsqueeze(1))
+    its sentence (``lengths``: n, EOS excluded); with ``boundary_tables`` (``word_boundary_tables`` on the device),
+    only those that do not cut a word."""
+    grid = point_grid(target)
+    allowed = grid.gt(0) & (grid < lengths.unsqueeze(1))
+    if boundary_tables is not None:
+        starts_word, continues_word = boundary_tables
+        allowed[:, 1:] &= starts_word[target[:, 1:]] & ~continues_word[target[:, :-1]]
+    return allowed
 
 
 def point_grid(target):
@@ -94,8 +102,8 @@ def point_grid(target):
 def equal_split_points(lengths, num_parts, allowed, num_points):
     """EQUAL(n, m-1) = {ceil(i*n/m) : i = 1..m-1} (§3.3; the released code's version is broken) of every sentence,
     B x ``num_points``: ``lengths`` n and ``num_parts`` m (B each); slots i >= m hold n. Each point moves to the
-    nearest of {0} + ``allowed`` (B x T, :func:`allowed_split_mask`) + {n} (ties: the earlier one), so words stay
-    whole and the points stay sorted."""
+    nearest of {0} + ``allowed`` (B x T, :func:`allowed_split_mask`) + {n} (ties: the earlier one), so the points
+    stay sorted (with every interior point allowed, none moves; with word starts only, words stay whole)."""
     n, m = lengths.unsqueeze(1), num_parts.unsqueeze(1)
     i = torch.arange(1, num_points + 1, device=lengths.device).unsqueeze(0)
     points = ((i * n + m - 1) // m).clamp(max=n)  # B x P
@@ -122,9 +130,10 @@ def random_split_points(lengths, num_parts, allowed, keys, num_points):
     return torch.where(slots < count, drawn, n).sort(dim=1).values
 
 
-def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables, p=0.0, q=0.0, draws=None):
+def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables=None, p=0.0, q=0.0, draws=None):
     """Decoder inputs and targets (B x L*K, step-major) of a batch of ``target`` s (B x T, right-padded, EOS last)
-    cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment (B bool).
+    cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment (B bool). Split
+    points fall at any subword position, or only at word starts with ``boundary_tables`` (module docstring).
 
     With ``draws`` (:class:`SegmentDraws`; training): mixed annealing dividing (§3.3: RAND split points with
     probability ``p``, else EQUAL) and, with probability ``q`` per non-empty sentence (K > 1), a pseudo-repetitive
@@ -138,7 +147,7 @@ def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables, 
     batch_size, columns = target.shape
     K = num_segments
     lengths = target.ne(pad).sum(dim=1) - 1
-    allowed = allowed_split_mask(target, lengths, *boundary_tables)
+    allowed = allowed_split_mask(target, lengths, boundary_tables)
     training = draws is not None
     inject = draws.inject.lt(q) & lengths.gt(0) & (K > 1) if training else torch.zeros_like(lengths, dtype=torch.bool)
     parts = K - inject.long()  # an injected sentence is cut into K-1 segments (its K-th one below is empty)

@@ -58,7 +58,6 @@ SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 # other than the default for any other model (the option would be ignored without a word). The one table: the hub's
 # per-call options (nat_plugins.hub) are its keys
 DECODING_OPTIONS = {
-    "segment_length_margin": "recover_sat",
     "print_segments": "recover_sat",
     "block_accept": "blockwise_transformer",
     "min_block_size": "blockwise_transformer",
@@ -99,10 +98,6 @@ class TranslationNATConfig(TranslationConfig):
         },
     )
     # RecoverSAT (recover_sat, Ran et al. 2020): segment decoding options
-    segment_length_margin: int = field(
-        default=10,
-        metadata={"help": "recover_sat: a segment is forced to end after ceil(source length / K) + this many tokens"},
-    )
     print_segments: bool = field(
         default=False, metadata={"help": "recover_sat: print each hypothesis's segments as SEG-<id> lines (' | ')"}
     )

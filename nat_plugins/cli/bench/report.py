@@ -15,7 +15,7 @@ import torch
 
 import nat_plugins
 
-from ..rep_mis import repeated_ratio
+from ..rep_mis import DEFAULT_WINDOW, repeated_ratio
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
 from .rows import CTRANSLATE2_ROLES, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path
@@ -206,8 +206,8 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
         f"BLEU = sacreBLEU ({rows[0].bleu_signature}) vs `{meta['reference']}`",
         "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
-        "to one of the 2 before it) and of the missing-token ratio (reference tokens the output lacks) over the "
-        "teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
+        f"to any of the {DEFAULT_WINDOW} before it, eq. 8) and of the missing-token ratio (reference tokens the output "
+        "lacks) over the teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
         f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
         f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
