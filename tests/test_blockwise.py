@@ -21,7 +21,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
 from nat_plugins.generators import verify_accept_loop
-from nat_plugins.generators.blockwise_decoding import VerifyAcceptGenerator, parse_block_accept
+from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator, parse_block_accept
 from nat_plugins.generators.verify_accept_loop import accepted_lengths
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
 
@@ -69,7 +69,7 @@ def random_model(task, block_size, seed, identity_first_head=False):
 
 
 def verify_accept(model, task, sample, use_cache=True, **options):
-    generator = VerifyAcceptGenerator(
+    generator = BlockwiseGenerator(
         [model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B), use_cache=use_cache
     )
     return generator.generate([model], sample)
@@ -317,7 +317,7 @@ def test_validation_logs_the_mean_accepted_block_of_exact_verify_accept(toy_task
         sample, _ = training_sample(dictionary, seed=seed)
         with torch.no_grad():
             log = criterion_for(toy_task)(model, sample)[2]
-        hypos = VerifyAcceptGenerator([model], toy_task, Namespace(beam=1)).generate([model], sample)
+        hypos = BlockwiseGenerator([model], toy_task, Namespace(beam=1)).generate([model], sample)
         assert log["block_tokens"] == sum(len(h[0]["tokens"]) for h in hypos)
         assert log["block_steps"] == sum(h[0]["steps"] for h in hypos)
         logs.append(log)
@@ -479,7 +479,7 @@ def record_accepted(monkeypatch):
     return steps
 
 
-class RiggedFirstBlock(VerifyAcceptGenerator):
+class RiggedFirstBlock(BlockwiseGenerator):
     """Proposes ``first_block`` (the k-1 drafts after ŷ_{j+1}) at the first step, the heads' drafts after."""
 
     first_block = None
@@ -576,7 +576,7 @@ def test_exact_acceptance_follows_fairseqs_length_unk_and_score_options(toy_task
     sample = random_batch(dictionary, 8, seed)
 
     def decode(options):
-        return VerifyAcceptGenerator([model], toy_task, Namespace(beam=1, **options)).generate([model], sample)
+        return BlockwiseGenerator([model], toy_task, Namespace(beam=1, **options)).generate([model], sample)
 
     assert_same_hypotheses(
         decode(LENGTH_AND_SCORE_OPTIONS), fairseq_greedy(model, toy_task, sample, LENGTH_AND_SCORE_OPTIONS)
@@ -591,20 +591,20 @@ def test_decoding_options_are_checked(toy_task):
         with pytest.raises(ValueError, match="--block-accept"):
             parse_block_accept(bad)
     with pytest.raises(ValueError, match=r"--min-block-size must be between 1 and the model's --block-size \(2\)"):
-        VerifyAcceptGenerator([model], with_task_options(toy_task, min_block_size=3), Namespace(beam=1))
+        BlockwiseGenerator([model], with_task_options(toy_task, min_block_size=3), Namespace(beam=1))
     with pytest.raises(ValueError, match="ensemble"):
-        VerifyAcceptGenerator([model, model], toy_task, Namespace(beam=1))
+        BlockwiseGenerator([model, model], toy_task, Namespace(beam=1))
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
-        VerifyAcceptGenerator([model], toy_task, Namespace(nbest=2))
+        BlockwiseGenerator([model], toy_task, Namespace(nbest=2))
     # fairseq's default --beam is 5: forgetting --beam 1 is an error, not greedy output and a log line
     with pytest.raises(
         ValueError,
         match=r"verify-accept decoding \(blockwise_transformer\) emits one greedy .*: pass --beam 1 \(got 5\)",
     ):
-        VerifyAcceptGenerator([model], toy_task, GenerationConfig())
+        BlockwiseGenerator([model], toy_task, GenerationConfig())
     with pytest.raises(ValueError, match="--int8-drafts needs a model trained with --identity-first-head"):
-        VerifyAcceptGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
-    generator = VerifyAcceptGenerator([model], toy_task, Namespace(beam=1))
+        BlockwiseGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
+    generator = BlockwiseGenerator([model], toy_task, Namespace(beam=1))
     with pytest.raises(ValueError, match="prefix_tokens .* are not supported by verify-accept decoding"):
         generator.generate([model], random_batch(toy_task.target_dictionary, 2, 0), prefix_tokens=torch.tensor([[5]]))
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-from nat_plugins.generators.blockwise_decoding import VerifyAcceptGenerator
+from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
 from nat_plugins.modules.cpu_linear import MAX_ROWS, MIN_WEIGHT_FOR_ONE_ROW, WeightFirstLinear, use_weight_first_linears
 
 from .test_blockwise import random_model
@@ -62,7 +62,7 @@ def test_swapping_keeps_parameters_and_state_dict(toy_task):
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     parameters = [id(p) for p in model.parameters()]
     linears = [layer for layer in model.modules() if isinstance(layer, nn.Linear)]
-    VerifyAcceptGenerator([model], toy_task, Namespace(beam=1))
+    BlockwiseGenerator([model], toy_task, Namespace(beam=1))
     assert linears and all(type(layer) is WeightFirstLinear for layer in linears)
     assert [id(p) for p in model.parameters()] == parameters
     after = model.state_dict()
@@ -72,7 +72,7 @@ def test_swapping_keeps_parameters_and_state_dict(toy_task):
 def test_int8_drafts_are_still_quantized(toy_task, tmp_path):
     """torch quantizes nn.Linear itself only: int8_copy must turn the generator's WeightFirstLinear layers back."""
     model = random_model(toy_task, 3, seed=0, identity_first_head=True)
-    blockwise = VerifyAcceptGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
+    blockwise = BlockwiseGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
     assert type(blockwise.draft_projection) is Int8Linear
     assert all(type(layer) is Int8Linear for layer in blockwise.draft_heads.fc2)
     assert type(model.decoder.output_projection) is WeightFirstLinear  # the verifier's

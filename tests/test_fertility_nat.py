@@ -34,7 +34,7 @@ from nat_plugins.criterions import nat_rkl_finetune
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune, NATRKLFinetuneConfig, rkl_loss, without_dropout
 from nat_plugins.generators import fertility_decoding
-from nat_plugins.generators.fertility_decoding import FertilityDecoder, first_occurrences
+from nat_plugins.generators.fertility_decoding import FertilityNATGenerator, first_occurrences
 from nat_plugins.modules import fertility as fertility_helpers
 from nat_plugins.modules.fertility import cap_total, nat_output, sample_fertilities
 from nat_plugins.modules.log_probs import token_log_probs
@@ -111,7 +111,7 @@ def batch(task, indices):
 def decoder(model, task, mode="argmax", **kwargs):
     gen = dict(beam=1, max_len_a=0, max_len_b=200)
     gen.update(kwargs.pop("gen", {}))
-    return FertilityDecoder([model], with_task_options(task, fertility_decoding=mode, **kwargs), Namespace(**gen))
+    return FertilityNATGenerator([model], with_task_options(task, fertility_decoding=mode, **kwargs), Namespace(**gen))
 
 
 # ----- (a) links -> fertilities ----------------------------------------------------------------------------------

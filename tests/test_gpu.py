@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
-from nat_plugins.generators.blockwise_decoding import VerifyAcceptGenerator
-from nat_plugins.generators.speculative_decoding import SpeculativeDecoder
+from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
+from nat_plugins.generators.speculative_decoding import SpeculativeGenerator
 from nat_plugins.modules import cpu_linear
 
 from .test_blockwise import random_model
@@ -149,12 +149,12 @@ def blockwise_cases(task, device, dtype, block_size):
         model = random_model(task, block_size, seed, identity_first_head=seed % 2 == 1).to(device=device, dtype=dtype)
 
         def build(_reference, model=model):
-            return VerifyAcceptGenerator([model], task, Namespace(beam=1, max_len_b=MAX_LEN_B))
+            return BlockwiseGenerator([model], task, Namespace(beam=1, max_len_b=MAX_LEN_B))
 
         yield model, model, build, random_batch(task.target_dictionary, BATCH, seed)
 
 
-class ReferenceDrafter(SpeculativeDecoder):
+class ReferenceDrafter(SpeculativeGenerator):
     """Drafts fairseq's greedy output of the teacher (``reference``: B x L, y_1.. then EOS, on the device), each token
     replaced by a random one with probability ``noise`` (a seeded CPU generator: the same on every device), so that
     sentences of a batch accept different numbers of drafts; ``sentences``: the reference rows of the batch (None:
@@ -181,7 +181,7 @@ class ReferenceDrafter(SpeculativeDecoder):
         return torch.where(noisy, random.to(drafts.device), drafts)
 
 
-def speculative_cases(task, device, dtype, draft_size, tmp_path, generator_class=SpeculativeDecoder):
+def speculative_cases(task, device, dtype, draft_size, tmp_path, generator_class=SpeculativeGenerator):
     for seed in SEEDS:
         path = str(tmp_path / f"teacher{seed}.pt")
         teacher = random_teacher(task, seed, path).to(device=device, dtype=dtype)
@@ -213,7 +213,7 @@ def test_speculative_exact_verification_is_fairseqs_greedy_decoding_on_cuda(toy_
     """An untrained drafter and one that drafts fairseq's output with random errors (drafts accepted, in blocks of
     different lengths per sentence); the teacher checkpoint is loaded by the decoder and moved to the drafter's
     device and dtype."""
-    for generator_class in (SpeculativeDecoder, ReferenceDrafter):
+    for generator_class in (SpeculativeGenerator, ReferenceDrafter):
         cases = speculative_cases(toy_task, "cuda", dtype, draft_size, tmp_path, generator_class)
         generators, (_diverged, _sentences, tokens, calls) = check_exact_decoder(toy_task, "cuda", dtype, cases)
         for generator in generators:
@@ -243,11 +243,11 @@ def decode_every_way(task, device, dtype, tmp_path):
     ``device`` in ``dtype``; returns the linear layers of the decoded models."""
     sample = to(device, random_batch(task.target_dictionary, BATCH, 0))
     model = random_model(task, 3, 0).to(device=device, dtype=dtype)
-    VerifyAcceptGenerator([model], task, Namespace(beam=1, max_len_b=MAX_LEN_B)).generate([model], sample)
+    BlockwiseGenerator([model], task, Namespace(beam=1, max_len_b=MAX_LEN_B)).generate([model], sample)
     path = str(tmp_path / "teacher.pt")
     teacher = random_teacher(task, 0, path).to(device=device, dtype=dtype)
     spec = drafter(task, 3, 0).to(device=device, dtype=dtype)
-    speculative = SpeculativeDecoder(
+    speculative = SpeculativeGenerator(
         [spec], with_task_options(task, speculative_teacher=path), Namespace(beam=1, max_len_b=MAX_LEN_B)
     )
     speculative.generate([spec], sample)

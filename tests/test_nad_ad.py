@@ -21,7 +21,7 @@ from torch import nn
 
 from nat_plugins.cli import distill
 from nat_plugins.criterions.nad_ad_loss import NADADLoss, nad_targets
-from nat_plugins.generators.nad_ad_decoding import NADADSequenceGenerator
+from nat_plugins.generators.nad_ad_decoding import NADADGenerator
 from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
 from nat_plugins.modules.cpu_linear import WeightFirstLinear
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
@@ -71,7 +71,7 @@ def batch(task, indices):
 
 
 def generator(model, task, beam):
-    return NADADSequenceGenerator([model], task, Namespace(beam=beam, max_len_b=12))
+    return NADADGenerator([model], task, Namespace(beam=beam, max_len_b=12))
 
 
 def tokens_of(hypos):
@@ -206,7 +206,7 @@ def test_nad_ad_and_its_ar_baseline_are_decoded_in_the_same_linear_layout(task):
     every linear layer of the encoder, the NAD, the AD and the NAD output layer."""
     model = build(task)
     ar = task.build_model(model_args(task.cfg.data, TINY_TRANSFORMER)).eval()
-    for decoded, expected in ((model, NADADSequenceGenerator), (ar, SequenceGenerator)):
+    for decoded, expected in ((model, NADADGenerator), (ar, SequenceGenerator)):
         assert any(type(m) is nn.Linear for m in decoded.modules())  # fairseq builds nn.Linear
         assert type(task.build_generator([decoded], Namespace(beam=2))) is expected
         linears = [name for name, m in decoded.named_modules() if isinstance(m, nn.Linear)]

@@ -16,7 +16,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.cli import rep_mis
 from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
-from nat_plugins.generators.segment_decoding import SegmentDecoder
+from nat_plugins.generators.segment_decoding import RecoverSATGenerator
 from nat_plugins.modules.segments import (
     DEL_SYMBOL,
     SegmentDraws,
@@ -70,7 +70,7 @@ def batch(task, indices):
 
 def decode(model, task, sample, **gen_args):
     """Greedy segment decoding of ``sample`` with fairseq's generation options ``gen_args`` (e.g. max_len_b)."""
-    return SegmentDecoder([model], task, Namespace(beam=1, **gen_args)).generate([model], sample)
+    return RecoverSATGenerator([model], task, Namespace(beam=1, **gen_args)).generate([model], sample)
 
 
 def make_criterion(task, label_smoothing=0.0, anneal_steps=0, pseudo_rep_prob=0.0, split_at_word_starts=False):
@@ -425,7 +425,7 @@ def test_bad_options_are_refused(dummy_data_bin, teacher):
         build_recover_sat(dummy_data_bin, task, 0)
     model = build_recover_sat(dummy_data_bin, task, 2)
     with pytest.raises(ValueError, match="--beam 1"):
-        SegmentDecoder([model], task, Namespace(beam=4))
+        RecoverSATGenerator([model], task, Namespace(beam=4))
     with pytest.raises(ValueError, match="--score-reference True is not supported"):  # its forward takes segments
         task.build_generator([model], Namespace(beam=1, score_reference=True))
     with pytest.raises(ValueError, match="--pseudo-rep-prob"):
@@ -551,7 +551,9 @@ def test_segment_length_cap_is_fairseqs_on_the_even_share(dummy_data_bin, teache
 
     def caps(num_segments, **gen_args):
         model = build_recover_sat(dummy_data_bin, task, num_segments)
-        return SegmentDecoder([model], task, Namespace(beam=1, **gen_args)).segment_max_lengths(src_lengths).tolist()
+        return (
+            RecoverSATGenerator([model], task, Namespace(beam=1, **gen_args)).segment_max_lengths(src_lengths).tolist()
+        )
 
     assert caps(1, max_len_a=1.5, max_len_b=3) == [9, 33, positions - 1]
     assert caps(1) == [200, 200, 200]  # fairseq's defaults: a = 0, b = 200
@@ -573,7 +575,7 @@ def test_batch_of_one_equals_batched(dummy_data_bin, teacher, tiny_teacher):
 def test_post_processing_drops_del_segments_and_eos(dummy_data_bin, teacher):
     _, task = teacher
     recover = build_recover_sat(dummy_data_bin, task, 3)
-    decoder = SegmentDecoder([recover], task, Namespace(beam=1))
+    decoder = RecoverSATGenerator([recover], task, Namespace(beam=1))
     pad, eos, del_index = decoder.pad, decoder.eos, decoder.del_index
     # segments: "10 11 EOS", "10 DEL", "12 EOS" (steps x K)
     segment_tokens = torch.tensor([[10, 10, 12], [11, del_index, eos], [eos, pad, pad]])
@@ -780,7 +782,7 @@ def decoding_measures(model, task):
     """Greedy segment decoding of the test split (the paper's segment cap): BLEU against the (real) references,
     segments that ended in DEL and at their maximum length, immediately repeated tokens (%); and checks that every
     segment ends with EOS or DEL (nothing after it) and the assembled output holds neither DEL nor an inner EOS."""
-    decoder = SegmentDecoder([model], task, LEARNING_DECODING)
+    decoder = RecoverSATGenerator([model], task, LEARNING_DECODING)
     dictionary = task.target_dictionary
     pad, eos, del_index = dictionary.pad(), dictionary.eos(), dictionary.index(DEL_SYMBOL)
     hyps, refs, deleted, forced, steps = [], [], 0, 0, 0

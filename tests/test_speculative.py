@@ -16,7 +16,7 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
-from nat_plugins.generators.speculative_decoding import SpeculativeDecoder
+from nat_plugins.generators.speculative_decoding import SpeculativeGenerator
 from nat_plugins.models.spec_drafter import HIDDEN, draft_attention_mask, every_cut_attention_mask
 
 from .test_blockwise import (
@@ -79,7 +79,7 @@ def drafter(task, draft_size, seed, extra=()):
     return build(task, ["--arch", "spec_drafter", "--draft-size", str(draft_size)] + TINY_SIZES + list(extra), seed)[0]
 
 
-def speculative(model, task, teacher_path, generator_class=SpeculativeDecoder, **options):
+def speculative(model, task, teacher_path, generator_class=SpeculativeGenerator, **options):
     return generator_class(
         [model], with_task_options(task, speculative_teacher=teacher_path, **options), Namespace(max_len_b=MAX_LEN_B)
     )
@@ -205,7 +205,7 @@ def test_loss_is_the_cross_entropy_of_the_scored_slots(toy_task):
 # ----- speculative decoding ----------------------------------------------------------------------------------------
 
 
-class ReferenceDrafter(SpeculativeDecoder):
+class ReferenceDrafter(SpeculativeGenerator):
     """Drafts the teacher's greedy output (``reference``: B x L, y_1.. then EOS), each token replaced by a random one
     with probability ``noise``; follows the sentences through the batch's reorders."""
 
@@ -227,7 +227,7 @@ class ReferenceDrafter(SpeculativeDecoder):
         return torch.where(noisy, torch.randint(self.tgt_dict.nspecial, len(self.tgt_dict), drafts.shape), drafts)
 
 
-class CheckedDrafter(SpeculativeDecoder):
+class CheckedDrafter(SpeculativeGenerator):
     """Checks every draft of the cached drafter against the drafter reading the whole prefix without a cache."""
 
     checked = 0
@@ -370,7 +370,7 @@ def test_relaxed_verification(toy_task, tmp_path):
         relaxed(0, 1.0)
 
 
-class RiggedFirstBlock(SpeculativeDecoder):
+class RiggedFirstBlock(SpeculativeGenerator):
     """Drafts ``first_block`` (k drafts after BOS) at the first step, the drafter's drafts after."""
 
     first_block = None
@@ -428,7 +428,7 @@ def test_exact_verification_follows_fairseqs_length_unk_and_score_options(toy_ta
 
     def decode(options):
         task = with_task_options(toy_task, speculative_teacher=path)
-        return SpeculativeDecoder([model], task, Namespace(beam=1, **options)).generate([model], sample)
+        return SpeculativeGenerator([model], task, Namespace(beam=1, **options)).generate([model], sample)
 
     assert_same_hypotheses(
         decode(LENGTH_AND_SCORE_OPTIONS), fairseq_greedy(teacher, toy_task, sample, LENGTH_AND_SCORE_OPTIONS)
@@ -447,11 +447,11 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
     with pytest.raises(ValueError, match="needs a spec_drafter checkpoint"):
         speculative(teacher, toy_task, path)
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
-        SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
+        SpeculativeGenerator([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
     with pytest.raises(
         ValueError, match=r"speculative decoding \(spec_drafter\) emits one greedy .*: pass --beam 1 \(got 4\)"
     ):
-        SpeculativeDecoder([model], with_task_options(toy_task, speculative_teacher=path), Namespace(beam=4))
+        SpeculativeGenerator([model], with_task_options(toy_task, speculative_teacher=path), Namespace(beam=4))
     with pytest.raises(ValueError, match="--int8-drafts runs the drafter's decoder on the CPU in float32.*bfloat16"):
         speculative(drafter(toy_task, 2, 0).bfloat16(), toy_task, path, int8_drafts=True)
 

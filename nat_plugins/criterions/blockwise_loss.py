@@ -25,7 +25,7 @@ the graph so that the optimizer does not move them (fairseq's Adam applies momen
 parameter with a gradient, a zero one included).
 
 Validation scores every head and also decodes the batch with verify-accept
-(:class:`~nat_plugins.generators.blockwise_decoding.VerifyAcceptGenerator`: the task's ``--block-accept`` and
+(:class:`~nat_plugins.generators.blockwise_decoding.BlockwiseGenerator`: the task's ``--block-accept`` and
 ``--min-block-size``, by default exact acceptance of single proposals, and fairseq-generate's default length limits)
 to log ``accepted_block``: emitted tokens (EOS included) per decoder call over the whole validation set, the
 number ``fairseq-generate --print-step`` reports (§5, "mean accepted block size"). Logged besides:
@@ -45,7 +45,7 @@ from fairseq.dataclass.configs import GenerationConfig
 from fairseq.logging import metrics
 from omegaconf import II
 
-from ..generators.blockwise_decoding import VerifyAcceptGenerator
+from ..generators.blockwise_decoding import BlockwiseGenerator
 from ..modules.block_heads import block_targets
 from ..modules.options import check_label_smoothing
 from ._metrics import log_bits, log_loss_and_nll, summed
@@ -194,7 +194,7 @@ class BlockwiseLoss(FairseqCriterion):
     def accepted_block_counts(self, model, sample):
         """Verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
         ``block_steps`` (decoder calls), summed over its sentences, as fairseq-generate counts them."""
-        generator = VerifyAcceptGenerator([model], self.task, GenerationConfig(beam=1))
+        generator = BlockwiseGenerator([model], self.task, GenerationConfig(beam=1))
         hypos = generator.generate([model], sample)
         return {
             "block_tokens": sum(len(h[0]["tokens"]) for h in hypos),

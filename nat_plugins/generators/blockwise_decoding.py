@@ -38,7 +38,7 @@ def parse_block_accept(spec):
     raise ValueError(f"--block-accept must be 'exact' or 'topk:M' with an integer M >= 1, got {spec!r}")
 
 
-class VerifyAcceptGenerator(VerifyAcceptLoop):
+class BlockwiseGenerator(VerifyAcceptLoop):
     """Blockwise parallel decoding with combined scoring and proposal, batched, with a rolled-back cache;
     ``--block-accept`` and ``--min-block-size`` are task options."""
 

@@ -45,7 +45,7 @@ def first_occurrences(candidates):
     return ~(same & earlier).any(dim=-1)
 
 
-class FertilityDecoder(PluginGenerator):
+class FertilityNATGenerator(PluginGenerator):
     """Argmax / average / noisy parallel decoding of one ``fertility_nat`` model (see the module docstring); the
     mode and the NPD options are the task's."""
 

@@ -39,9 +39,9 @@ class NADADEnsembleModel(EnsembleModel):
         return self.last_encoder_outs
 
 
-class NADADSequenceGenerator(SequenceGenerator):
+class NADADGenerator(SequenceGenerator):
     """fairseq's beam search over the AD with the NAD memory cached like the encoder's (module docstring), built as
-    every plugin generator is, ``NADADSequenceGenerator(models, task, gen_args)``: fairseq's ``build_generator``
+    every plugin generator is, ``NADADGenerator(models, task, gen_args)``: fairseq's ``build_generator``
     turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options. The models' linear layers are
     made :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (module docstring)."""
 

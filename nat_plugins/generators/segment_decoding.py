@@ -31,7 +31,7 @@ from ..modules.segments import DEL_SYMBOL
 from .base import PluginGenerator
 
 
-class SegmentDecoder(PluginGenerator):
+class RecoverSATGenerator(PluginGenerator):
     """Greedy segment decoding of one RecoverSAT model (see the module docstring)."""
 
     name = "RecoverSAT segment decoding"

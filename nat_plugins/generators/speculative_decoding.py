@@ -88,7 +88,7 @@ def share_unchanged_teacher_parts(drafter, teacher):
     )
 
 
-class SpeculativeDecoder(VerifyAcceptLoop):
+class SpeculativeGenerator(VerifyAcceptLoop):
     """Draft with a ``spec_drafter``, verify with the teacher (module docstring); task options
     ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau`` and
     ``--int8-drafts`` (CPU: the drafter's decoder with int8 weights; exact verification keeps the output)."""

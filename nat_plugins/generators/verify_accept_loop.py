@@ -33,9 +33,9 @@ implements :meth:`~VerifyAcceptLoop.propose` (the k-1 drafts); it may override
 (per batch, e.g. a drafter's encoder) and :meth:`~VerifyAcceptLoop.reorder` (sentences leaving the batch). Drafts
 should obey fairseq's length rules (never pad; EOS only where allowed), as forced acceptance (``min_block_size`` > 1)
 emits them unverified: :meth:`~VerifyAcceptLoop.constrain_logits` applies the rules. Blockwise parallel decoding
-(:class:`~nat_plugins.generators.blockwise_decoding.VerifyAcceptGenerator`) drafts with its k-1 extra heads at the
+(:class:`~nat_plugins.generators.blockwise_decoding.BlockwiseGenerator`) drafts with its k-1 extra heads at the
 state that predicted ŷ_{j+1}; speculative decoding (:class:`~nat_plugins.generators.speculative_decoding.
-SpeculativeDecoder`) drafts with a separate model given the accepted prefix.
+SpeculativeGenerator`) drafts with a separate model given the accepted prefix.
 """
 
 import math

@@ -25,7 +25,7 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de_big,
 )
 
-from ..generators.blockwise_decoding import VerifyAcceptGenerator
+from ..generators.blockwise_decoding import BlockwiseGenerator
 from ..modules.block_heads import BlockHeads
 from ..modules.verify_accept import decoder_block_features
 from .plugin_model import NATPluginModel, logits_at_positions
@@ -118,7 +118,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
 class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
     """Transformer with k proposal heads for blockwise parallel decoding (Stern et al. 2018)."""
 
-    generator_class = VerifyAcceptGenerator
+    generator_class = BlockwiseGenerator
     ar_init_paper_prefixes = ("",)
     ar_init_paper = (
         "the whole base model, as Stern et al. 2018 train the heads on a trained base model (the same as 'all')"

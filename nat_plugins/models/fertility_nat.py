@@ -35,7 +35,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.fertility_decoding import FertilityDecoder
+from ..generators.fertility_decoding import FertilityNATGenerator
 from ..modules.nad import (
     FertilityPredictor,
     NonAutoregressiveDecoder,
@@ -92,7 +92,7 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     attention and the fertility predictor start random)."""
 
     required_side_inputs = ("fertility",)
-    generator_class = FertilityDecoder
+    generator_class = FertilityNATGenerator
     ar_init_paper_prefixes = ("encoder.",)
     ar_init_paper = "the encoder, its embeddings included (Gu et al. 2018 initialise the encoder from the teacher)"
 

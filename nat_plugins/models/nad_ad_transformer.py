@@ -48,7 +48,7 @@ from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
 
-from ..generators.nad_ad_decoding import NADADSequenceGenerator
+from ..generators.nad_ad_decoding import NADADGenerator
 from ..modules.nad import (
     FertilityPredictor,
     LengthPredictor,
@@ -336,7 +336,7 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     # the side inputs of training (distilled targets; gold fertilities with --nad-input-copy fertility) are
     # checked by the criterion (nad_ad_loss), so a model can be built on any split for inference
     required_side_inputs = ()
-    generator_class = NADADSequenceGenerator
+    generator_class = NADADGenerator
     scored_by_fairseq = True  # --score-reference: fairseq's scorer (the AD's scores)
     # the encoder without the NAD (encoder.nad.*: decoder layers), the embeddings and the output projection
     ar_init_paper_prefixes = (

@@ -29,7 +29,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.segment_decoding import SegmentDecoder
+from ..generators.segment_decoding import RecoverSATGenerator
 from ..modules.grouped_decoder import GroupedTransformerDecoder
 from ..modules.segments import DEL_SYMBOL, add_segment_symbols, segment_ids
 from .plugin_model import NATPluginModel, logits_at_positions
@@ -82,7 +82,7 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
     and the teacher's rows of the embeddings and output projection (the DEL row and the segment embeddings are
     new)."""
 
-    generator_class = SegmentDecoder
+    generator_class = RecoverSATGenerator
     num_updates = 0
     ar_init_paper = "the encoder, the embeddings and the output projection (Ran et al. 2020, §4.1)"
     ar_added_symbols = (DEL_SYMBOL,)  # the DEL row starts random, the others are the teacher's

@@ -32,7 +32,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.speculative_decoding import SpeculativeDecoder
+from ..generators.speculative_decoding import SpeculativeGenerator
 from ..modules.verify_accept import decoder_stack_features, with_cached_columns
 from .plugin_model import NATPluginModel, logits_at_positions
 
@@ -154,7 +154,7 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
     ``--init-from-ar PATH`` copies the encoder, the embeddings, the output projection and the decoder layers whose
     names and shapes match (the teacher's first ``--decoder-layers``); the mask embedding starts random."""
 
-    generator_class = SpeculativeDecoder
+    generator_class = SpeculativeGenerator
     ar_init_paper = (
         "the encoder, the embeddings and the output projection (Xia et al. 2023 describe no initialisation from the "
         "teacher: this is the SAT and RecoverSAT papers' scope)"
