@@ -2,7 +2,7 @@
 # Semi-Autoregressive Transformer (Wang et al. 2018) on Multi30k: K tokens per decoder call, trained on the
 # distilled targets and initialised from the AR teacher (encoder, embeddings and decoder: same sizes).
 #   [PRESET=cpu|gpu] bash examples/multi30k/sat.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
-# --init-from-ar-parts encoder-embeddings warm-starts only what the paper's released code does.
+# --init-from-ar-scope paper warm-starts only what the paper initialises (encoder, embeddings, output projection).
 # Decode with group decoding (greedy: --beam 1; beam search: --beam 4):
 #   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \
 #     --beam 4 --print-step
