@@ -33,6 +33,11 @@ EXAMPLES = "examples/multi30k"
 # train_speed's reference: the teacher's recipe trained on the distilled targets, the batches of most students
 TEACHER_ON_DISTILLED = "teacher-on-distilled"
 LENGTH_LIMIT = ("--generate-args", "--max-len-a 1.2 --max-len-b 10")
+# the rows' "made" notes that several systems share
+INIT_ALL = (
+    "--init-from-ar-scope all: every teacher parameter that fits, decoder layers included (the paper: encoder, "
+    "embeddings and output projection)"
+)
 
 
 @dataclass(frozen=True)
@@ -134,13 +139,15 @@ class Step:
 class Row:
     """A benchmark row: ``name`` decodes the checkpoint of step ``step`` with the fairseq-generate arguments
     ``args`` (and the preset's draft options when ``drafts``). ``plugin``: a plugin system's row (False: a
-    baseline: fairseq's own models, the teacher trained on)."""
+    baseline: fairseq's own models, the teacher trained on). ``made``: how the row's model was initialised and
+    decoded where that departs from, or chooses within, its paper (the report's "How each row was made")."""
 
     name: str
     step: str
     args: Tuple[Word, ...]
     drafts: bool = False
     plugin: bool = True
+    made: str = ""
 
     def spec(self, run: Run, preset: Preset) -> RowSpec:
         args = [run.resolve(word) for word in self.args] + list(preset.draft_args if self.drafts else ())
@@ -398,8 +405,16 @@ def blockwise(k: int) -> Config:
             ),
         ),
         rows=(
-            Row(f"Blockwise k={k} frozen, exact", frozen, exact, drafts=True),
-            Row(f"Blockwise k={k} fine-tuned, exact", finetuned, exact, drafts=True),
+            Row(
+                f"Blockwise k={k} frozen, exact", frozen, exact, drafts=True, made="heads trained on the frozen teacher"
+            ),
+            Row(
+                f"Blockwise k={k} fine-tuned, exact",
+                finetuned,
+                exact,
+                drafts=True,
+                made="all parameters fine-tuned from the frozen stage, head 1 + one random head per update",
+            ),
         ),
     )
 
@@ -414,8 +429,19 @@ def speculative(k: int) -> Config:
     return Config(
         jobs=(job(Step(step, f"{EXAMPLES}/spec_drafter.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
         rows=(
-            Row(f"Speculative k={k}, exact", step, verify, drafts=True),
-            Row(f"Speculative k={k}, relaxed", step, verify + relaxed),
+            Row(
+                f"Speculative k={k}, exact",
+                step,
+                verify,
+                drafts=True,
+                made="drafter trained on the teacher's greedy outputs",
+            ),
+            Row(
+                f"Speculative k={k}, relaxed",
+                step,
+                verify + relaxed,
+                made="top-3 within 1 nat of the teacher's best (Xia et al.'s relaxed verification)",
+            ),
         ),
     )
 
@@ -425,7 +451,10 @@ def sat(k: int) -> Config:
     step = f"sat-{k}"
     return Config(
         jobs=(job(Step(step, f"{EXAMPLES}/sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
-        rows=(Row(f"SAT K={k}, greedy", step, ("--beam", "1")), Row(f"SAT K={k}, beam 4", step, ("--beam", "4"))),
+        rows=(
+            Row(f"SAT K={k}, greedy", step, ("--beam", "1"), made=INIT_ALL),
+            Row(f"SAT K={k}, beam 4", step, ("--beam", "4"), made=INIT_ALL),
+        ),
     )
 
 
@@ -434,7 +463,14 @@ def recover_sat(k: int) -> Config:
     step = f"recover-sat-{k}"
     return Config(
         jobs=(job(Step(step, f"{EXAMPLES}/recover_sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
-        rows=(Row(f"RecoverSAT K={k}", step, ("--beam", "1")),),
+        rows=(
+            Row(
+                f"RecoverSAT K={k}",
+                step,
+                ("--beam", "1"),
+                made=f"{INIT_ALL}; splits at any subword (eq. 5-6), p annealed over the first 2/3 of training",
+            ),
+        ),
     )
 
 
@@ -451,14 +487,24 @@ def fertility_nat(samples: int) -> Config:
             ),
         ),
         rows=(
-            Row("NAT, argmax fertility", "fertility-nat", decoding + ("argmax",)),
-            Row("NAT, average fertility", "fertility-nat", decoding + ("average",)),
-            Row(npd_name(samples), "fertility-nat", tuple(npd_args(samples, TEACHER))),
+            Row("NAT, argmax fertility", "fertility-nat", decoding + ("argmax",), made=NAT_INIT),
+            Row("NAT, average fertility", "fertility-nat", decoding + ("average",), made=NAT_INIT),
+            Row(
+                npd_name(samples),
+                "fertility-nat",
+                tuple(npd_args(samples, TEACHER)),
+                made=f"{NAT_INIT}; the S candidates are the argmax fertilities and S-1 samples "
+                "(--npd-candidates argmax_and_samples; the paper: S samples)",
+            ),
         ),
     )
 
 
 NAD_AD_ROW, AR_SAME_UPDATES_ROW = "Encoder-NAD-AD, beam 4", "AR teacher + same updates, beam 4"
+NAT_INIT = (
+    "--init-from-ar-scope all: encoder, embeddings, output projection and the decoder layers that fit (the paper: "
+    "the encoder); one-hidden-layer fertility predictor (the paper: softmax classifier)"
+)
 
 
 def nad_ad(_value=None) -> Config:
@@ -471,7 +517,7 @@ def nad_ad(_value=None) -> Config:
             job(Step("ar-baseline", f"{EXAMPLES}/ar_baseline.sh", (DATA_BIN, TEACHER, SAVE_DIR))),
         ),
         rows=(
-            Row(NAD_AD_ROW, "nad-ad", ("--beam", "4")),
+            Row(NAD_AD_ROW, "nad-ad", ("--beam", "4"), made=f"{INIT_ALL}; NAD-AD attention starts at zero"),
             Row(AR_SAME_UPDATES_ROW, "ar-baseline", ("--beam", "4"), plugin=False),
         ),
         paired_tests=((AR_SAME_UPDATES_ROW, NAD_AD_ROW),),
@@ -615,6 +661,11 @@ def paired_tests(preset: str, only: Optional[str] = None, values: Optional[Seque
 def targets(preset: str) -> List[Target]:
     """The quality bars of a run of ``preset``, system by system."""
     return [target for system in SYSTEMS for target in system.targets.get(preset, ())]
+
+
+def made_notes(preset: str) -> List[Tuple[str, str]]:
+    """(row name, how it was made) of the rows of ``preset`` that carry a note."""
+    return [(row.name, row.made) for row in rows(preset) if row.made]
 
 
 def plugin_rows(preset: str) -> Tuple[str, ...]:

@@ -134,6 +134,22 @@ def test_the_cpu_preset_has_no_targets_and_reports_its_tables(tmp_path):
     assert "| target |" not in text and "| system | BLEU |" in text
 
 
+def test_the_report_says_how_each_row_was_made(tmp_path):
+    """Which initialisation and which protocol each row used, where the paper leaves a choice or the recipe departs
+    from it: the initialisation scope of the students, NPD's candidates counting the argmax."""
+    write_run(str(tmp_path), [row("AR teacher, beam 4", 30.0, 100.0, TEACHER_BEAM)])
+    report.main([str(tmp_path), "--preset", "cpu"])
+    made = dict(
+        line.split(" | ")[:2]
+        for line in (tmp_path / "report.md").read_text().split("How each row was made")[1].splitlines()
+        if line.startswith("| ") and not line.startswith("| row |")
+    )
+    assert "--init-from-ar-scope all" in made["| SAT K=2, greedy"]
+    assert "--npd-candidates argmax_and_samples" in made["| NAT, NPD S=10"]
+    assert "splits at any subword" in made["| RecoverSAT K=2"]
+    assert set(made) >= {f"| {name}" for name in recipes.plugin_rows("cpu")}
+
+
 def test_the_presets_section_of_the_results_file_is_replaced_in_place(tmp_path):
     spec = importlib.util.spec_from_file_location("results_section", os.path.join(REPO_ROOT, "dev/results_section.py"))
     results_section = importlib.util.module_from_spec(spec)

@@ -74,6 +74,10 @@ def build_report(work: str, preset: str, image_prefix: str = "") -> str:
     if checked:
         lines += ["| target | measured | met |", "|---|---|---|"]
         lines += [f"| {what} | {text} | {'yes' if met else '**no**'} |" for what, text, met in checked]
+    notes = recipes.made_notes(preset)
+    if notes:
+        lines += ["", "How each row was made, where it departs from or chooses within its paper:", ""]
+        lines += ["| row | made |", "|---|---|"] + [f"| {name} | {made} |" for name, made in notes]
     times = step_times(os.path.join(work, "logs", "steps.tsv"))
     if times:
         lines += ["", "| step | wall time |", "|---|---:|"] + [
