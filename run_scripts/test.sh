@@ -9,4 +9,4 @@ PYTHON="${NAT_VENV:-$ROOT/.venv}/bin/python"
 # lint and format first (configuration: [tool.ruff] in pyproject.toml; `ruff format .` applies the format)
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
-exec "$PYTHON" -m pytest -ra "$@"
+exec "$PYTHON" -m pytest -ra --durations=20 "$@"  # the 20 slowest tests at the end: the suite must stay under ~15 min on 2 cores
