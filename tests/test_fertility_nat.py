@@ -1126,13 +1126,15 @@ def test_benchmark_npd_rows_against_samples(fert_data_bin, dummy_raw, tiny_teach
     assert [(r["name"], r["npd_samples"]) for r in rows] == [
         ("AR teacher, beam 4", None),
         ("AR teacher, greedy", None),
+        ("AR teacher, greedy (plugin layout)", None),
         ("NAT, NPD S=1", 1),
         ("NAT, NPD S=4", 4),
     ]
-    assert all(row["decoder_calls_per_sentence"] == 2 for row in rows[2:])
+    rows = rows[3:]  # the NPD rows
+    assert all(row["decoder_calls_per_sentence"] == 2 for row in rows)
     assert (out / "npd.png").stat().st_size > 0
     argmax = hypotheses(generate_lines(fert_data_bin, fnat_checkpoint, ["--task", "translation_nat", "--beam", "1"]))
-    assert (out / rows[2]["hyp_file"]).read_text(encoding="utf-8").splitlines() == [argmax[i] for i in range(NUM_TEST)]
+    assert (out / rows[0]["hyp_file"]).read_text(encoding="utf-8").splitlines() == [argmax[i] for i in range(NUM_TEST)]
     with pytest.raises(BenchmarkError, match="--npd-samples"):
         benchmark.main(benchmark.get_parser().parse_args(argv[:-1] + ["5,5"]))
     with pytest.raises(BenchmarkError, match="give both"):
