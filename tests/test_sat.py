@@ -135,13 +135,9 @@ def test_k1_is_fairseqs_transformer(dummy_data_bin, teacher, tiny_teacher, beam,
             assert beam > 1 or h["steps"] == len(h["tokens"])
 
 
-@pytest.mark.parametrize("beam", [1, 3])
-@pytest.mark.parametrize("group_size", [2, 3])
-def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher, tiny_teacher, group_size, beam):
+def check_incremental_equals_full(sat, task, group_size, beam):
     """Every hypothesis's positional scores are what the training-time forward gives it; greedy picks argmaxes."""
-    _, task = teacher
     pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
-    sat = build_sat(dummy_data_bin, task, group_size, ["--init-from-ar", tiny_teacher])
     sample = batch(task, range(NUM_SENTENCES))
     max_len = 12
     hypos = decode(sat, task, sample, beam=beam, max_len_b=max_len)
@@ -162,6 +158,53 @@ def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher,
         free = torch.arange(target.size(1)) < max_len  # positions not forced to EOS by the maximum length
         picked = target.ne(pad) & free.unsqueeze(0)
         assert torch.equal(lprobs.argmax(2)[picked], target[picked])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("group_size", [2, 3])
+def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher, tiny_teacher, group_size, beam):
+    _, task = teacher
+    sat = build_sat(dummy_data_bin, task, group_size, ["--init-from-ar", tiny_teacher])
+    check_incremental_equals_full(sat, task, group_size, beam)
+
+
+SLOT_OPTIONS = ["--group-slot-embedding", "--group-repeat-bias"]
+SLOT_PARAMETERS = {"decoder.embed_group_slots.weight", "decoder.group_repeat_bias"}
+
+
+def test_slot_options_start_as_the_papers_model(dummy_data_bin, teacher, tiny_teacher):
+    """--group-slot-embedding / --group-repeat-bias (beyond the paper) add parameters only when on, all zero: from
+    the same AR weights the model computes what the paper's does; a checkpoint's options written before they
+    existed (absent from its args) build the paper's model, with the parameters of old checkpoints."""
+    _, task = teacher
+    sample = batch(task, range(NUM_SENTENCES))
+    paper = build_sat(dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher])
+    slots = build_sat(dummy_data_bin, task, 2, ["--init-from-ar", tiny_teacher] + SLOT_OPTIONS)
+    assert set(slots.state_dict()) - set(paper.state_dict()) == SLOT_PARAMETERS
+    assert not set(paper.state_dict()) & SLOT_PARAMETERS
+    assert torch.allclose(slots(**sample["net_input"])[0], paper(**sample["net_input"])[0], atol=1e-5)
+
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), [dummy_data_bin, "--task", "translation_nat", "--group-size", "2"] + TINY_SAT
+    )
+    del args.group_slot_embedding, args.group_repeat_bias  # as in a checkpoint written before the options
+    assert set(task.build_model(args).state_dict()) == set(paper.state_dict())
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_incremental_decoding_equals_full_recomputation_with_slot_options(dummy_data_bin, teacher, tiny_teacher, beam):
+    """The slot embedding and the repeat bias of slot k on the token of slot k-1 (non-zero here) are the same in group
+    decoding's incremental calls (greedy: slot by slot; beam: each hypothesis's token) as in the training-time forward
+    on the chosen tokens (K=3: two biased slots)."""
+    _, task = teacher
+    sat = build_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher] + SLOT_OPTIONS)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in sat.named_parameters():
+            if name in SLOT_PARAMETERS:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    assert sat.decoder.group_repeat_bias.abs().min() > 0
+    check_incremental_equals_full(sat, task, 3, beam)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -249,10 +292,12 @@ def test_train_generate_interactive(dummy_data_bin, dummy_raw, tiny_teacher, tmp
 # ----- learning test on the synthetic task (tests/utils.py: synthetic_translation) -------------------------------
 SAT_LEARNING_UPDATES = 600
 # the recipe of the learning test: from the teacher (every matching parameter, the default), on its distilled
-# targets, small batches (the number of updates matters more than their size), lr 3e-3 decayed linearly to 0
+# targets, small batches (the number of updates matters more than their size), lr 3e-3 decayed linearly to 0, with
+# the slot options of the Multi30k recipe (examples/multi30k/sat.sh; beyond the paper, against the stutter)
 SAT_LEARNING_ARGS = (
     ["--arch", "sat_transformer", "--group-size", "2"]
     + SYNTHETIC_MODEL_SIZE
+    + SLOT_OPTIONS
     + [
         "--task",
         "translation_nat",
@@ -353,29 +398,29 @@ def learned_sat(synthetic_teacher, tmp_path_factory):
 
 
 def test_sat_k2_learns_from_the_teacher(synthetic_teacher, learned_sat):
-    """SAT K=2 initialised from the synthetic teacher and trained 600 updates on its distilled targets.
+    """SAT K=2 with the slot options, initialised from the synthetic teacher and trained 600 updates on its distilled
+    targets.
 
-    Measured (2-core CPU, shared with other jobs; ~24 s of CPU time): teacher greedy 80.9 BLEU; SAT K=2 greedy
-    77.7 BLEU (0.96 of the teacher; threshold 0.8), 0.19 of its 2-token groups are one token repeated (bound 0.3
-    here, against regressions; the stutter guard is the next test). The untrained SAT (the copied AR decoder
-    predicts the successor of its input) repeats 0.94 of its groups."""
+    Measured (2-core CPU, shared with other jobs; ~12 s of training; seeds 1-6): teacher greedy 80.9 BLEU; SAT K=2
+    greedy 84.0-88.6 BLEU (1.04-1.10 of the teacher; threshold 0.95), 0.019-0.036 of its 2-token groups are one
+    token repeated (bound 0.3 here, against regressions; the stutter guard is the next test). The paper's model
+    (no slot options): 77.7 and 74.1 BLEU, 0.19 and 0.22 repeated (seeds 1, 2). The untrained SAT (the copied AR
+    decoder predicts the successor of its input; the slot options start at zero) repeats 0.94 of its groups."""
     teacher, data_bin = synthetic_teacher
     assert repeated_group_rate(untrained_sat_lines(data_bin, teacher), 2) > 0.8
     teacher_bleu = corpus_bleu(learned_sat["teacher"], learned_sat["references"])
     sat_bleu = corpus_bleu(learned_sat["sat"], learned_sat["references"])
-    assert sat_bleu >= 0.8 * teacher_bleu, (sat_bleu, teacher_bleu)
+    assert sat_bleu >= 0.95 * teacher_bleu, (sat_bleu, teacher_bleu)
     assert repeated_group_rate(learned_sat["sat"], 2) < 0.3, learned_sat["sat"][:5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SAT K=2 stutters: 0.19 of its groups repeat position 1 at position 2 vs 0.026 in its distilled training "
-    "targets (measured 2026-11-26; 0.16 after 1200 updates, 0.09 with a learned group-slot embedding): remove this "
-    "mark when the SAT's quality is fixed",
-)
 def test_sat_k2_stutters_at_most_twice_as_often_as_its_training_targets(synthetic_teacher, learned_sat):
     """Stutter guard: in the learning test's SAT K=2 output, position 2 of a group equals position 1 at most twice as
-    often as in the (distilled) training targets it was trained on."""
+    often as in the (distilled) training targets it was trained on.
+
+    Measured with --group-slot-embedding --group-repeat-bias (seeds 1-6): 0.019-0.036 against 0.026 in the targets
+    (bound 0.053; on the validation sources 0.035-0.043, references 0.032). Without them (the paper's model) 0.19,
+    0.16 after 1200 updates; the slot embedding alone 0.09-0.13 (docs/results.md)."""
     _teacher, data_bin = synthetic_teacher
     with open(os.path.join(data_bin, "train.kd.tgt.txt")) as f:
         target_rate = repeated_group_rate(f.read().splitlines(), 2)

@@ -14,6 +14,12 @@ decoder's incremental key/value cache (fairseq's ``incremental_state``) grows by
   key/value cache and the encoder states once per group. Hypotheses ending in EOS are finalised by fairseq
   (``--lenpen``, ``--unnormalized``).
 
+With ``--group-repeat-bias`` (beyond the paper: slot k >= 1 of a group reads the token emitted at slot k-1,
+:class:`~nat_plugins.models.sat_transformer.SATTransformerDecoder`) the decoder call returns the group's features and
+the K distributions are computed slot by slot from them: greedy feeds each slot the argmax of the slot before it
+(after the length and ``--min-len`` rules), beam search feeds each hypothesis its own token. Still one decoder call
+per group; the scores are those of the training-time forward on the chosen tokens.
+
 With K = 1 both are fairseq's greedy/beam search token for token. Sentences that finish leave the batch, so
 batch size > 1 costs no extra steps; maximum lengths (``--max-len-a/b``) are per sentence, so a sentence
 decodes the same in any batch. ``hypo["steps"]`` is the number of decoder calls made for the sentence.
@@ -36,7 +42,7 @@ class GroupEnsembleModel(EnsembleModel):
     def __init__(self, generator):
         super().__init__([generator.model])
         self.generator = generator
-        self.sentence_max_len = self.encoder_out = self.rows = self.max_len = self.lprobs = None
+        self.sentence_max_len = self.encoder_out = self.rows = self.max_len = self.lprobs = self.features = None
 
     def forward_encoder(self, net_input):
         encoder_outs = super().forward_encoder(net_input)
@@ -56,18 +62,27 @@ class GroupEnsembleModel(EnsembleModel):
     def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature=1.0):
         """Log-probabilities of position ``tokens.size(1) - 1`` (``tokens``: start symbol + outputs so far)."""
         K, step = self.generator.group_size, tokens.size(1) - 1
+        generator = self.generator
         if step % K == 0:
             decoder = self.single_model.decoder
             self.encoder_out = self.single_model.encoder.reorder_encoder_out(self.encoder_out, self.rows)
             decoder.reorder_incremental_state_scripting(incremental_states[0], self.rows)
             self.max_len = self.max_len.index_select(0, self.rows)
-            self.lprobs = self.generator.group_lprobs(
-                decoder.group_inputs(tokens), self.encoder_out, incremental_states[0], temperature
-            )
-            positions = torch.arange(step, step + K, device=tokens.device)
-            self.generator.force_eos(self.lprobs, positions.unsqueeze(0) >= self.max_len.unsqueeze(1))
+            inputs = decoder.group_inputs(tokens)
+            if generator.repeat_bias:
+                self.features = generator.group_features(inputs, self.encoder_out, incremental_states[0])
+            else:
+                self.lprobs = generator.group_lprobs(inputs, self.encoder_out, incremental_states[0], temperature)
+                positions = torch.arange(step, step + K, device=tokens.device)
+                generator.force_eos(self.lprobs, positions.unsqueeze(0) >= self.max_len.unsqueeze(1))
             self.rows = torch.arange(tokens.size(0), device=tokens.device)
-        return self.lprobs[self.rows, step % K], None
+        if not generator.repeat_bias:
+            return self.lprobs[self.rows, step % K], None
+        # the slot's distribution given the token this hypothesis chose at the slot before it
+        slot = step % K
+        previous = tokens[:, -1] if slot > 0 else None
+        lprobs = generator.slot_lprobs(self.features[self.rows, slot], slot, previous, temperature)
+        return generator.force_eos(lprobs, step >= self.max_len[self.rows]), None
 
 
 class GroupDecoder(PluginGenerator):
@@ -81,6 +96,7 @@ class GroupDecoder(PluginGenerator):
         if self.beam_size < 1:
             raise ValueError(f"--beam must be >= 1, got {self.beam_size}")
         self.group_size = self.model.decoder.group_size
+        self.repeat_bias = getattr(self.model.decoder, "has_repeat_bias", False)
         # the inputs of the group holding the last position (EOS) must fit the decoder's positions
         self.max_len_cap = self.model.max_decoder_positions() // self.group_size * self.group_size - 1
         self.beam_search = None
@@ -127,6 +143,42 @@ class GroupDecoder(PluginGenerator):
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
+    def group_features(self, inputs, encoder_out, incremental_state):
+        """One decoder call without the output layer: the features (N x K x C) of the group whose K inputs end
+        ``inputs`` (``--group-repeat-bias``: the slots' distributions follow, :meth:`slot_lprobs`)."""
+        features, _ = self.model.decoder(
+            inputs, encoder_out=encoder_out, incremental_state=incremental_state, features_only=True
+        )
+        return features
+
+    def slot_lprobs(self, features, slot, previous, temperature):
+        """Log-probabilities (N x V) of slot ``slot`` of a group from its features (N x C) and, for slot >= 1, the
+        tokens ``previous`` (N) emitted at the slot before it."""
+        logits = self.model.decoder.slot_logits(features, slot, previous)
+        if temperature != 1.0:
+            logits = logits.div_(temperature)
+        lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
+        return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+
+    def greedy_group(self, inputs, start, encoder_out, incremental_state, max_len):
+        """The argmax tokens (N x K) of the group at output positions ``start``.. and their scores, under the
+        length and ``--min-len`` rules (:meth:`constrain`); one decoder call."""
+        K, device = self.group_size, inputs.device
+        if not self.repeat_bias:
+            lprobs = self.group_lprobs(inputs, encoder_out, incremental_state, self.temperature)
+            self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len.unsqueeze(1))
+            return lprobs.max(dim=2)
+        features = self.group_features(inputs, encoder_out, incremental_state)
+        scores, predictions = [], []
+        for slot in range(K):
+            previous = predictions[-1] if predictions else None
+            lprobs = self.slot_lprobs(features[:, slot], slot, previous, self.temperature)
+            self.constrain(lprobs, torch.tensor(start + slot, device=device), max_len)
+            score, prediction = lprobs.max(dim=1)
+            scores.append(score)
+            predictions.append(prediction)
+        return torch.stack(scores, dim=1), torch.stack(predictions, dim=1)
+
     def _greedy(self, encoder_out, max_len):
         K = self.group_size
         bsz, device = max_len.numel(), max_len.device
@@ -142,9 +194,9 @@ class GroupDecoder(PluginGenerator):
         incremental_state = {}
         for group in range(width // K):
             start = group * K
-            lprobs = self.group_lprobs(tokens[:, : start + K], encoder_out, incremental_state, self.temperature)
-            self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len.unsqueeze(1))
-            scores, predictions = lprobs.max(dim=2)
+            scores, predictions = self.greedy_group(
+                tokens[:, : start + K], start, encoder_out, incremental_state, max_len
+            )
             tokens[:, K + start : 2 * K + start] = predictions
             pos_scores[:, start : start + K] = scores
             is_eos = predictions.eq(self.eos)
