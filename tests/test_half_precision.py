@@ -29,7 +29,17 @@ SYSTEMS = {
         "--criterion",
         "label_smoothed_cross_entropy",
     ],
-    "recover_sat": ["--arch", "recover_sat", "--num-segments", "2", "--criterion", "recover_sat_loss"],
+    # --anneal-steps: its default is --max-update, which these training steps outside fairseq-train do not set
+    "recover_sat": [
+        "--arch",
+        "recover_sat",
+        "--num-segments",
+        "2",
+        "--criterion",
+        "recover_sat_loss",
+        "--anneal-steps",
+        "100",
+    ],
     "blockwise_transformer": [
         "--arch",
         "blockwise_transformer",
