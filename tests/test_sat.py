@@ -14,7 +14,7 @@ from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.sequence_scorer import SequenceScorer
 
-from nat_plugins.generators.group_decoding import GroupDecoder
+from nat_plugins.generators.group_decoding import SATGenerator
 from nat_plugins.modules.sat_masks import relaxed_causal_mask
 
 from .utils import (
@@ -55,7 +55,7 @@ def batch(task, indices):
 
 
 def decode(model, task, sample, **gen_args):
-    return GroupDecoder([model], task, Namespace(**gen_args)).generate([model], sample)
+    return SATGenerator([model], task, Namespace(**gen_args)).generate([model], sample)
 
 
 def by_id(sample, hypos):
@@ -104,13 +104,13 @@ def test_bad_options_are_refused(dummy_data_bin, teacher):
         build_sat(dummy_data_bin, task, 2000)
     sat = build_sat(dummy_data_bin, task, 2)
     with pytest.raises(ValueError, match="--sampling"):
-        GroupDecoder([sat], task, Namespace(sampling=True))
+        SATGenerator([sat], task, Namespace(sampling=True))
     with pytest.raises(ValueError, match="--beam must be >= 1"):
-        GroupDecoder([sat], task, Namespace(beam=0))
+        SATGenerator([sat], task, Namespace(beam=0))
     with pytest.raises(ValueError, match="ensemble"):
-        GroupDecoder([sat, sat], task, Namespace())
+        SATGenerator([sat, sat], task, Namespace())
     # the generator of fairseq-generate; --score-reference: fairseq's scorer through the model's forward
-    assert isinstance(task.build_generator([sat], Namespace(beam=1)), GroupDecoder)
+    assert isinstance(task.build_generator([sat], Namespace(beam=1)), SATGenerator)
     assert isinstance(task.build_generator([sat], Namespace(score_reference=True)), SequenceScorer)
 
 

@@ -85,7 +85,7 @@ class GroupEnsembleModel(EnsembleModel):
         return generator.force_eos(lprobs, step >= self.max_len[self.rows]), None
 
 
-class GroupDecoder(PluginGenerator):
+class SATGenerator(PluginGenerator):
     """Greedy (``--beam 1``) or beam search group decoding of one SAT model (see the module docstring)."""
 
     name = "SAT group decoding"

@@ -48,7 +48,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.group_decoding import GroupDecoder
+from ..generators.group_decoding import SATGenerator
 from ..modules.grouped_decoder import GroupedTransformerDecoder
 from .plugin_model import NATPluginModel
 
@@ -213,7 +213,7 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     unlearning the one-position shift.
     """
 
-    generator_class = GroupDecoder
+    generator_class = SATGenerator
     scored_by_fairseq = True  # --score-reference: fairseq's scorer, through :meth:`forward`
     ar_init_paper = "the encoder, the embeddings and the output projection (Wang et al. 2018, §4)"
 
