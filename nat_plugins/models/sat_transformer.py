@@ -24,12 +24,9 @@ starting at t), and a decoder initialised from the AR teacher maps "the last tok
   slot by slot; beam search: each hypothesis its own). Still one decoder call per group.
 
 Both start at zero (at initialisation the model is the paper's) and are scaled by ``embed_scale`` like the token
-embeddings (Adam then moves them at the rate of a token embedding's scaled entries). Measured on the learning
-test's synthetic task (tests/test_sat.py: K=2 from the 80.9-BLEU teacher, 600 updates), greedy BLEU / share of
-2-token groups that repeat one token (training targets 0.026, test references 0.029): paper's model 77.7 and 74.1
-/ 0.19 and 0.22 (seeds 1, 2); slot embedding alone 83.4 and 79.7 / 0.09 and 0.13; repeat bias alone 86.0 and
-83.8 / 0.021 and 0.025; both 84.0-88.6 / 0.019-0.036 (seeds 1-6; on the validation sources 0.035-0.043, the
-references 0.032). docs/results.md lists the candidates that did not help.
+embeddings (Adam then moves them at the rate of a token embedding's scaled entries). With both, SAT K=2 repeats a
+word inside a group about as rarely as its training targets, and gains BLEU; the paper's model repeats several
+times as often (docs/results.md, "SAT: a group's positions stop agreeing", with the candidates that did not help).
 
 With K = 1 (options off) this is fairseq's Transformer: same parameter names, same outputs. Training uses fairseq's
 criteria (``label_smoothed_cross_entropy``) on ordinary batches: :meth:`SATTransformerModel.forward` turns fairseq's
@@ -205,12 +202,9 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     released code do (the decoder layers start random).
 
     Why ``all`` is the default although a copied AR decoder layer predicts the successor of its input (y_{t-K+1}
-    at position t, so the untrained SAT K=2 emits each token twice: 0.94 of its groups are one token repeated):
-    measured on the learning tests' synthetic task (tests/test_sat.py; K=2 from a 81-BLEU greedy teacher,
-    distilled targets, 600 updates, lr 3e-3 linearly decayed, 500 tokens per batch), ``all`` reaches 77.7 greedy
-    BLEU with 0.19 of its groups repeated, ``paper`` 41.5 BLEU with 0.55 repeated; ``all`` was ahead at every
-    checkpoint of every schedule tried (100 to 800 updates): relearning the decoder from random costs more than
-    unlearning the one-position shift.
+    at position t, so the untrained SAT K=2 emits each token twice): on the learning tests' synthetic task ``all``
+    was ahead of ``paper`` in BLEU and in stutter at every checkpoint of every schedule tried, since relearning the
+    decoder from random costs more than unlearning the one-position shift (docs/results.md, "Learning tests").
     """
 
     generator_class = SATGenerator
