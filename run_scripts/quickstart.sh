@@ -6,7 +6,8 @@
 #   PRESET=gpu bash run_scripts/quickstart.sh     # the full-size recipe on one GPU
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
-# each step's output is also kept in WORK/logs/STEP.log.
+# each step's output goes to WORK/logs/STEP.log; the terminal gets a line per step, the last lines of a failed
+# step, and the report.
 # Smaller smoke runs (the pipeline test uses them): MAX_LINES=N (first N lines of each split), VOCAB_SIZE,
 # TEACHER_UPDATES, STUDENT_UPDATES, DISTILL_BEAM, LATENCY_SENTENCES.
 set -euo pipefail
@@ -37,13 +38,17 @@ mapfile -t SYSTEMS <<< "$ROWS"
 mapfile -t BENCH_ARGS <<< "$OPTIONS"
 
 mkdir -p "$WORK/logs"
-step() {  # step NAME COMMAND...: run once; a marker file records success; the output also goes to WORK/logs/NAME.log
+step() {  # step NAME COMMAND...: run once; a marker file records success; the output goes to WORK/logs/NAME.log
   local name=$1 started
   shift
   if [ -f "$WORK/.$name.done" ]; then log "$name: done before (remove $WORK/.$name.done to redo)"; return; fi
   started=$(date +%s)
-  log "$name ... (log: $WORK/logs/$name.log)"
-  "$@" 2>&1 | tee "$WORK/logs/$name.log"
+  log "$name ... (follow it: tail -f $WORK/logs/$name.log)"
+  if ! "$@" > "$WORK/logs/$name.log" 2>&1; then
+    tail -n 40 "$WORK/logs/$name.log" >&2
+    log "$name failed after $(( $(date +%s) - started )) s: the last lines of $WORK/logs/$name.log are above" >&2
+    exit 1
+  fi
   touch "$WORK/.$name.done"
   printf '%s\t%s\n' "$name" "$(( $(date +%s) - started ))" >> "$WORK/logs/steps.tsv"  # for the report
   log "$name done in $(( $(date +%s) - started )) s"
