@@ -10,7 +10,7 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
   the first ``--latency-sentences`` after ``--warmup``; batch B: the split's length-sorted batches), dealt into
   ``--rounds`` interleaved blocks and timed round-robin (each round every row on the same block, the first row
   rotating), fairseq's greedy teacher re-timed at the end (its drift); the timed region is source ids in, best
-  hypothesis ids out; threads fixed (``--threads``), ``OMP_WAIT_POLICY=PASSIVE`` with ``--ctranslate2``;
+  hypothesis ids out; threads fixed (``--threads``), ``OMP_WAIT_POLICY=ACTIVE`` with ``--ctranslate2``;
 * latency: batch 1, median, 90th percentile and mean per sentence; throughput: batches of ``--batch-size``,
   the median over rounds of sentences per second; per round the ratio to the greedy teacher, its spread, and a
   ``flag`` where the rounds do not settle a win; ``--batch-sizes``: tokens/s, ms/sentence and the ratio at each;
@@ -399,19 +399,20 @@ def row_of(k: int, runner, timings: dict, batch_size: int, references: List[str]
     return row
 
 
-def passive_openmp(argv: List[str]):
-    """With ``--ctranslate2``, re-execute the command with ``OMP_WAIT_POLICY=PASSIVE`` unless the process started
-    with a policy: torch and CTranslate2 bring their own OpenMP runtimes, whose idle threads otherwise spin and slow
-    the other engine down. The runtimes read the variable when they load, before this code runs, hence the exec."""
+def active_openmp(argv: List[str]):
+    """With ``--ctranslate2``, re-execute the command with ``OMP_WAIT_POLICY=ACTIVE`` unless the process started
+    with a policy: torch and CTranslate2 bring their own OpenMP runtimes, and the policy decides whether their idle
+    threads spin or sleep between parallel regions; sleeping slowed every row, CTranslate2 most (docs/results.md,
+    "OpenMP wait policy"). The runtimes read the variable when they load, before this code runs, hence the exec."""
     if "--ctranslate2" in argv and "OMP_WAIT_POLICY" not in initial_environment():
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
         os.execv(sys.executable, [sys.executable, "-m", "nat_plugins.cli.benchmark"] + argv)
 
 
 def cli_main(argv: Optional[List[str]] = None):
     """Console entry point (``nat-benchmark``)."""
     if argv is None:  # the command line: a caller's own process is not re-executed
-        passive_openmp(sys.argv[1:])
+        active_openmp(sys.argv[1:])
     run_cli(get_parser(), main, argv)
 
 
