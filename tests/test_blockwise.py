@@ -29,6 +29,7 @@ from .utils import (
     SYNTHETIC_MODEL_SIZE,
     TINY_TRANSFORMER,
     USER_DIR,
+    RiggedFirstBlockMixin,
     console_script,
     generate_lines,
     hypotheses,
@@ -479,16 +480,8 @@ def record_accepted(monkeypatch):
     return steps
 
 
-class RiggedFirstBlock(BlockwiseGenerator):
+class RiggedFirstBlock(RiggedFirstBlockMixin, BlockwiseGenerator):
     """Proposes ``first_block`` (the k-1 drafts after ŷ_{j+1}) at the first step, the heads' drafts after."""
-
-    first_block = None
-
-    def propose(self, first, features, tokens, last, max_len):
-        drafts = super().propose(first, features, tokens, last, max_len)
-        if self.first_block is not None:
-            drafts, self.first_block = torch.tensor([self.first_block]), None
-        return drafts
 
 
 def test_top_m_acceptance_and_min_block_size_on_a_rigged_block(toy_task, monkeypatch):

@@ -30,6 +30,7 @@ from .test_blockwise import (
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
     TINY_TRANSFORMER,
+    RiggedFirstBlockMixin,
     generate_lines,
     hypotheses,
     random_batch,
@@ -370,16 +371,8 @@ def test_relaxed_verification(toy_task, tmp_path):
         relaxed(0, 1.0)
 
 
-class RiggedFirstBlock(SpeculativeGenerator):
+class RiggedFirstBlock(RiggedFirstBlockMixin, SpeculativeGenerator):
     """Drafts ``first_block`` (k drafts after BOS) at the first step, the drafter's drafts after."""
-
-    first_block = None
-
-    def propose(self, first, features, tokens, last, max_len):
-        drafts = super().propose(first, features, tokens, last, max_len)
-        if self.first_block is not None:
-            drafts, self.first_block = torch.tensor([self.first_block]), None
-        return drafts
 
 
 def test_relaxed_verification_on_a_rigged_block(toy_task, tmp_path, monkeypatch):

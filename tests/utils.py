@@ -322,3 +322,16 @@ def sub_batch(sample, index):
             "src_lengths": net_input["src_lengths"][index : index + 1],
         }
     }
+
+
+class RiggedFirstBlockMixin:
+    """Mixin for a verify-accept generator: its first step proposes ``first_block`` (a list of token ids), later
+    steps its own drafts."""
+
+    first_block = None
+
+    def propose(self, first, features, tokens, last, max_len):
+        drafts = super().propose(first, features, tokens, last, max_len)
+        if self.first_block is not None:
+            drafts, self.first_block = torch.tensor([self.first_block]), None
+        return drafts
