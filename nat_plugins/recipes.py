@@ -64,11 +64,13 @@ class Preset:
 # draft (blockwise heads 2..k, the speculative drafter) in int8: the output is the same, each call reads fewer bytes.
 # GPU: every test sentence timed (the first 20 are warm-up); no CTranslate2 (the GPU machine's checkout cannot carry
 # its wheel beside fairseq's).
-CPU_DEVICE_OPTIONS = ("--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2")
+# Every preset times batch 1, 8, 32 and 64 (and its --batch-size): the speed-against-batch-size table and plot.
+BATCH_SIZES = ("--batch-sizes", "1,8,32,64")
+CPU_DEVICE_OPTIONS = ("--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2") + BATCH_SIZES
 PRESETS = {
     "cpu": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
     "cpu-long": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
-    "gpu": Preset(("--batch-size", "128", "--warmup", "20"), None, ()),
+    "gpu": Preset(("--batch-size", "128", "--warmup", "20") + BATCH_SIZES, None, ()),
 }
 
 
@@ -441,6 +443,12 @@ def speculative(k: int) -> Config:
                 step,
                 verify + relaxed,
                 made="top-3 within 1 nat of the teacher's best (Xia et al.'s relaxed verification)",
+            ),
+            Row(
+                f"Speculative k={k}, greedy steps only",
+                step,
+                verify + ("--max-drafting-sentences", "0"),
+                made="no drafts: the teacher's greedy search in the exact rows' decoder loop (what drafting adds)",
             ),
         ),
     )

@@ -26,6 +26,7 @@ from nat_plugins.generators.verify_accept_loop import accepted_lengths
 from nat_plugins.modules.block_heads import BlockHeads, block_targets
 
 from .utils import (
+    DRAFT_EVERY_STEP,
     SYNTHETIC_MODEL_SIZE,
     TINY_TRANSFORMER,
     USER_DIR,
@@ -70,6 +71,10 @@ def random_model(task, block_size, seed, identity_first_head=False):
 
 
 def verify_accept(model, task, sample, use_cache=True, **options):
+    """Blockwise decoding of ``sample``; exact acceptance drafts at every step, whatever the batch size (the CPU
+    default takes greedy steps while more than one sentence decodes: tests/test_verify_accept.py)."""
+    if options.get("block_accept", "exact") == "exact" and options.get("min_block_size", 1) == 1:
+        options.setdefault("max_drafting_sentences", DRAFT_EVERY_STEP)
     generator = BlockwiseGenerator(
         [model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B), use_cache=use_cache
     )
@@ -318,7 +323,9 @@ def test_validation_logs_the_mean_accepted_block_of_exact_verify_accept(toy_task
         sample, _ = training_sample(dictionary, seed=seed)
         with torch.no_grad():
             log = criterion_for(toy_task)(model, sample)[2]
-        hypos = BlockwiseGenerator([model], toy_task, Namespace(beam=1)).generate([model], sample)
+        hypos = BlockwiseGenerator([model], toy_task, Namespace(beam=1), draft_every_step=True).generate(
+            [model], sample
+        )
         assert log["block_tokens"] == sum(len(h[0]["tokens"]) for h in hypos)
         assert log["block_steps"] == sum(h[0]["steps"] for h in hypos)
         logs.append(log)
@@ -695,12 +702,12 @@ LEARNING_BLOCKWISE = (
 def decode(data_bin, checkpoint, subset="test", blockwise=True, extra=()):
     """Exact verify-accept (``blockwise``) or the teacher's greedy decoding of ``subset``: hypotheses by id, BLEU
     against the references, and (blockwise) the mean accepted block: tokens incl. EOS per decoder call, from
-    ``--print-step``."""
+    ``--print-step``, drafting at every step (what the heads propose, whatever the batch size)."""
     lines = generate_lines(
         data_bin,
         checkpoint,
         ["--task", "translation_nat", "--beam", "1", "--gen-subset", subset]
-        + ["--print-step"] * blockwise
+        + ["--print-step", "--max-drafting-sentences", str(DRAFT_EVERY_STEP)] * blockwise
         + list(extra),
     )
     hypos = hypotheses(lines)

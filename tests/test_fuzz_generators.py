@@ -172,7 +172,9 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
         with pass_counter(model, generator) as counter:
             alone = generator.generate([model], single(sample, index))[0]
         assert [h["tokens"].tolist() for h in alone] == [h["tokens"].tolist() for h in hypos]
-        assert passes(alone[0]) == passes(hypos[0]) == counter.passes
+        assert passes(alone[0]) == counter.passes
+        if getattr(generator, "drafting_limit", None) is None:  # a sentence's calls do not depend on its batch
+            assert passes(alone[0]) == passes(hypos[0])
 
 
 def passes(hypo):

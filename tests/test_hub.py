@@ -19,7 +19,7 @@ from .test_nad_ad import TRAIN_ARGS as NAD_AD_ARGS
 from .test_nad_ad import distilled_bin  # noqa: F401  (fixture)
 from .test_recover_sat import TINY_RECOVER_SAT
 from .test_sat import TINY_SAT
-from .utils import TINY_TRANSFORMER, binarize, generate_lines, hypotheses, train_model
+from .utils import DRAFT_EVERY_STEP, TINY_TRANSFORMER, binarize, generate_lines, hypotheses, train_model
 
 TASK = ["--task", "translation_nat"]
 
@@ -116,7 +116,7 @@ def steps_printed(lines):
 @pytest.mark.parametrize(
     "options, cli",
     [
-        ({}, []),
+        ({"max_drafting_sentences": DRAFT_EVERY_STEP}, ["--max-drafting-sentences", str(DRAFT_EVERY_STEP)]),
         (
             {"speculative_verify": "relaxed", "speculative_beta": 3, "speculative_tau": 3.0},
             ["--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "3.0"],
@@ -129,7 +129,9 @@ def test_speculative_translate_equals_fairseq_generate(
     """A spec_drafter checkpoint behind the hub with the teacher given per call (``speculative_teacher=``): the
     hypotheses and the teacher calls per sentence are fairseq-generate's with ``--speculative-teacher``; exact
     verification prints the teacher's own greedy output (fairseq's SequenceGenerator, beam 1), relaxed verification
-    (per-call options too) needs fewer teacher calls. The options do not stay on the task after the call."""
+    (per-call options too) needs fewer teacher calls. The options do not stay on the task after the call. Exact
+    verification drafts at every step here: its calls per sentence then do not depend on how the hub and
+    fairseq-generate batch the sentences."""
     lines = generate_lines(
         dummy_data_bin,
         drafter_checkpoint,

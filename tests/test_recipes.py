@@ -74,6 +74,11 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
             "spec-drafter-3",
             f"--beam 1 --speculative-teacher {T} --speculative-verify relaxed --speculative-beta 3 --speculative-tau 1",
         ),
+        (
+            "Speculative k=3, greedy steps only",
+            "spec-drafter-3",
+            f"--beam 1 --speculative-teacher {T} --max-drafting-sentences 0",
+        ),
         ("SAT K=2, greedy", "sat-2", "--beam 1"),
         ("SAT K=2, beam 4", "sat-2", "--beam 4"),
         ("RecoverSAT K=2", "recover-sat-2", "--beam 1"),
@@ -160,7 +165,11 @@ def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path)
     options = run_options("cpu")
     options[options.index("--work") + 1] = str(tmp_path)
     words = cli(capsys, "rows", *options, "--only", "speculative", "--values", "4").splitlines()
-    assert [parse_system_spec(w).name for w in words[1::2]] == ["Speculative k=4, exact", "Speculative k=4, relaxed"]
+    assert [parse_system_spec(w).name for w in words[1::2]] == [
+        "Speculative k=4, exact",
+        "Speculative k=4, relaxed",
+        "Speculative k=4, greedy steps only",
+    ]
     assert cli(capsys, "rows", *options, "--existing") == ""  # nothing trained yet
     (tmp_path / "ckpt" / "nad-ad").mkdir(parents=True)
     (tmp_path / "ckpt" / "nad-ad" / "checkpoint_last.pt").write_text("")
@@ -175,9 +184,12 @@ def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path)
 
 def test_benchmark_options_of_the_presets(capsys):
     cpu = cli(capsys, "options", "--preset", "cpu", "--latency-sentences", "15").splitlines()
-    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--latency-sentences", "15"] + [
+    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--batch-sizes", "1,8,32,64"] + [
+        "--latency-sentences",
+        "15",
         "--generate-args",
         "--max-len-a 1.2 --max-len-b 10",
     ]
     gpu = cli(capsys, "options", "--preset", "gpu").splitlines()
     assert "--latency-sentences" not in gpu and "--ctranslate2" not in gpu and gpu[:2] == ["--batch-size", "128"]
+    assert gpu[gpu.index("--batch-sizes") + 1] == "1,8,32,64"

@@ -28,6 +28,7 @@ from .test_blockwise import (
     record_accepted,
 )
 from .utils import (
+    DRAFT_EVERY_STEP,
     SYNTHETIC_MODEL_SIZE,
     TINY_TRANSFORMER,
     RiggedFirstBlockMixin,
@@ -81,6 +82,10 @@ def drafter(task, draft_size, seed, extra=()):
 
 
 def speculative(model, task, teacher_path, generator_class=SpeculativeGenerator, **options):
+    """The generator; exact verification drafts at every step unless ``max_drafting_sentences`` is given (the CPU
+    default takes greedy steps while more than one sentence decodes)."""
+    if options.get("speculative_verify", "exact") == "exact":
+        options.setdefault("max_drafting_sentences", DRAFT_EVERY_STEP)
     return generator_class(
         [model], with_task_options(task, speculative_teacher=teacher_path, **options), Namespace(max_len_b=MAX_LEN_B)
     )
@@ -255,6 +260,31 @@ def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_pat
     for i in range(8):
         generator.generate([model], sub_batch(sample, i))
     assert generator.checked > 16
+
+
+@pytest.mark.parametrize("limit", [0, 20, None])
+def test_a_batch_of_64_takes_greedy_teacher_steps_until_few_sentences_are_left(toy_task, tmp_path, limit):
+    """``--max-drafting-sentences``: batch 64, plain greedy teacher steps while more than ``limit`` sentences decode
+    (None: the CPU default), then drafts: the teacher's greedy output (SequenceGenerator, batch 64) with its scores;
+    the cached drafter, which first reads every token the greedy steps emitted, drafts what the whole prefix gives;
+    drafter calls = the teacher calls that verified drafts (this teacher's outputs: 2 to 15 tokens, 18 sentences
+    longer than 10)."""
+    path = str(tmp_path / "teacher.pt")
+    teacher = random_teacher(toy_task, 2, path)
+    sample = random_batch(toy_task.target_dictionary, 64, 2)
+    reference = greedy(teacher, toy_task, sample)
+    model = drafter(toy_task, 3, 4)
+    generator = speculative(model, toy_task, path, CheckedDrafter, max_drafting_sentences=limit)
+    hypos = [h[0] for h in generator.generate([model], sample)]
+    for hypo, (expected, *_) in zip(hypos, reference):
+        assert hypo["tokens"].tolist() == expected["tokens"].tolist()
+        torch.testing.assert_close(hypo["positional_scores"], expected["positional_scores"], rtol=1e-4, atol=1e-4)
+    drafting = sum(hypo["drafter_steps"] for hypo in hypos)
+    assert drafting == generator.checked  # one drafter call per sentence and drafting step
+    if limit == 0:
+        assert drafting == 0 and all(hypo["steps"] == len(hypo["tokens"]) for hypo in hypos)
+    elif limit == 20:
+        assert 0 < drafting < sum(hypo["steps"] for hypo in hypos)
 
 
 def test_a_drafter_with_the_teachers_encoder_shares_it_at_decoding(toy_task, tmp_path):
@@ -447,6 +477,10 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
         SpeculativeGenerator([model], with_task_options(toy_task, speculative_teacher=path), Namespace(beam=4))
     with pytest.raises(ValueError, match="--int8-drafts runs the drafter's decoder on the CPU in float32.*bfloat16"):
         speculative(drafter(toy_task, 2, 0).bfloat16(), toy_task, path, int8_drafts=True)
+    with pytest.raises(ValueError, match="--max-drafting-sentences needs exact acceptance"):
+        speculative(model, toy_task, path, speculative_verify="relaxed", max_drafting_sentences=8)
+    with pytest.raises(ValueError, match="--max-drafting-sentences needs .* a value >= 0, got -1"):
+        speculative(model, toy_task, path, max_drafting_sentences=-1)
 
 
 @pytest.mark.parametrize("arch", ["nad_ad_transformer", "blockwise_transformer", "sat_transformer"])
@@ -560,16 +594,17 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
     def decode(path, extra=()):
         lines = generate_lines(
             data_bin, path, ["--task", "translation_nat", "--beam", "1", "--gen-subset", "test", *extra]
-        )
+        )  # the drafter's rows draft at every step: what it proposes, whatever the batch size
         tokens = sum(len(line.split("\t")[1].split()) for line in lines if line.startswith("P-"))
         steps = sum(int(line.split("\t")[1]) for line in lines if line.startswith("I-"))
         return hypotheses(lines), tokens / steps if steps else None
 
     teacher_hypos, _ = decode(teacher)
-    hypos, per_call = decode(checkpoint, ["--speculative-teacher", teacher, "--print-step"])
+    drafting = ["--speculative-teacher", teacher, "--print-step", "--max-drafting-sentences", str(DRAFT_EVERY_STEP)]
+    hypos, per_call = decode(checkpoint, drafting)
     assert hypos == teacher_hypos
     assert per_call >= 1.6, f"{per_call:.2f} tokens per teacher call (threshold 1.6)"
     # an int8 drafter drafts a little differently, and the output is still the teacher's
-    hypos, int8_per_call = decode(checkpoint, ["--speculative-teacher", teacher, "--print-step", "--int8-drafts"])
+    hypos, int8_per_call = decode(checkpoint, drafting + ["--int8-drafts"])
     assert hypos == teacher_hypos
     assert int8_per_call >= per_call - 0.1, f"{int8_per_call:.2f} tokens per teacher call (fp32 {per_call:.2f})"

@@ -3,6 +3,7 @@ nat_plugins/modules/verify_accept.py) on a plain fairseq ``transformer`` verifie
 exact acceptance == the verifier's greedy decoding whatever the drafts (batched and alone, cache on and off), and
 drafts that are always right are accepted k per call."""
 
+import math
 from argparse import Namespace
 
 import pytest
@@ -96,7 +97,9 @@ def test_drafts_that_are_always_right_are_accepted_k_per_call(toy_task, block_si
     model = random_transformer(toy_task, seed=1)
     sample = random_batch(toy_task.target_dictionary, 6, seed=1)
     reference = [h[0]["tokens"] for h in greedy(model, toy_task, sample)]
-    hypos = decode(OracleDrafts, model, toy_task, sample, block_size, reference=reference)
+    hypos = decode(
+        OracleDrafts, model, toy_task, sample, block_size, reference=reference, max_drafting_sentences=math.inf
+    )
     for hyps, tokens in zip(hypos, reference):
         assert hyps[0]["tokens"].tolist() == tokens.tolist()
         # the first call gives y_1; then every call accepts k tokens until EOS, which may be a call's argmax
@@ -185,3 +188,32 @@ def test_a_floating_point_near_tie_is_where_fairseqs_greedy_output_may_differ(to
         assert value_a >= value_b and picked in ((a, b) if value_a == value_b else (a,))
     assert ties, "no fp32 tie: the rigged near-tie no longer exercises the boundary"
     assert theirs[: ties[0]] == ours["tokens"].tolist()[: ties[0]]
+
+
+@pytest.mark.parametrize("limit", [0, 12, None, math.inf])
+def test_a_batch_of_64_takes_greedy_steps_until_few_sentences_are_left(toy_task, limit):
+    """``max_drafting_sentences``: batch 64, greedy steps while more than ``limit`` sentences decode (None: the CPU
+    default, 1), then drafts (this model's outputs: 3 to 15 tokens, 8 sentences at the length limit). Random drafts:
+    fairseq's greedy output (SequenceGenerator, batch 64) token for token. Drafts that are always right: one call per
+    token with greedy steps only (0), ceil((n-1)/k) + 1 calls when drafting at every step (inf), and in between the
+    sentences that end among the last ``limit`` save calls."""
+    model = random_transformer(toy_task, seed=2)
+    sample = random_batch(toy_task.target_dictionary, 64, seed=2)
+    reference = greedy(model, toy_task, sample)
+    tokens = [h[0]["tokens"] for h in reference]
+    rng = torch.Generator().manual_seed(2)
+    random_drafts = decode(RandomDrafts, model, toy_task, sample, 3, rng=rng, max_drafting_sentences=limit)
+    assert [h[0]["tokens"].tolist() for h in random_drafts] == [t.tolist() for t in tokens]
+    oracle = decode(OracleDrafts, model, toy_task, sample, 3, reference=tokens, max_drafting_sentences=limit)
+    assert [h[0]["tokens"].tolist() for h in oracle] == [t.tolist() for t in tokens]
+    steps = [h[0]["steps"] for h in oracle]
+    greedy_steps = [len(t) for t in tokens]
+    drafting_steps = [1 + -(-(len(t) - 1) // 3) for t in tokens]
+    if limit == 0:
+        assert steps == greedy_steps and all(h[0]["drafting_steps"] == 0 for h in oracle)
+    elif limit == math.inf:
+        assert steps == drafting_steps
+    else:
+        assert all(d <= s <= g for d, s, g in zip(drafting_steps, steps, greedy_steps))
+        assert limit is None or sum(drafting_steps) < sum(steps) < sum(greedy_steps)
+    assert all(h[0]["drafting_steps"] <= h[0]["steps"] for h in oracle)

@@ -65,6 +65,8 @@ TINY_TEACHER_ARGS = TINY_TRANSFORMER + [
 
 
 # the teacher of the learning tests (tests/conftest.py: synthetic_teacher), 2 x 64-d
+# --max-drafting-sentences that drafts at every step of any test batch: tests of what drafts and heads propose
+DRAFT_EVERY_STEP = 100_000
 SYNTHETIC_TEACHER_UPDATES = 300
 SYNTHETIC_MODEL_SIZE = [
     "--share-all-embeddings",

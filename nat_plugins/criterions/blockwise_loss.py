@@ -194,7 +194,7 @@ class BlockwiseLoss(FairseqCriterion):
     def accepted_block_counts(self, model, sample):
         """Verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
         ``block_steps`` (decoder calls), summed over its sentences, as fairseq-generate counts them."""
-        generator = BlockwiseGenerator([model], self.task, GenerationConfig(beam=1))
+        generator = BlockwiseGenerator([model], self.task, GenerationConfig(beam=1), draft_every_step=True)
         hypos = generator.generate([model], sample)
         return {
             "block_tokens": sum(len(h[0]["tokens"]) for h in hypos),

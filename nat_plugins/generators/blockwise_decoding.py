@@ -21,6 +21,8 @@ also carries ``steps`` (decoder calls for its sentence, the first call on BOS in
 (emitted tokens, EOS included, per decoder call).
 """
 
+import math
+
 import torch
 from torch import nn
 
@@ -40,11 +42,12 @@ def parse_block_accept(spec):
 
 class BlockwiseGenerator(VerifyAcceptLoop):
     """Blockwise parallel decoding with combined scoring and proposal, batched, with a rolled-back cache;
-    ``--block-accept`` and ``--min-block-size`` are task options."""
+    ``--block-accept``, ``--min-block-size`` and ``--max-drafting-sentences`` are task options
+    (``draft_every_step`` overrides the last: validation measures what the heads propose)."""
 
     name = "verify-accept decoding (blockwise_transformer)"
 
-    def __init__(self, models, task, gen_args, use_cache=True):
+    def __init__(self, models, task, gen_args, use_cache=True, draft_every_step=False):
         model = models[0]
         if not hasattr(model.decoder, "block_heads"):
             raise ValueError(f"verify-accept decoding needs a blockwise_transformer, got {type(model).__name__}")
@@ -63,6 +66,7 @@ class BlockwiseGenerator(VerifyAcceptLoop):
             top_m=parse_block_accept(task.cfg.block_accept),
             min_block_size=task.cfg.min_block_size,
             use_cache=use_cache,
+            max_drafting_sentences=math.inf if draft_every_step else task.cfg.max_drafting_sentences,
         )
         # what makes the drafts: heads 2..k and the output projection, or with --int8-drafts an int8 copy of both
         decoder = model.decoder

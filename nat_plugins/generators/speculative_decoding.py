@@ -24,7 +24,8 @@ the drafts of y_1..y_k, so no call is spent on BOS alone.
 The drafter keeps a cache of the prefix it has read, as the teacher does. Length limits, minimum length, pad/unk rules
 and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification prints what
 ``fairseq-generate --beam 1`` prints for the teacher (up to floating-point near-ties). Each hypothesis carries ``steps``
-(teacher calls), ``drafter_steps`` (drafter calls) and ``mean_accepted_tokens`` (emitted tokens, EOS included, per
+(teacher calls), ``drafter_steps`` (drafter calls: one before each teacher call that verifies drafts, see
+``--max-drafting-sentences``) and ``mean_accepted_tokens`` (emitted tokens, EOS included, per
 teacher call).
 """
 
@@ -113,7 +114,14 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         self.teacher = FrozenTeacher(cfg.speculative_teacher, task, "--speculative-teacher")
         check_teacher(self.teacher, task, cfg.speculative_teacher)
         super().__init__(
-            models, task, gen_args, self.teacher.model, drafter.draft_size + 1, top_m=top_m, tolerance=tolerance
+            models,
+            task,
+            gen_args,
+            self.teacher.model,
+            drafter.draft_size + 1,
+            top_m=top_m,
+            tolerance=tolerance,
+            max_drafting_sentences=cfg.max_drafting_sentences,
         )
         # the decoder that drafts: the drafter's, or with --int8-drafts an int8 copy of it
         self.drafter_decoder = drafter.decoder
@@ -149,10 +157,14 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad.
 
         The drafter's cache holds the prefix it read in its last call; it reads the tokens accepted since and ŷ_{j+1}
-        (at most the k+1 a step adds; with batch size 1 exactly those) and its k queries, then drops the queries
-        from its cache (:func:`~nat_plugins.modules.verify_accept.rollback_cache`)."""
+        (the k+1 a drafting step adds at most, more after greedy steps of the loop; with batch size 1 exactly those)
+        and its k queries, then drops the queries from its cache (:func:`~nat_plugins.modules.verify_accept.
+        rollback_cache`)."""
         decoder, width = self.drafter_decoder, tokens.size(1)
-        new_width = self.block_size if self.drafted_width is None else width - self.drafted_width
+        if self.drafted_width is None:
+            new_width = int((last + 2 - self.drafted).max())
+        else:
+            new_width = width - self.drafted_width
         prefix_lengths = last + 2
         index = self.drafted.unsqueeze(1) + torch.arange(new_width, device=tokens.device)
         new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(
@@ -175,9 +187,9 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         return logits.argmax(dim=-1)
 
     def hypotheses(self, tokens, scores, lengths, steps):
-        """The loop's hypotheses; the drafter is called once after every teacher call."""
+        """The loop's hypotheses; the drafter is called once before every teacher call that verifies drafts."""
         hypos = super().hypotheses(tokens, scores, lengths, steps)
         for (hypo,) in hypos:
-            hypo["drafter_steps"] = hypo["steps"]
+            hypo["drafter_steps"] = hypo.pop("drafting_steps")
             hypo["mean_accepted_tokens"] = hypo.pop("mean_accepted_block")
         return hypos

@@ -25,6 +25,12 @@ longest prefix); the cache rollback slices each layer's keys and values (batch 1
 the front (batch > 1). Decoder calls (:func:`~nat_plugins.modules.verify_accept.decoder_block_features`) run the
 layers' lean forward (:mod:`~nat_plugins.modules.lean_decoder`) where it supports them.
 
+A call over k tokens of every sentence costs about k greedy steps once the batch keeps the device busy (on a 2-core
+CPU with the quickstart's models: from 2 sentences on), so drafts that get rejected stop paying for themselves there:
+with exact acceptance the loop takes plain greedy steps (ŷ_{j+1} alone, no drafts, the same tokens) while more than
+``--max-drafting-sentences`` sentences are still decoding, and drafts for the tail of the batch
+(:meth:`VerifyAcceptLoop.block_width`).
+
 Usage: :class:`VerifyAcceptLoop` is the batched loop (sentences accept different numbers of tokens and leave the
 batch when they end); :func:`accepted_lengths` is the acceptance rule (exact, top-M, tolerance τ). A subclass passes
 ``verifier`` (a fairseq encoder-decoder) and ``block_size`` k (tokens per verifier call) to its ``__init__`` and
@@ -44,6 +50,11 @@ import torch
 
 from ..modules.verify_accept import decoder_block_features, rollback_cache
 from .base import UNSUPPORTED_OPTIONS, PluginGenerator
+
+# the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone. On 2 cores with the
+# quickstart's models the loop's greedy steps beat drafting from 2 sentences on (docs/results.md, "Drafting against
+# batch size"); drafting gained ~20% at batch 1.
+CPU_MAX_DRAFTING_SENTENCES = 1
 
 
 def accepted_lengths(proposals, verify_scores, top_m, min_block_size, eos, tolerance=math.inf, greedy=None):
@@ -80,9 +91,13 @@ class VerifyAcceptLoop(PluginGenerator):
     for the verifier (the maximum length is ``max_len_a`` × the padded source length of the batch + ``max_len_b``,
     as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier (up to
     floating-point near-ties: see the module). Each
-    hypothesis also carries ``steps`` (verifier calls for its sentence, a first call on BOS alone included) and
+    hypothesis also carries ``steps`` (verifier calls for its sentence, a first call on BOS alone included),
+    ``drafting_steps`` (those of them that verified drafts) and
     ``mean_accepted_block`` (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call
-    recomputes the whole prefix (the reference path).
+    recomputes the whole prefix (the reference path). ``max_drafting_sentences`` (exact acceptance only): drafts only
+    while at most that many sentences are decoding, greedy steps before (:meth:`block_width`); ``math.inf``: drafts
+    at every step; None: :data:`CPU_MAX_DRAFTING_SENTENCES` on the CPU, drafts at every step on a GPU or with inexact
+    acceptance.
     """
 
     name = "verify-accept decoding"
@@ -102,6 +117,7 @@ class VerifyAcceptLoop(PluginGenerator):
         min_block_size=1,
         tolerance=math.inf,
         use_cache=True,
+        max_drafting_sentences=None,
     ):
         super().__init__(models, task, gen_args)
         self.require_greedy("emits one greedy hypothesis per sentence (no beam search)")
@@ -110,6 +126,15 @@ class VerifyAcceptLoop(PluginGenerator):
         self.verifier = verifier
         self.block_size = block_size
         self.top_m, self.min_block_size, self.tolerance = top_m, min_block_size, tolerance
+        self.exact = top_m == 1 and min_block_size == 1
+        if max_drafting_sentences is not None and not (
+            max_drafting_sentences == math.inf or (self.exact and max_drafting_sentences >= 0)
+        ):
+            raise ValueError(
+                "--max-drafting-sentences needs exact acceptance (plain greedy steps emit other tokens than "
+                f"top-k, relaxed or forced acceptance) and a value >= 0, got {max_drafting_sentences}"
+            )
+        self.max_drafting_sentences = max_drafting_sentences
         self.use_cache = use_cache
         self.max_positions = verifier.max_decoder_positions()
         self.may_reach_max_len = True  # whether the current step's positions can reach the length limit
@@ -137,6 +162,13 @@ class VerifyAcceptLoop(PluginGenerator):
         """Sentences ``keep`` (indices into the current batch) stay in the batch, the others have ended."""
 
     # ----- the loop ------------------------------------------------------------------------------------------------
+
+    def block_width(self, num_sentences):
+        """Tokens per sentence of the next call: k (ŷ_{j+1} and k-1 drafts), or 1 (a greedy step: ŷ_{j+1} alone)
+        while more than ``max_drafting_sentences`` sentences are still decoding (see the module). Sentences only
+        leave the batch, so a batch takes greedy steps first and drafts from the step where few enough are left."""
+        limit = self.drafting_limit
+        return self.block_size if limit is None or num_sentences <= limit else 1
 
     def constrain_logits(self, logits, position, max_len):
         """``SequenceGenerator``'s rules on ``logits`` (..., V) of the 0-based output ``position``, in place (see
@@ -186,6 +218,9 @@ class VerifyAcceptLoop(PluginGenerator):
         self.check_min_len(max_len)
         max_len = int(max_len)
 
+        self.drafting_limit = self.max_drafting_sentences
+        if self.drafting_limit is None:
+            self.drafting_limit = CPU_MAX_DRAFTING_SENTENCES if self.exact and device.type == "cpu" else None
         encoder_out = verifier.encoder.forward_torchscript(net_input)
         self.start(sample, encoder_out)
         cache = {} if self.use_cache else None
@@ -198,28 +233,31 @@ class VerifyAcceptLoop(PluginGenerator):
         active = torch.arange(bsz, device=device)
         last = torch.zeros(bsz, dtype=torch.long, device=device)  # position of the last accepted token
         out_tokens, out_scores = tokens.clone(), scores.clone()
-        out_lengths, out_steps = torch.zeros_like(last), torch.zeros_like(last)
+        out_lengths = torch.zeros_like(last)
+        # steps[:, 0]: verifier calls of the sentence; steps[:, 1]: those that verified drafts (not greedy steps)
+        out_steps = last.new_zeros(bsz, 2)
 
         bos_block = self.drafts_after_bos  # the first block is [BOS, drafts] at positions 0..k-1 (j = -1)
         if bos_block:  # BOS plays ŷ_{j+1}
-            steps = torch.zeros_like(last)
+            steps = out_steps.clone()
             last = last - 1
             first, first_score, features = tokens[:, 0].clone(), scores[:, 0].clone(), None
         else:  # first call: BOS -> the verifier's y_1 (ŷ_{j+1} of the first block)
-            steps = torch.ones_like(last)
+            steps = out_steps.clone()
+            steps[:, 0] = 1
             self.may_reach_max_len = k >= max_len
             features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, cache)[:, 0]
             first, first_score, _, _ = self.verify(features, last, max_len)
         finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # the last block ended with EOS
-        accepted = None
+        accepted, width = None, k  # tokens accepted per sentence by the last call, tokens per sentence it read
         while True:
             # ŷ_{j+1} is accepted whatever happens: write it, and end sentences whose next token is EOS
             tokens.scatter_(1, (last + 1).unsqueeze(1), first.unsqueeze(1))
             scores.scatter_(1, (last + 1).unsqueeze(1), first_score.unsqueeze(1))
             done = finished if bos_block else finished | first.eq(self.eos)
             num_done, max_last = torch.stack([done.sum(), last.max()]).tolist()  # the step's one host sync
-            if accepted is not None and cache is not None:
-                rollback_cache(decoder, cache, k, accepted, kept_length=max_last + 1)
+            if accepted is not None and cache is not None and width > 1:  # a one-token call accepts its token
+                rollback_cache(decoder, cache, width, accepted, kept_length=max_last + 1)
             if num_done:
                 remaining = last.size(0) - num_done
                 order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
@@ -236,27 +274,31 @@ class VerifyAcceptLoop(PluginGenerator):
                     decoder.reorder_incremental_state_scripting(cache, keep)
                 self.reorder(keep)
 
-            # the block [ŷ_{j+1}, drafts]; one call scores it and holds the states for the next one
-            self.may_reach_max_len = max_last + k >= max_len
+            # the block [ŷ_{j+1}, drafts] (or ŷ_{j+1} alone: a greedy step); one call scores it and holds the states
+            # for the next one
+            width = self.block_width(last.size(0))
+            self.may_reach_max_len = max_last + width >= max_len
             proposals = first.unsqueeze(1)
-            if k > 1:
+            if width > 1:
                 drafts = self.propose(first, features, tokens[:, : max_last + 2], last, max_len)
                 proposals = torch.cat([proposals, drafts], dim=1)
-            index = last.unsqueeze(1) + offsets
+            block_offsets = offsets[:width]
+            index = last.unsqueeze(1) + block_offsets
             if cache is not None:
                 positions = index.clamp(max=max_len) if self.may_reach_max_len else index
                 x = decoder_block_features(decoder, proposals, positions, encoder_out, cache)
             else:
-                x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + k + 1)
-            steps += 1
+                x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + width + 1)
+            steps[:, 0] += 1
+            steps[:, 1] += width > 1
             greedy, greedy_scores, logits, logsumexp = self.verify(x, index, max_len)
             # a first block's BOS (= EOS in fairseq) does not end it
-            checked = proposals.masked_fill(offsets.eq(1), self.pad) if bos_block else proposals
+            checked = proposals.masked_fill(block_offsets.eq(1), self.pad) if bos_block else proposals
             bos_block = False
             accepted, finished, draft_scores = accepted_lengths(
                 checked, logits[:, :-1], self.top_m, self.min_block_size, self.eos, self.tolerance, greedy[:, :-1]
             )
-            tokens.scatter_(1, index, proposals.masked_fill(offsets > accepted.unsqueeze(1), self.pad))
+            tokens.scatter_(1, index, proposals.masked_fill(block_offsets > accepted.unsqueeze(1), self.pad))
             scores.scatter_(1, index, torch.cat([first_score.unsqueeze(1), draft_scores - logsumexp[:, :-1]], 1))
             last = last + accepted
             # the next block starts after the last accepted token
@@ -267,7 +309,7 @@ class VerifyAcceptLoop(PluginGenerator):
         return self.hypotheses(out_tokens, out_scores, out_lengths, out_steps)
 
     def hypotheses(self, tokens, scores, lengths, steps):
-        """fairseq's hypothesis format, one (best-only) list per sentence."""
+        """fairseq's hypothesis format, one (best-only) list per sentence; ``steps`` (B, 2): calls, drafting calls."""
         return [
             [
                 self.hypothesis(
@@ -275,7 +317,8 @@ class VerifyAcceptLoop(PluginGenerator):
                     scores[row, 1 : length + 1],
                     num_steps,
                     mean_accepted_block=length / num_steps,
+                    drafting_steps=drafting_steps,
                 )
             ]
-            for row, (length, num_steps) in enumerate(zip(lengths.tolist(), steps.tolist()))
+            for row, (length, (num_steps, drafting_steps)) in enumerate(zip(lengths.tolist(), steps.tolist()))
         ]

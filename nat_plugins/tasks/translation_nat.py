@@ -43,6 +43,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..compat import PluginCheckpointMarker
 from ..generators.base import PluginGenerator
+from ..generators.verify_accept_loop import CPU_MAX_DRAFTING_SENTENCES
 from ..modules.cpu_linear import use_weight_first_linears
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ DECODING_OPTIONS = {
     "npd_teacher": "fertility_nat",
     "npd_length_normalize": "fertility_nat",
     "int8_drafts": ("blockwise_transformer", "spec_drafter"),
+    "max_drafting_sentences": ("blockwise_transformer", "spec_drafter"),
     "speculative_teacher": "spec_drafter",
     "speculative_verify": "spec_drafter",
     "speculative_beta": "spec_drafter",
@@ -181,6 +183,17 @@ class TranslationNATConfig(TranslationConfig):
             "2..k: their feed-forward layer and output projection; the drafter's decoder) with int8 weights "
             "(torch's dynamic quantization), so each call reads a quarter of their bytes. Exact acceptance keeps "
             "its output (every draft is verified); top-k or relaxed acceptance and --min-block-size may change it"
+        },
+    )
+    max_drafting_sentences: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "blockwise_transformer, spec_drafter, exact acceptance: verify drafts only while at most N "
+            "sentences of a batch are still decoding; while more are, take plain greedy steps of the verifier "
+            "(same output: one token per sentence and call, no drafts), because a call over k tokens of every "
+            "sentence costs about k greedy steps once the batch keeps the device busy. Default: "
+            f"{CPU_MAX_DRAFTING_SENTENCES} on the CPU (measured: docs/results.md), no limit on a GPU; 0: greedy "
+            "steps only; a number >= --batch-size: drafts at every step"
         },
     )
 
