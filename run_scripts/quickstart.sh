@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job of the README, on Multi30k en->de: set-up, data, AR teacher, sequence-level distillation,
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
-#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~30 min on 2 cores)
+#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~37 min on 2 cores)
 #   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~100 min)
 #   PRESET=gpu bash run_scripts/quickstart.sh     # the full-size recipe on one GPU
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
@@ -20,7 +20,7 @@ mkdir -p "$WORK"
 START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
-  log "(~30 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
+  log "(~37 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
 elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
   log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~100 min on 2 cores)."

@@ -72,13 +72,23 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 PIP=("$VPY" -m pip install -q --disable-pip-version-check)
+# pip's own output (resolver notes, warnings about the machine's index settings) goes to a log, not the terminal
+SETUP_LOG=$VENV/setup.log
+quietly() {  # quietly COMMAND...: its output appended to SETUP_LOG; on failure its last lines, then exit
+  if ! "$@" >> "$SETUP_LOG" 2>&1; then
+    tail -n 30 "$SETUP_LOG" >&2
+    log "failed: $* (the last lines of $SETUP_LOG are above)" >&2
+    exit 1
+  fi
+}
+log "pip's output: $SETUP_LOG"
 
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   TORCH=$(setting tool.nat-plugins.setup-env.torch)
   log "installing $TORCH"
-  "${PIP[@]}" "$TORCH"
+  quietly "${PIP[@]}" "$TORCH"
 fi
-TORCH_VERSION=$("$VPY" -c "import torch; print(torch.__version__)")
+TORCH_VERSION=$("$VPY" -c "import torch; print(torch.__version__)" 2>> "$SETUP_LOG")
 # every later install is constrained to the torch that is there, so nothing can replace it
 CONSTRAINTS="$VENV/torch-constraint.txt"
 echo "torch==$TORCH_VERSION" > "$CONSTRAINTS"
@@ -88,23 +98,23 @@ log "torch $TORCH_VERSION"
 log "build prerequisites"
 BUILD=$(setting tool.nat-plugins.setup-env.build)
 mapfile -t BUILD <<< "$BUILD"
-"${PIP[@]}" "${BUILD[@]}"
+quietly "${PIP[@]}" "${BUILD[@]}"
 
 if ! "$VPY" -c "import fairseq" 2>/dev/null; then
   FAIRSEQ=$(setting tool.nat-plugins.setup-env.fairseq)
   log "building $FAIRSEQ (about 4 minutes the first time; pip caches the wheel)"
-  "${PIP[@]}" --no-build-isolation --no-deps "$FAIRSEQ"
+  quietly "${PIP[@]}" --no-build-isolation --no-deps "$FAIRSEQ"
 fi
 
 log "fairseq's runtime dependencies (without torchaudio)"
 FAIRSEQ_RUNTIME=$(setting tool.nat-plugins.setup-env.fairseq-runtime)
 mapfile -t FAIRSEQ_RUNTIME <<< "$FAIRSEQ_RUNTIME"
-"${PIP[@]}" "${FAIRSEQ_RUNTIME[@]}"
+quietly "${PIP[@]}" "${FAIRSEQ_RUNTIME[@]}"
 
 # --no-build-isolation: fastBPE's C++ extension builds only with the Cython installed above
 log "installing nat_plugins (editable) with its dependencies and extras [$ALL_EXTRAS]"
-"${PIP[@]}" --no-build-isolation -e "$ROOT[$ALL_EXTRAS]"
+quietly "${PIP[@]}" --no-build-isolation -e "$ROOT[$ALL_EXTRAS]"
 
-"$VPY" -c "import fairseq, torch, nat_plugins; print('[setup] fairseq', fairseq.__version__, '| torch', torch.__version__, '| nat_plugins', nat_plugins.__version__)"
+"$VPY" -c "import fairseq, torch, nat_plugins; print('[setup] fairseq', fairseq.__version__, '| torch', torch.__version__, '| nat_plugins', nat_plugins.__version__)" 2>> "$SETUP_LOG"
 echo "$want" > "$STAMP"
 log "done in $(( $(date +%s) - start )) s"
