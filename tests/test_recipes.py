@@ -117,6 +117,7 @@ def test_gpu_and_cpu_long_rows():
     assert "--int8-drafts" not in speculative.args  # the GPU preset decodes in fp16 without int8 drafts
     cpu_long = [row.name for row in recipes.rows("cpu-long")]
     assert "SAT K=4, beam 4" in cpu_long and recipes.FAIRSEQ_CMLM_ROW in cpu_long
+    assert [n for n in cpu_long if n.startswith("RecoverSAT")] == ["RecoverSAT K=2", "RecoverSAT K=10"]
     assert recipes.FAIRSEQ_NAT_ROW not in [row.name for row in recipes.rows("cpu")]
 
 
