@@ -71,10 +71,9 @@ def random_model(task, block_size, seed, identity_first_head=False):
 
 
 def verify_accept(model, task, sample, use_cache=True, **options):
-    """Blockwise decoding of ``sample``; exact acceptance drafts at every step, whatever the batch size (the CPU
-    default takes greedy steps while more than one sentence decodes: tests/test_verify_accept.py)."""
-    if options.get("block_accept", "exact") == "exact" and options.get("min_block_size", 1) == 1:
-        options.setdefault("max_drafting_sentences", DRAFT_EVERY_STEP)
+    """Blockwise decoding of ``sample``, drafting at every step whatever the batch size (the CPU default takes
+    greedy steps while more than one sentence decodes: tests/test_verify_accept.py)."""
+    options.setdefault("max_drafting_sentences", math.inf)
     generator = BlockwiseGenerator(
         [model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B), use_cache=use_cache
     )

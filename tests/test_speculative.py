@@ -82,10 +82,9 @@ def drafter(task, draft_size, seed, extra=()):
 
 
 def speculative(model, task, teacher_path, generator_class=SpeculativeGenerator, **options):
-    """The generator; exact verification drafts at every step unless ``max_drafting_sentences`` is given (the CPU
-    default takes greedy steps while more than one sentence decodes)."""
-    if options.get("speculative_verify", "exact") == "exact":
-        options.setdefault("max_drafting_sentences", DRAFT_EVERY_STEP)
+    """The generator, drafting at every step unless ``max_drafting_sentences`` is given (the CPU default takes
+    greedy steps while more than one sentence decodes)."""
+    options.setdefault("max_drafting_sentences", math.inf)
     return generator_class(
         [model], with_task_options(task, speculative_teacher=teacher_path, **options), Namespace(max_len_b=MAX_LEN_B)
     )

@@ -64,9 +64,11 @@ TINY_TEACHER_ARGS = TINY_TRANSFORMER + [
 ]
 
 
-# the teacher of the learning tests (tests/conftest.py: synthetic_teacher), 2 x 64-d
-# --max-drafting-sentences that drafts at every step of any test batch: tests of what drafts and heads propose
+# --max-drafting-sentences on a command line that drafts at every step of any test batch: tests of what drafts and
+# heads propose (in-process generators take math.inf)
 DRAFT_EVERY_STEP = 100_000
+
+# the teacher of the learning tests (tests/conftest.py: synthetic_teacher), 2 x 64-d
 SYNTHETIC_TEACHER_UPDATES = 300
 SYNTHETIC_MODEL_SIZE = [
     "--share-all-embeddings",
