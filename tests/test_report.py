@@ -1,6 +1,6 @@
 """The quickstart's report: the preset's targets (nat_plugins.recipes) checked against the benchmark's rows, a
 target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders' tool
-that puts a report into docs/results.md (dev/results_section.py)."""
+that puts a report into docs/results.md (dev/results_section.py) and the one that pools seeds (dev/seed_gain.py)."""
 
 import importlib.util
 import json
@@ -150,10 +150,16 @@ def test_the_report_says_how_each_row_was_made(tmp_path):
     assert set(made) >= {f"| {name}" for name in recipes.plugin_rows("cpu")}
 
 
+def dev_module(name):
+    """The builders' tool dev/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, f"dev/{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_presets_section_of_the_results_file_is_replaced_in_place(tmp_path):
-    spec = importlib.util.spec_from_file_location("results_section", os.path.join(REPO_ROOT, "dev/results_section.py"))
-    results_section = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(results_section)
+    results_section = dev_module("results_section")
     doc = tmp_path / "results.md"
     doc.write_text("# Results\n\nkept above\n")
     results_section.replace_section(str(doc), "cpu-long", "first\n")
@@ -163,3 +169,20 @@ def test_the_presets_section_of_the_results_file_is_replaced_in_place(tmp_path):
     assert text.startswith("# Results\n\nkept above\n") and "first" not in text
     assert text.count("<!-- report:cpu-long -->\nsecond\n<!-- /report:cpu-long -->") == 1
     assert "<!-- report:gpu -->\ngpu body\n<!-- /report:gpu -->" in text
+
+
+def test_a_gain_over_seeds_pools_each_seeds_pair_of_hypotheses():
+    seed_gain = dev_module("seed_gain").seed_gain
+    references = ["a man rides a red bike", "two dogs play in the snow", "a girl reads a book"]
+    good = {"hyps": list(references)}
+    worse = {"hyps": ["a man rides a bike", "two dogs in snow", "a girl a book"]}
+    baselines = [{**worse, "name": f"base {i}", "bleu": 40.0 + i} for i in (1, 2, 3)]
+    systems = [{**good, "name": f"sys {i}", "bleu": 42.0 + 2 * i} for i in (1, 2, 3)]
+    result = seed_gain(baselines, systems, references)
+    assert [seed["system"] for seed in result["seeds"]] == ["sys 1", "sys 2", "sys 3"]
+    assert result["gain"] == pytest.approx((4.0, 1.0))  # gains 3, 4, 5: mean 4, sample std 1
+    pooled = result["pooled"]
+    assert pooled["system_bleu"] == pytest.approx(100.0) and pooled["baseline_bleu"] < 100.0
+    assert pooled["delta"] == pytest.approx(pooled["system_bleu"] - pooled["baseline_bleu"])
+    with pytest.raises(ValueError, match="one of each per seed"):
+        seed_gain(baselines, systems[:2], references)
