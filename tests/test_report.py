@@ -1,6 +1,7 @@
 """The quickstart's report: the preset's targets (nat_plugins.recipes) checked against the benchmark's rows, a
-target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders' tool
-that puts a report into docs/results.md (dev/results_section.py) and the one that pools seeds (dev/seed_gain.py)."""
+target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders'
+tools: the one that puts a report into docs/results.md (dev/results_section.py), the one that pools seeds
+(dev/seed_gain.py) and RecoverSAT's segment counts (dev/segment_stats.py)."""
 
 import importlib.util
 import json
@@ -186,3 +187,19 @@ def test_a_gain_over_seeds_pools_each_seeds_pair_of_hypotheses():
     assert pooled["delta"] == pytest.approx(pooled["system_bleu"] - pooled["baseline_bleu"])
     with pytest.raises(ValueError, match="one of each per seed"):
         seed_gain(baselines, systems[:2], references)
+
+
+def test_recover_sat_segments_are_counted_empty_deleted_or_restarting(tmp_path):
+    segment_stats = dev_module("segment_stats")
+    output = tmp_path / "gen.out"
+    output.write_text(
+        "S-0\tsource\nH-0\t-0.5\t▁Ein ▁Mann ▁läuft .\nSEG-0\t▁Ein ▁Mann | ▁läuft .\nI-0\t2\n"
+        "H-1\t-0.5\t▁Ein ▁Hund ▁bellt .\nSEG-1\t▁Ein ▁Hund ▁bellt . | ▁Ein ▁Hund <del>\nI-1\t4\n"
+        "H-2\t-0.5\t▁Zwei ▁Katzen ▁Zwei ▁Katzen\nSEG-2\t▁Zwei ▁Katzen | ▁Zwei ▁Katzen\nI-2\t2\n"
+        "H-3\t-0.5\t▁Ja\nSEG-3\t▁Ja | \nI-3\t2\n"
+    )
+    stats = segment_stats.segment_stats(segment_stats.read_generate_output(str(output)))
+    first, second = stats["segments"]
+    assert first == {"empty": 0.0, "deleted": 0.0, "restarts": 0.0}
+    assert second == {"empty": 25.0, "deleted": 25.0, "restarts": 50.0}
+    assert stats["calls_per_sentence"] == 2.5 and stats["tokens_per_call"] == pytest.approx(13 / 10)
