@@ -8,8 +8,8 @@ decoding like the AR teacher, one token per call (docs/results.md, *SAT: a group
         --print-segments > gen.out
     python dev/segment_stats.py gen.out [--json PATH]
 
-Reads the ``SEG-<id>`` lines (segments joined by `` | ``, a deleted one keeping its ``<del>``), the ``H-<id>`` lines
-(tokens) and the ``I-<id>`` lines (decoder calls, ``--print-step``) of fairseq-generate's output.
+Reads the ``SEG-<id>`` lines (segments joined by `` | ``, a deleted one keeping its ``<del>``; the output tokens are
+those of the segments kept) and the ``I-<id>`` lines (decoder calls, ``--print-step``) of fairseq-generate's output.
 """
 
 import argparse
@@ -19,11 +19,11 @@ import sys
 from collections import defaultdict
 
 DEL = "<del>"
-LINE = re.compile(r"^(SEG|H|I)-(\d+)\t(.*)$")
+LINE = re.compile(r"^(SEG|I)-(\d+)\t(.*)$")
 
 
 def read_generate_output(path: str) -> dict:
-    """{sentence id: {"segments": [[token, ...], ...], "tokens": int, "calls": int}} from fairseq-generate's output."""
+    """{sentence id: {"segments": [[token, ...], ...], "calls": int}} from fairseq-generate's output."""
     sentences = defaultdict(dict)
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -33,8 +33,6 @@ def read_generate_output(path: str) -> dict:
             kind, sentence, text = match.group(1), int(match.group(2)), match.group(3)
             if kind == "SEG":
                 sentences[sentence]["segments"] = [segment.split() for segment in text.split(" | ")]
-            elif kind == "H":
-                sentences[sentence]["tokens"] = len(text.split("\t")[-1].split())
             else:
                 sentences[sentence]["calls"] = int(text.split()[0])
     missing = [i for i, s in sentences.items() if "segments" not in s]
@@ -48,7 +46,8 @@ def read_generate_output(path: str) -> dict:
 
 def segment_stats(sentences: dict) -> dict:
     """Per segment position: the share (%) of sentences whose segment there is empty, deleted or a restart; and the
-    mean decoder calls per sentence and output tokens per call (when the ``I-`` lines are there)."""
+    mean decoder calls per sentence and output tokens (EOS not counted) per call (when the ``I-`` lines are
+    there)."""
     num_segments = max(len(s["segments"]) for s in sentences.values())
     counts = [{"empty": 0, "deleted": 0, "restarts": 0} for _ in range(num_segments)]
     for sentence in sentences.values():
@@ -62,10 +61,11 @@ def segment_stats(sentences: dict) -> dict:
         "sentences": n,
         "segments": [{key: 100.0 * value / n for key, value in count.items()} for count in counts],
     }
-    if all("calls" in s and "tokens" in s for s in sentences.values()):
+    if all("calls" in s for s in sentences.values()):
         calls = sum(s["calls"] for s in sentences.values())
+        kept = [segment for s in sentences.values() for segment in s["segments"] if segment[-1:] != [DEL]]
         result["calls_per_sentence"] = calls / n
-        result["tokens_per_call"] = sum(s["tokens"] for s in sentences.values()) / calls
+        result["tokens_per_call"] = sum(len(segment) for segment in kept) / calls
     return result
 
 

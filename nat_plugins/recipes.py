@@ -480,7 +480,8 @@ def recover_sat(k: int) -> Config:
                 f"RecoverSAT K={k}",
                 step,
                 ("--beam", "1"),
-                made=f"{INIT_ALL}; splits at any subword (eq. 5-6), p annealed over 2/3 of training; CPU: lr 2e-3",
+                made=f"{INIT_ALL}; splits at any subword (eq. 5-6), p annealed over 2/3 of training, q = 0.5, DEL-only "
+                "loss on injected segments; CPU: lr 2e-3",
             ),
         ),
     )

@@ -12,7 +12,8 @@ few tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`; no
   (``set_num_updates``), so it continues correctly after ``--restore-file``.
 * pseudo-repetitive segments (§3.2), with probability ``--pseudo-rep-prob`` q per sentence: the sentence is divided
   into K-1 segments, a prefix of random length 1..|S| of a random non-empty segment S is copied, followed by DEL,
-  right after S; it is trained like any segment (its tokens, then DEL where a segment ends with EOS).
+  right after S; only its DEL is trained, as in the released code (``--pseudo-rep-tokens``: its copied tokens too,
+  which teaches a segment to restart its predecessor: docs/results.md).
 * empty segments are BOS -> EOS; the loss is label-smoothed NLL (``--label-smoothing``, the paper's 0.15).
 
 Randomness comes from a ``torch.Generator`` on the batch's device seeded with (``--seed``, update number, call within
@@ -53,6 +54,13 @@ class RecoverSATLossConfig(FairseqDataclass):
     pseudo_rep_prob: float = field(
         default=0.5, metadata={"help": "probability q of injecting a pseudo-repetitive segment into a sentence"}
     )
+    pseudo_rep_tokens: bool = field(
+        default=False,
+        metadata={
+            "help": "also train the copied tokens of a pseudo-repetitive segment (default: only its DEL, as the "
+            "paper's released code; training the copies teaches a segment to restart the one before it)"
+        },
+    )
     split_at_word_starts: bool = field(
         default=False,
         metadata={
@@ -89,7 +97,16 @@ def annealed_p(num_updates, anneal_steps):
 @register_criterion("recover_sat_loss", dataclass=RecoverSATLossConfig)
 class RecoverSATLoss(FairseqCriterion):
     def __init__(
-        self, task, label_smoothing, anneal_steps, pseudo_rep_prob, split_at_word_starts, sentence_avg, seed, max_update
+        self,
+        task,
+        label_smoothing,
+        anneal_steps,
+        pseudo_rep_prob,
+        pseudo_rep_tokens,
+        split_at_word_starts,
+        sentence_avg,
+        seed,
+        max_update,
     ):
         super().__init__(task)
         if anneal_steps is None:
@@ -102,6 +119,7 @@ class RecoverSATLoss(FairseqCriterion):
         self.eps = check_label_smoothing(label_smoothing)
         self.anneal_steps = anneal_steps
         self.pseudo_rep_prob = pseudo_rep_prob
+        self.pseudo_rep_tokens = pseudo_rep_tokens
         self.split_at_word_starts = split_at_word_starts
         self.sentence_avg = sentence_avg
         self.seed = seed
@@ -138,6 +156,7 @@ class RecoverSATLoss(FairseqCriterion):
             p=p,
             q=self.pseudo_rep_prob,
             draws=draws,
+            pseudo_tokens=self.pseudo_rep_tokens,
         )
         return inputs, targets, p, injected.sum()
 

@@ -130,7 +130,9 @@ def random_split_points(lengths, num_parts, allowed, keys, num_points):
     return torch.where(slots < count, drawn, n).sort(dim=1).values
 
 
-def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables=None, p=0.0, q=0.0, draws=None):
+def segment_targets(
+    target, num_segments, pad, eos, del_index, boundary_tables=None, p=0.0, q=0.0, draws=None, pseudo_tokens=False
+):
     """Decoder inputs and targets (B x L*K, step-major) of a batch of ``target`` s (B x T, right-padded, EOS last)
     cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment (B bool). Split
     points fall at any subword position, or only at word starts with ``boundary_tables`` (module docstring).
@@ -140,10 +142,11 @@ def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables=N
     segment (§3.2): the sentence is cut into K-1 segments and a prefix of random length 1..|S| of a random non-empty
     segment S is inserted right after S. Without: EQUAL points, no injection (validation).
 
-    Segment S: inputs BOS (= EOS, as fairseq's decoders) then S; targets S then EOS. A pseudo-repetitive segment is
-    ordinary training data that ends in DEL (§3.2: "lots of DEL"): targets S then DEL, every position trained. (The
-    released code trains only its DEL; the paper presents the injected segment as ordinary training data.) L is the
-    longest segment of the batch + 1; shorter segments are filled with padding."""
+    Segment S: inputs BOS (= EOS, as fairseq's decoders) then S; targets S then EOS. A pseudo-repetitive segment
+    keeps its inputs (the copied prefix) but only its DEL is a target (its copied tokens are padding: the model learns
+    to delete a repetition, not to make one), as the released code trains it; with ``pseudo_tokens`` its copied
+    tokens are targets too ("lots of DEL" read as ordinary training data). L is the longest segment of the batch + 1;
+    shorter segments are filled with padding."""
     batch_size, columns = target.shape
     K = num_segments
     lengths = target.ne(pad).sum(dim=1) - 1
@@ -175,7 +178,8 @@ def segment_targets(target, num_segments, pad, eos, del_index, boundary_tables=N
     index = (starts.unsqueeze(2) + step).clamp(max=columns - 1).view(batch_size, -1)
     tokens = target.gather(1, index).view(batch_size, K, steps)  # B x K x L: the segment's tokens from its start
     end = torch.where(pseudo, del_index, eos).unsqueeze(2)
-    targets = torch.where(step < sizes, tokens, torch.where(step == sizes, end, pad))
+    trained_tokens = step < sizes if pseudo_tokens else (step < sizes) & ~pseudo.unsqueeze(2)
+    targets = torch.where(trained_tokens, tokens, torch.where(step == sizes, end, pad))
     inputs = torch.where(step[:-1] < sizes, tokens[..., :-1], pad)
     inputs = torch.cat([inputs.new_full((batch_size, K, 1), eos), inputs], dim=2)
     return step_major(inputs), step_major(targets), inject
