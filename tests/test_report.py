@@ -1,7 +1,7 @@
 """The quickstart's report: the preset's targets (nat_plugins.recipes) checked against the benchmark's rows, a
 target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders'
 tools: the one that puts a report into docs/results.md (dev/results_section.py), the one that pools seeds
-(dev/seed_gain.py) and RecoverSAT's segment counts (dev/segment_stats.py)."""
+(dev/seed_gain.py) and the decoding counts (dev/decode_stats.py)."""
 
 import importlib.util
 import json
@@ -189,17 +189,27 @@ def test_a_gain_over_seeds_pools_each_seeds_pair_of_hypotheses():
         seed_gain(baselines, systems[:2], references)
 
 
-def test_recover_sat_segments_are_counted_empty_deleted_or_restarting(tmp_path):
-    segment_stats = dev_module("segment_stats")
+def test_decoder_calls_tokens_and_recover_sat_segments_are_counted(tmp_path):
+    decode_stats = dev_module("decode_stats")
     output = tmp_path / "gen.out"
     output.write_text(
-        "S-0\tsource\nH-0\t-0.5\t▁Ein ▁Mann ▁läuft .\nSEG-0\t▁Ein ▁Mann | ▁läuft .\nI-0\t2\n"
-        "H-1\t-0.5\t▁Ein ▁Hund ▁bellt .\nSEG-1\t▁Ein ▁Hund ▁bellt . | ▁Ein ▁Hund <del>\nI-1\t4\n"
-        "H-2\t-0.5\t▁Zwei ▁Katzen ▁Zwei ▁Katzen\nSEG-2\t▁Zwei ▁Katzen | ▁Zwei ▁Katzen\nI-2\t2\n"
-        "H-3\t-0.5\t▁Ja\nSEG-3\t▁Ja | \nI-3\t2\n"
+        "S-0\tsource\nH-0\t-0.5\t▁Ein ▁Mann ▁läuft .\nP-0\t-1 -1 -1 -1 -1\nI-0\t2\n"
+        "SEG-0\t▁Ein ▁Mann | ▁läuft .\n"
+        "P-1\t-1 -1 -1 -1 -1\nI-1\t4\nSEG-1\t▁Ein ▁Hund ▁bellt . | ▁Ein ▁Hund <del>\n"
+        "P-2\t-1 -1 -1 -1 -1\nI-2\t2\nSEG-2\t▁Zwei ▁Katzen | ▁Zwei ▁Katzen\n"
+        "P-3\t-1 -1\nI-3\t2\nSEG-3\t▁Ja | \n"
     )
-    stats = segment_stats.segment_stats(segment_stats.read_generate_output(str(output)))
+    stats = decode_stats.decode_stats(decode_stats.read_generate_output(str(output)))
     first, second = stats["segments"]
     assert first == {"empty": 0.0, "deleted": 0.0, "restarts": 0.0}
     assert second == {"empty": 25.0, "deleted": 25.0, "restarts": 50.0}
-    assert stats["calls_per_sentence"] == 2.5 and stats["tokens_per_call"] == pytest.approx(13 / 10)
+    assert stats["calls_per_sentence"] == 2.5 and stats["tokens_per_call"] == pytest.approx(17 / 10)
+    output.write_text("H-0\t-0.5\t▁Ein\nP-0\t-1 -1\nI-0\t1\n")  # not RecoverSAT: no segments
+    assert decode_stats.decode_stats(decode_stats.read_generate_output(str(output))) == {
+        "sentences": 1,
+        "calls_per_sentence": 1.0,
+        "tokens_per_call": 2.0,
+    }
+    output.write_text("H-0\t-0.5\t▁Ein\n")
+    with pytest.raises(SystemExit, match="--print-step"):
+        decode_stats.read_generate_output(str(output))
