@@ -109,6 +109,7 @@ def test_gpu_and_cpu_long_rows():
         "NAT, average fertility",
         "NAT, NPD S=10",
         "NAT, NPD S=100",
+        "NAT, NPD S=10, length-normalised",
     ]
     assert gpu[-2:] == [recipes.FAIRSEQ_NAT_ROW, recipes.FAIRSEQ_CMLM_ROW]
     speculative = recipes.rows("gpu", "speculative")[0].spec(
@@ -118,6 +119,8 @@ def test_gpu_and_cpu_long_rows():
     cpu_long = [row.name for row in recipes.rows("cpu-long")]
     assert "SAT K=4, beam 4" in cpu_long and recipes.FAIRSEQ_CMLM_ROW in cpu_long
     assert [n for n in cpu_long if n.startswith("RecoverSAT")] == ["RecoverSAT K=2", "RecoverSAT K=10"]
+    normalised = next(row for row in recipes.rows("cpu-long") if row.name == "NAT, NPD S=10, length-normalised")
+    assert normalised.args[-1] == "--npd-length-normalize" and "--npd-samples" in normalised.args
     assert recipes.FAIRSEQ_NAT_ROW not in [row.name for row in recipes.rows("cpu")]
 
 
