@@ -69,7 +69,8 @@ def markdown(result: dict) -> str:
     pooled = result["pooled"]
     lines += [
         "",
-        f"Pooled ({len(result['seeds'])} seeds' hypotheses): {pooled['system_bleu']:.2f} vs "
+        f"Pooled ({len(result['seeds'])} seeds' hypotheses, one corpus BLEU each, not the seeds' mean): "
+        f"{pooled['system_bleu']:.2f} vs "
         f"{pooled['baseline_bleu']:.2f} ({pooled['delta']:+.2f} BLEU), paired bootstrap p = {pooled['p_value']:.4f} "
         f"({pooled['signature']})",
     ]
