@@ -11,16 +11,11 @@
 # (defaults: work/multi30k-$PRESET, WORK/fairseq-peers). Trains into WORK/ckpt/fairseq-{nat,cmlm}-full-budget (kept
 # when already there); writes OUT/results.md and OUT/training_time.tsv.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../run_scripts/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WORK=$(cd "${1:-$ROOT/work/multi30k-$PRESET}" && pwd)
 OUT=${2:-$WORK/fairseq-peers}
-cd "$WORK"
-TEACHER=ckpt/teacher/checkpoint_best.pt
 NAT=ckpt/fertility-nat/$STUDENT_CHECKPOINT
-for f in "$TEACHER" "$NAT"; do
-  [ -f "$f" ] || { echo "fairseq_peers.sh: no $WORK/$f: run PRESET=$PRESET bash run_scripts/quickstart.sh first" >&2
-    exit 1; }
-done
+run_dir "$WORK" fairseq_peers.sh "$TEACHER" "$NAT"
 read -r TEACHER_UPDATES WARMUP NAT_UPDATES < <(python - "$TEACHER" "$NAT" <<'PY'
 import sys
 import torch
@@ -32,32 +27,24 @@ PY
 BUDGET=$(( TEACHER_UPDATES + NAT_UPDATES ))
 log "budget: the teacher's $TEACHER_UPDATES updates + the plugin NAT's $NAT_UPDATES = $BUDGET updates (warm-up $WARMUP)"
 mkdir -p "$OUT"
-TIMES=$OUT/training_time.tsv
+TRAINING_TIMES=$OUT/training_time.tsv
 # the run's own steps first: what the plugin NAT and the quickstart's fairseq rows took
-[ -f "$TIMES" ] || grep -E "^(teacher|fertility|fertility-nat|fairseq-nat|fairseq-cmlm)	" logs/steps.tsv > "$TIMES" \
-  || true
+[ -f "$TRAINING_TIMES" ] || grep -E "^(teacher|fertility|fertility-nat|fairseq-nat|fairseq-cmlm)	" logs/steps.tsv \
+  > "$TRAINING_TIMES" || true
 ROWS=()
 for model in nat cmlm; do
   name=fairseq-$model-full-budget
-  if [ ! -f "ckpt/$name/checkpoint_last.pt" ]; then
-    log "training $name (log: $WORK/logs/$name.log)"
-    started=$(date +%s)
-    bash "$ROOT/examples/multi30k/fairseq_nat.sh" data-bin "ckpt/$name" "$model" --max-update "$BUDGET" \
-      --total-num-update "$BUDGET" --warmup-updates "$WARMUP" > "logs/$name.log" 2>&1 \
-      || { tail -n 30 "logs/$name.log" >&2; exit 1; }
-    printf '%s\t%s\n' "$name" "$(( $(date +%s) - started ))" >> "$TIMES"
-  fi
+  train_once "$name" fairseq_nat.sh data-bin "ckpt/$name" "$model" --max-update "$BUDGET" --total-num-update "$BUDGET" \
+    --warmup-updates "$WARMUP"
   decoding="--task translation_lev --iter-decode-max-iter $([ "$model" = nat ] && echo 0 || echo 9)"
-  ROWS+=(--system "fairseq ${model^^}, $BUDGET updates from scratch=ckpt/$name/checkpoint_last.pt::$decoding")
+  ROWS+=(--system "fairseq ${model^^}, $BUDGET updates from scratch=ckpt/$name/$STUDENT_CHECKPOINT::$decoding")
 done
 # the plugin NAT's rows and the quickstart's fairseq rows, as the run's benchmark decodes them
 mapfile -t CATALOGUE < <(for system in fertility-nat fairseq; do
   python -m nat_plugins.recipes rows --preset "$PRESET" --work . --data-bin data-bin --teacher "$TEACHER" \
     --checkpoint-name "$STUDENT_CHECKPOINT" --only "$system" --existing
 done)
-log "decoding (training times: $TIMES)"
-nat-benchmark data-bin --teacher "$TEACHER" --reference raw/test.de --out-dir "$OUT" --work-dir . --cpu \
-  --threads 2 --no-plots --generate-args "--max-len-a 1.2 --max-len-b 10" --latency-sentences 110 --warmup 10 \
-  --batch-sizes 1,64 "${CATALOGUE[@]}" "${ROWS[@]}" > "$OUT.log" 2>&1 || { tail -n 30 "$OUT.log" >&2; exit 1; }
-cat "$TIMES"
+log "decoding (training times: $TRAINING_TIMES)"
+run_benchmark "$OUT" --latency-sentences 110 --warmup 10 --batch-sizes 1,64 "${CATALOGUE[@]}" "${ROWS[@]}"
+cat "$TRAINING_TIMES"
 log "$OUT/results.md"

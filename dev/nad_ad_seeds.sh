@@ -9,33 +9,23 @@
 # (defaults: work/multi30k-$PRESET, WORK/nad-ad-seeds; SEEDS="" decodes seed 1 only). Writes OUT/seed_gain.md and
 # OUT/seed_gain.json.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../run_scripts/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WORK=$(cd "${1:-$ROOT/work/multi30k-$PRESET}" && pwd)
 OUT=${2:-$WORK/nad-ad-seeds}
-TEACHER=ckpt/teacher/checkpoint_best.pt
-cd "$WORK"
-for name in nad-ad ar-baseline; do
-  [ -f "ckpt/$name/$STUDENT_CHECKPOINT" ] || { echo "nad_ad_seeds.sh: no $WORK/ckpt/$name/$STUDENT_CHECKPOINT:" \
-    "run PRESET=$PRESET bash run_scripts/quickstart.sh first" >&2; exit 1; }
-done
+run_dir "$WORK" nad_ad_seeds.sh "ckpt/nad-ad/$STUDENT_CHECKPOINT" "ckpt/ar-baseline/$STUDENT_CHECKPOINT"
 BASELINES=("AR + same updates, seed 1") SYSTEMS=("Encoder-NAD-AD, seed 1")
 ROWS=(--system "${BASELINES[0]}=ckpt/ar-baseline/$STUDENT_CHECKPOINT::--beam 4"
   --system "${SYSTEMS[0]}=ckpt/nad-ad/$STUDENT_CHECKPOINT::--beam 4")
 for seed in ${SEEDS-2 3}; do
   for recipe in nad_ad ar_baseline; do
     name=${recipe//_/-}-seed$seed
-    if [ ! -f "ckpt/$name/$STUDENT_CHECKPOINT" ]; then
-      log "training $name (log: $WORK/logs/$name.log)"
-      bash "$ROOT/examples/multi30k/$recipe.sh" data-bin "$TEACHER" "ckpt/$name" --seed "$seed" > "logs/$name.log" 2>&1
-    fi
+    train_once "$name" "$recipe.sh" data-bin "$TEACHER" "ckpt/$name" --seed "$seed"
   done
   BASELINES+=("AR + same updates, seed $seed") SYSTEMS+=("Encoder-NAD-AD, seed $seed")
   ROWS+=(--system "AR + same updates, seed $seed=ckpt/ar-baseline-seed$seed/$STUDENT_CHECKPOINT::--beam 4"
     --system "Encoder-NAD-AD, seed $seed=ckpt/nad-ad-seed$seed/$STUDENT_CHECKPOINT::--beam 4")
 done
 log "decoding ${#SYSTEMS[@]} seeds of each with beam 4"
-nat-benchmark data-bin --teacher "$TEACHER" --reference raw/test.de --out-dir "$OUT" --work-dir . --cpu \
-  --threads 2 --no-plots --generate-args "--max-len-a 1.2 --max-len-b 10" --latency-sentences 20 --warmup 10 \
-  --batch-sizes 64 "${ROWS[@]}" > "$OUT.log" 2>&1 || { tail -n 30 "$OUT.log" >&2; exit 1; }
+run_benchmark "$OUT" --latency-sentences 20 --warmup 10 --batch-sizes 64 "${ROWS[@]}"
 python "$ROOT/dev/seed_gain.py" "$OUT" --reference raw/test.de --baseline "${BASELINES[@]}" --system "${SYSTEMS[@]}" \
   --json "$OUT/seed_gain.json" | tee "$OUT/seed_gain.md"

@@ -13,19 +13,14 @@
 #     blockwise.sh data-bin ckpt/teacher/checkpoint_best.pt SAVE 4 frozen --distilled-name kd_greedy
 # Writes WORK/variants/NAME.gen (fairseq-generate's output) and WORK/variants/NAME.hyp.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../run_scripts/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 usage="usage: variant.sh WORK NAME \"DECODE_OPTIONS\" RECIPE [recipe args with SAVE for the save dir]"
 WORK=$(cd "${1:?$usage}" && pwd); NAME=${2:?$usage}; read -r -a DECODE <<< "${3?$usage}"; RECIPE=${4:?$usage}
 shift 4
-cd "$WORK"
 GREEDY=bench/hyp.ar-teacher-greedy.txt
-[ -f "$GREEDY" ] || { echo "variant.sh: no $WORK/$GREEDY: run the quickstart's benchmark first" >&2; exit 1; }
+run_dir "$WORK" variant.sh "$GREEDY"
 mkdir -p variants
-if [ ! -f "ckpt/$NAME/$STUDENT_CHECKPOINT" ]; then
-  log "training $NAME (log: $WORK/logs/$NAME.log)"
-  bash "$ROOT/examples/multi30k/$RECIPE" "${@/#SAVE/ckpt/$NAME}" > "logs/$NAME.log" 2>&1 \
-    || { tail -n 30 "logs/$NAME.log" >&2; exit 1; }
-fi
+train_once "$NAME" "$RECIPE" "${@/#SAVE/ckpt/$NAME}"
 fairseq-generate data-bin --user-dir "$USER_DIR" --task translation_nat --gen-subset test --beam 1 "${DEVICE_ARGS[@]}" \
   --path "ckpt/$NAME/$STUDENT_CHECKPOINT" --max-len-a 1.2 --max-len-b 10 --batch-size 64 --print-step \
   --post-process sentencepiece "${DECODE[@]}" > "variants/$NAME.gen" 2> "logs/$NAME.generate.log"
