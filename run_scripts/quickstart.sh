@@ -73,8 +73,8 @@ log "distilled targets $KD_TARGETS: $KD_REPEATS of the subwords repeat the one b
 BENCH_ARGS+=(--distilled-targets "$KD_TARGETS")
 
 # The students need only the teacher and the distilled data: on a GPU (PRESET=gpu) STUDENT_JOBS train side by side
-# (one of these models leaves most of an H100 idle, so its 27-minute plan, examples/multi30k/README.md, trains them
-# together), each job's steps in order.
+# (one of these models leaves most of a GPU idle: 11 together train ~5x as many updates per second as one alone on an
+# H200, examples/multi30k/README.md), each job's steps in order.
 if [ "$PRESET" = gpu ]; then STUDENT_JOBS=${STUDENT_JOBS:-11}; else STUDENT_JOBS=${STUDENT_JOBS:-1}; fi
 STUDENT_STEPS=()
 run_job() {  # run_job JOB: the steps of JOB (lines of STEPS), in order

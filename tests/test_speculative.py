@@ -607,3 +607,37 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
     hypos, int8_per_call = decode(checkpoint, drafting + ["--int8-drafts"])
     assert hypos == teacher_hypos
     assert int8_per_call >= per_call - 0.1, f"{int8_per_call:.2f} tokens per teacher call (fp32 {per_call:.2f})"
+
+
+def test_a_drafter_validates_through_speculative_decoding_with_eval_bleu(dummy_data_bin, tiny_teacher, tmp_path):
+    """The GPU preset's drafter recipe validates with ``--eval-bleu`` through speculative decoding, whose teacher is
+    loaded into the drafter's task: that teacher (itself trained with ``--eval-bleu``) gets no validation generator
+    of its own, which would be built with the drafter's ``--speculative-teacher`` and refused. The best checkpoint is
+    the one with the most accepted drafts."""
+    save_dir = tmp_path / "drafter"
+    train_model(
+        dummy_data_bin,
+        str(save_dir),
+        ["--arch", "spec_drafter"]
+        + TINY_TRANSFORMER[2:]
+        + [
+            "--draft-size",
+            "2",
+            "--task",
+            "translation_nat",
+            "--init-from-ar",
+            tiny_teacher,
+            "--criterion",
+            "spec_drafter_loss",
+            "--speculative-teacher",
+            tiny_teacher,
+            "--eval-bleu",
+            "--eval-bleu-args",
+            '{"beam": 1}',
+            "--best-checkpoint-metric",
+            "accepted_drafts",
+            "--maximize-best-checkpoint-metric",
+        ],
+        max_update=3,
+    )
+    assert (save_dir / "checkpoint_best.pt").exists(), sorted(p.name for p in save_dir.iterdir())

@@ -11,7 +11,7 @@ import random
 import sys
 
 import torch
-from fairseq import options
+from fairseq import checkpoint_utils, options
 from fairseq.data import data_utils
 from fairseq_cli import generate, interactive, train
 
@@ -220,6 +220,10 @@ def train_model(data_bin, save_dir, extra_args, max_update=20):
         ]
         + list(extra_args),
     )
+    # fairseq keeps the best validation score on the function, so an earlier in-process run's best (another
+    # metric, another model) would decide whether this run writes checkpoint_best.pt: each run starts afresh
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):
+        del checkpoint_utils.save_checkpoint.best
     train.main(args)
     return os.path.join(save_dir, "checkpoint_last.pt")
 

@@ -38,7 +38,7 @@ from fairseq import utils
 from fairseq.data import BaseWrapperDataset, LanguagePairDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import MODEL_REGISTRY
-from fairseq.tasks import register_task
+from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..compat import PluginCheckpointMarker
@@ -409,7 +409,13 @@ class TranslationNATTask(TranslationTask):
 
     # ----- models, criterions, generators ----------------------------------------------------------
     def build_model(self, cfg, from_checkpoint=False):
-        model = super().build_model(cfg, from_checkpoint)
+        """The model, and with ``--eval-bleu`` the validation generator of the model being trained only: a model
+        loaded from a checkpoint into this task (a teacher of speculative decoding, NPD or L_RKL) gets none, since
+        its generator would be built with the trained model's decoding options (``--speculative-teacher``)."""
+        if from_checkpoint:
+            model = FairseqTask.build_model(self, cfg, from_checkpoint)
+        else:
+            model = super().build_model(cfg, from_checkpoint)
         if from_checkpoint and hasattr(model, "checkpoint_plugin_version"):  # fairseq loaded its task state first
             model.checkpoint_plugin_version = self.state.state_dict.get("nat_plugins", {}).get("version")
         else:
