@@ -35,21 +35,22 @@ arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the pre
 NAD_AD_BUDGET=(30 5e-4 10)
 # the checkpoint a student's recipe leaves for decoding
 if [ "$PRESET" = gpu ]; then STUDENT_CHECKPOINT=checkpoint_best.pt; else STUDENT_CHECKPOINT=checkpoint_last.pt; fi
+# gpu: validate (decode the validation set) and save every 500 updates, not at every epoch's end (~60 updates)
+GPU_VALIDATION=(--validate-interval 1000 --save-interval 1000 --validate-interval-updates 500
+  --save-interval-updates 500 --keep-interval-updates 1)
 # student_args CPU_UPDATES LR CPU_WARMUP [SELECT_BY]: STUDENT_ARGS, the training options every plugin model (student) shares,
 # with the learning rate and warm-up its recipe chose. A student starts from the converged teacher's weights, so a
 # fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4.
 # cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's), no validation; cpu-long: CPU_UPDATE_FACTOR
 # times the updates and warm-up;
 # gpu: STUDENT_UPDATES (default 2000: the ~30-minute plan of examples/multi30k/README.md) updates,
-# warm-up 500, checkpoints selected every 500 updates (not at every epoch's end: an epoch is ~60 updates) by
-# validation BLEU through the system's own generator (SELECT_BY=bleu, the default) or by validation loss (loss).
+# warm-up 500, checkpoints selected every 500 updates (GPU_VALIDATION) by validation BLEU through the system's own generator (SELECT_BY=bleu, the default) or by validation loss (loss).
 student_args() {
   local lr=$2
   if [ "$PRESET" = gpu ]; then
     STUDENT_UPDATES=${STUDENT_UPDATES:-2000}
     STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates 500
-      --dropout 0.3 --validate-interval 1000 --save-interval 1000 --validate-interval-updates 500
-      --save-interval-updates 500 --keep-interval-updates 1)
+      --dropout 0.3 "${GPU_VALIDATION[@]}")
     # SELECT_BY=loss for a task whose validation decodes nothing (fairseq's translation_lev)
     if [ "${4:-bleu}" = bleu ]; then
       STUDENT_ARGS+=(--eval-bleu --eval-bleu-detok space --eval-bleu-remove-bpe sentencepiece

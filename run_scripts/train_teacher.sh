@@ -11,12 +11,10 @@ arch_args transformer
 if [ "$PRESET" = gpu ]; then
   # transformer_iwslt_de_en-sized, 8k tokens, 3000 updates (~5 min on an H100; fairseq's own Transformer of this
   # size reached 38.4 sacreBLEU, beam 4, on Multi30k test2016 in 3000 updates there); TEACHER_UPDATES shortens a
-  # smoke run (warm-up: a third of the updates). An epoch is ~60 updates: validation (a beam-4 decode of the
-  # validation set) and saving every 500 updates only, not at every epoch's end.
+  # smoke run (warm-up: a third of the updates); a beam-4 validation every 500 updates (GPU_VALIDATION)
   TEACHER_UPDATES=${TEACHER_UPDATES:-3000}
   SIZE=(--max-tokens 8192 --max-update "$TEACHER_UPDATES" --lr 7e-4 --warmup-updates "$(( TEACHER_UPDATES / 3 ))"
-        --dropout 0.3 --lr-scheduler inverse_sqrt --validate-interval 1000 --save-interval 1000
-        --validate-interval-updates 500 --save-interval-updates 500 --keep-interval-updates 1)
+        --dropout 0.3 --lr-scheduler inverse_sqrt "${GPU_VALIDATION[@]}")
   BLEU_SELECTION=(--eval-bleu --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space
     --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 else
