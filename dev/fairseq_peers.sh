@@ -4,9 +4,9 @@
 # quickstart's rows (examples/multi30k/fairseq_nat.sh at the NAT's updates) train them from scratch on a fraction of
 # that budget. Here each trains from scratch for the teacher's updates + the plugin NAT's updates (read from their
 # checkpoints: 1,500 + 480 in PRESET=cpu-long), with the teacher's from-scratch schedule (the recipe's learning
-# rate 2e-3, the teacher's warm-up, linear decay), on the same distilled targets; then one nat-benchmark run decodes
-# them beside the plugin NAT's rows and the quickstart's fairseq rows (rows interleaved, batch 1 and 64) and the
-# wall time of every training step is printed.
+# rates, NAT 2e-3 and CMLM 5e-4, the teacher's warm-up, linear decay), on the same distilled targets; then one
+# nat-benchmark run decodes them beside the plugin NAT's rows and the quickstart's fairseq rows (rows interleaved,
+# batch 1 and 64) and the wall time of every training step is printed.
 #   [PRESET=cpu|cpu-long] bash dev/fairseq_peers.sh [WORK] [OUT]
 # (defaults: work/multi30k-$PRESET, WORK/fairseq-peers). Trains into WORK/ckpt/fairseq-{nat,cmlm}-full-budget (kept
 # when already there); writes OUT/results.md and OUT/training_time.tsv.
