@@ -13,15 +13,9 @@ import sys
 import pytest
 import sacrebleu
 
-from .utils import REPO_ROOT
+from .utils import REPO_ROOT, generate_lines, hypotheses
 
 RECIPE = os.path.join(REPO_ROOT, "examples", "multi30k", "fairseq_nat.sh")
-
-
-def run(command, env=None):
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
 
 
 def model_size(dim):
@@ -43,36 +37,18 @@ def test_fairseq_peer_recipe_learns_the_synthetic_task(synthetic_teacher, tmp_pa
     save_dir = str(tmp_path / model)
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # the recipe's fairseq-train
     env = {**os.environ, "PATH": path, "PRESET": "cpu", "STUDENT_UPDATES": str(updates)}
-    run(["bash", RECIPE, data_bin, save_dir, model, *model_size(dim)], env=env)
-    iterations = "0" if model == "nat" else "9"
-    output = run(
-        [
-            sys.executable,
-            "-m",
-            "fairseq_cli.generate",
-            os.path.join(data_bin, "kd-pair"),
-            "--user-dir",
-            os.path.join(REPO_ROOT, "nat_plugins"),
-            "--task",
-            "translation_lev",
-            "--path",
-            os.path.join(save_dir, "checkpoint_last.pt"),
-            "--iter-decode-max-iter",
-            iterations,
-            "--gen-subset",
-            "test",
-            "--batch-size",
-            "64",
-            "--cpu",
-        ]
+    training = subprocess.run(
+        ["bash", RECIPE, data_bin, save_dir, model, *model_size(dim)], env=env, capture_output=True, text=True
     )
-    rows = {}
-    for line in output.splitlines():
-        kind, _, rest = line.partition("-")
-        if kind in ("H", "T"):
-            index, *fields = rest.split("\t")
-            rows.setdefault(int(index), {})[kind] = fields[-1]
-    assert rows and all("H" in row for row in rows.values()), "a test sentence without a hypothesis"
-    hypotheses, references = zip(*((row.get("H", ""), row["T"]) for _, row in sorted(rows.items())))
-    bleu = sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize="none").score
+    assert training.returncode == 0, training.stdout[-3000:] + training.stderr[-3000:]
+    iterations = "0" if model == "nat" else "9"
+    lines = generate_lines(
+        os.path.join(data_bin, "kd-pair"),
+        os.path.join(save_dir, "checkpoint_last.pt"),
+        ["--task", "translation_lev", "--iter-decode-max-iter", iterations, "--gen-subset", "test"],
+    )
+    hypos, references = hypotheses(lines), hypotheses(lines, "T-")
+    assert references and hypos.keys() == references.keys(), "a test sentence without a hypothesis"
+    ids = sorted(references)
+    bleu = sacrebleu.corpus_bleu([hypos[i] for i in ids], [[references[i] for i in ids]], tokenize="none").score
     assert bleu >= min_bleu, f"fairseq {model} after {updates} updates: {bleu:.1f} BLEU (< {min_bleu})"

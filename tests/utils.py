@@ -295,11 +295,12 @@ def interactive_lines(data_bin, checkpoint, input_file, extra_args=()):
 
 
 def hypotheses(lines, prefix="H-"):
-    """``{sentence id: hypothesis}`` from fairseq-generate/-interactive output lines."""
+    """``{sentence id: text}`` of the fairseq-generate/-interactive output lines starting with ``prefix``: hypotheses
+    (``H-``/``D-``: id, score, text) or, with ``prefix="T-"``, the references (id, text)."""
     result = {}
     for line in lines:
         if line.startswith(prefix):
-            key, _score, text = line.split("\t", 2)
+            key, *_score, text = line.split("\t", 2)
             result[int(key[len(prefix) :])] = text
     return result
 
