@@ -40,7 +40,7 @@ SYSTEMS=(--system "AR teacher, greedy, translation_nat=$TEACHER::--beam 1")
 [ -z "$ROWS" ] || mapfile -t -O 2 SYSTEMS <<< "$ROWS"
 mapfile -t OPTIONS <<< "$OPTIONS"
 BENCH_ARGS=()
-for word in "${OPTIONS[@]}"; do [ "$word" = --ctranslate2 ] || BENCH_ARGS+=("$word"); done
+for word in "${OPTIONS[@]}"; do [ "$word" = --ctranslate2 ] || [ "$word" = --solo ] || BENCH_ARGS+=("$word"); done
 for side in before after; do
   src=$ROOT
   [ "$side" = before ] && src=$OUT/before-src

@@ -1,5 +1,7 @@
 """Time a linear layer's product both ways on this CPU, cold cache (docs/results.md, modules/cpu_linear.py):
-torch's F.linear (x·Wᵀ) against W·xᵀ as WeightFirstLinear computes it, for the teacher's layer shapes and row counts.
+torch's F.linear (x·Wᵀ) against W·xᵀ as the W·xᵀ layout computes it (``cpu_linear.weight_first_linear``), for the
+teacher's layer shapes and row counts; then the pass ``NAT_LINEAR_LAYOUT=auto`` times to choose the layout, over one
+layer of each of these shapes (``cpu_linear.time_layouts``, warm cache), and the layout it would choose.
 
     python dev/bench_linear_layout.py [--threads 2] [--repeats 200]
 """
@@ -10,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nat_plugins.modules.cpu_linear import WeightFirstLinear
+from nat_plugins.modules.cpu_linear import TORCH, WEIGHT_FIRST, time_layouts, weight_first_linear
 
 SHAPES = [(256, 256), (1024, 256), (256, 1024), (7800, 256)]  # (out, in): attention, FFN in/out, output projection
 ROWS = [1, 2, 3, 4, 8, 16, 64, 256, 512]
@@ -41,19 +43,25 @@ def main():
     )
     with torch.no_grad():
         for out_features, in_features in SHAPES:
-            layer = WeightFirstLinear(in_features, out_features, bias=False)
+            weight = torch.randn(out_features, in_features)
             for rows in ROWS:
                 x = torch.randn(rows, in_features)
-                before = microseconds(F.linear, x, layer.weight)
-                after = microseconds(layer, x)
+                before = microseconds(F.linear, x, weight)
+                after = microseconds(weight_first_linear, x, weight)
                 lying = torch.randn(in_features, rows).t()
-                as_they_lie = microseconds(torch.mm, layer.weight, lying.t())
-                copied = microseconds(layer, lying)
+                as_they_lie = microseconds(torch.mm, weight, lying.t())
+                copied = microseconds(weight_first_linear, lying, weight)
                 shape = f"{out_features} x {in_features}"
                 print(
                     f"| {shape} | {rows} | {before:.0f} | {after:.0f} | {before / after:.2f} | {as_they_lie:.0f} | "
                     f"{copied:.0f} |"
                 )
+        seconds = time_layouts([(out_features, in_features, False) for out_features, in_features in SHAPES])
+    chosen = WEIGHT_FIRST if seconds[WEIGHT_FIRST] < seconds[TORCH] else TORCH
+    print(
+        f"\nNAT_LINEAR_LAYOUT=auto's pass over these shapes: W·xᵀ {1e3 * seconds[WEIGHT_FIRST]:.3f} ms, F.linear "
+        f"{1e3 * seconds[TORCH]:.3f} ms: {chosen}"
+    )
 
 
 if __name__ == "__main__":

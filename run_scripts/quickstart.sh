@@ -2,7 +2,7 @@
 # The main job of the README, on Multi30k en->de: set-up, data, AR teacher, sequence-level distillation,
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
 #   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~37 min on 2 cores)
-#   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (about 2 hours)
+#   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~2 h 20 min)
 #   PRESET=gpu bash run_scripts/quickstart.sh     # the full-size recipe on one GPU
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
@@ -23,7 +23,7 @@ if [ "$PRESET" = cpu ]; then
   log "(~37 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
 elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
-  log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (about 2 hours on 2 cores)."
+  log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~2 h 20 min on 2 cores)."
 fi
 # the systems of the preset, their benchmark rows and the benchmark's options: nat_plugins/recipes.py
 TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt

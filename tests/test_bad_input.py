@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from fairseq.data import Dictionary
 
 from nat_plugins.compat import CheckpointFileError
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
@@ -211,8 +212,19 @@ def other_dictionary_teacher(tmp_path_factory):
 
 
 def test_npd_teacher_with_another_dictionary(data_bin, checkpoints, other_dictionary_teacher):
+    """Refused before loading; fairseq-train under translation_nat stored the teacher's dictionaries with its
+    checkpoint, which a teacher of the same size is compared with once its data directory is gone
+    (tests/test_teacher.py)."""
+    state = checkpoint_utils.load_checkpoint_to_cpu(other_dictionary_teacher)
+    for side, lang in (("source", "src"), ("target", "tgt")):
+        stored = state["task_state"]["dictionaries"][side]
+        assert stored == Dictionary.load(os.path.join(state["cfg"]["task"].data, f"dict.{lang}.txt")).symbols
     npd = ["--beam", "1", "--fertility-decoding", "npd", "--npd-teacher", other_dictionary_teacher]
-    with pytest.raises(ValueError, match="does not fit this data-bin .*same dictionaries"):
+    with pytest.raises(
+        ValueError,
+        match=r"--npd-teacher .*: that checkpoint was trained with another source dictionary \(encoder.embed_tokens"
+        r".weight has \d+ rows, this data-bin's dictionary has \d+ symbols\): pass an autoregressive checkpoint",
+    ):
         generate_lines(data_bin, checkpoints["fertility_nat"], TASK + npd)
 
 
@@ -268,7 +280,7 @@ def test_init_from_ar_with_another_dictionary(data_bin, other_dictionary_teacher
     """Embeddings of another vocabulary size used to be skipped by the shape match (random, one INFO line)."""
     message = (
         r"--init-from-ar .*: that checkpoint was trained with another source dictionary \(encoder.embed_tokens.weight "
-        r"has \d+ rows, this data-bin's dictionary has \d+ symbols\), so its embeddings cannot initialise this model: "
+        r"has \d+ rows, this data-bin's dictionary has \d+ symbols\): its embeddings cannot initialise this model: "
         r"binarize the data with the teacher's dictionaries \(fairseq-preprocess --srcdict/--tgtdict"
     )
     with pytest.raises(ValueError, match=message):

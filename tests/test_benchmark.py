@@ -131,6 +131,9 @@ def test_json_rows_and_metadata(fixture):
         "throughput_ratio_rounds",
         "latency_ratio_spread",
         "throughput_ratio_spread",
+        "latency_round_seconds",
+        "speedup_rounds",
+        "exact_check",
         "flag",
         "by_batch_size",
         "latency_speedup_vs_ar_greedy_plugin",
@@ -192,10 +195,7 @@ def test_json_rows_and_metadata(fixture):
     assert meta["latency_sentences_timed"] == NUM_TEST - 2
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
     assert f"**{NUM_TEST - 2} sentences timed** (sentences 3-{NUM_TEST} of the split" in markdown
-    assert (
-        "| system | BLEU | % of teacher beam 4 | latency ms (median) | latency ms (p90) | latency ms (mean) |"
-        in markdown
-    )
+    assert "| system | BLEU | % of teacher beam 4 | ≠ greedy | latency ms (median) | latency ms (p90) |" in markdown
     assert "CTranslate2" not in markdown
     assert "| system | batch 1 | batch 12 |" in markdown and "- timing: 3 rounds round-robin" in markdown
 
@@ -270,7 +270,8 @@ def test_npd_rows_of_a_checkpoint():
 
 
 def fixed_row(name, role, bleu, latency_ms, seconds):
-    """A row of fixed measurements: 4 sentences decoded in ``seconds``, one timed at batch 1 in ``latency_ms``."""
+    """A row of fixed measurements in one round: 4 sentences decoded in ``seconds``, one timed at batch 1 in
+    ``latency_ms``."""
     return bench_rows.Row(
         bench_rows.RowSpec(name, "x.pt", role=role),
         ["h"] * 4,
@@ -281,6 +282,7 @@ def fixed_row(name, role, bleu, latency_ms, seconds):
         [latency_ms],
         "SequenceGenerator",
         "0·|x| + 200",
+        latency_round_seconds=[latency_ms / 1000],
     )
 
 
@@ -307,7 +309,8 @@ def test_percent_of_teacher_and_speedups_on_fixed_rows():
     assert ct2.latency_speedup_vs_ct2_greedy == greedy.latency_speedup_vs_ar_greedy == 1
     table = report.markdown_table(rows, 4)
     assert "| latency × vs greedy | latency × vs CTranslate2 greedy | sent/s (batch) |" in table
-    assert "| system | 20.00 | 80.0 | 10.0 |" in table and "| 2.00× | 4.0 | 4.00× | 2.00× | 0.50× |" in table
+    assert "| system | 20.00 | 80.0 | 10.0 |" in table
+    assert "| 2.00× (2.00–2.00) | 4.0 | 4.00× (4.00–4.00) | 2.00× (2.00–2.00) | 0.50× (0.50–0.50) |" in table
     with pytest.raises(BenchmarkError, match="one row with role 'teacher_greedy', found 0"):
         analysis.compare(rows[:3])
 
@@ -441,7 +444,8 @@ def test_rep_mis_of_every_row(fixture):
     same = next(row for row in rows if row["name"] == "same teacher greedy")
     assert greedy["rep"] == greedy["mis"] == same["rep"] == same["mis"] == 0.0
     markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
-    assert "| Rep | Mis | rep. tokens % | missing tokens % |" in markdown and "eq. 7-10" in markdown
+    assert "| Rep % | missing tokens % | Rep Δ% vs greedy | Mis Δ% vs greedy |" in markdown and "eq. 7-10" in markdown
+    assert "words: sacreBLEU's 13a tokenization" in markdown
 
 
 def test_system_row_matches_greedy_teacher(fixture):
@@ -708,7 +712,8 @@ def test_ctranslate2_rows_decode_like_the_teacher(fixture, tmp_path):
     assert agreement["differing_sentences"] <= 2  # fp32 rounding may flip a near tie
     fastest = results["meta"]["ctranslate2_fastest_greedy"]
     ct2_greedy = [rows[name] for name in ("AR teacher, greedy (CTranslate2)", "AR teacher, greedy (CTranslate2 int8)")]
-    assert fastest["latency"] == min(ct2_greedy, key=lambda row: row["latency_ms_median"])["name"]
+    assert fastest["latency"] == max(ct2_greedy, key=lambda row: row["latency_speedup_vs_ar_greedy"])["name"]
+    assert fastest["throughput"] == max(ct2_greedy, key=lambda row: row["throughput_speedup_vs_ar_greedy"])["name"]
     assert rows[fastest["latency"]]["latency_speedup_vs_ct2_greedy"] == 1.0
     assert rows[fastest["throughput"]]["throughput_speedup_vs_ct2_greedy"] == 1.0
     assert abs(rows["AR teacher, beam 4 (CTranslate2)"]["bleu"] - rows["AR teacher, beam 4"]["bleu"]) < 2.0
@@ -741,26 +746,44 @@ def fake_rows(costs):
     return runners, log, lambda: clock[0]
 
 
-def test_round_robin_shares_blocks_and_rotates_the_first_row():
+def test_round_robin_shares_blocks_in_the_recorded_order():
     runners, log, clock = fake_rows({"a": lambda u: 1.0, "greedy": lambda u: 2.0, "c": lambda u: 4.0})
     units = [[i] for i in range(7)]
-    timed = schedule.run_rounds(runners, units, 3, anchor=1, batch_size=1, warmup=[[9]], clock=clock)
+    timed = schedule.run_rounds(runners, units, 3, anchor=1, batch_size=1, seed=5, warmup=[[9]], clock=clock)
     assert timed.blocks == [[[0], [3], [6]], [[1], [4]], [[2], [5]]]  # interleaved: the same mix in every block
-    assert timed.order == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    assert timed.order == schedule.round_orders(3, 3, seed=5, batch_size=1)
     assert log[:3] == [("a", (9,)), ("greedy", (9,)), ("c", (9,))]  # warm-up first, off the clock
     timed_calls = log[3:]
-    assert timed_calls[:9] == [(name, (i,)) for name in "a" for i in (0, 3, 6)] + [
-        (name, (i,)) for name in ("greedy", "c") for i in (0, 3, 6)
+    assert timed_calls[:-3] == [  # round r: every row on block r, in the round's order
+        (runners[row].name, tuple(unit))
+        for r, block in enumerate(timed.blocks)
+        for row in timed.order[r]
+        for unit in block
     ]
-    assert [name for name, _ in timed_calls[9:11]] == ["greedy", "greedy"]  # round 2 starts with the next row
     assert timed_calls[-3:] == [("greedy", (0,)), ("greedy", (3,)), ("greedy", (6,))]  # the drift anchor
-    for runner in runners:  # every row timed once on every unit (and the anchor again on block 0)
-        assert sorted(i for name, unit in timed_calls[:-3] if name == runner.name for i in unit) == list(range(7))
     assert timed.seconds[2] == [[4.0] * 3, [4.0] * 2, [4.0] * 2]
     assert timed.ratios(0) == [2.0] * 3 and timed.ratios(2) == [0.5] * 3 and timed.ratios(1) == [1.0] * 3
     assert timed.sentences() == [3, 2, 2] and timed.drift == 0.0
-    few = schedule.run_rounds(runners, units[:2], 3, anchor=1, batch_size=1, clock=clock)
+    few = schedule.run_rounds(runners, units[:2], 3, anchor=1, batch_size=1, seed=5, clock=clock)
     assert few.blocks == [[[0], [1]]] * 3  # fewer units than rounds: every round times them all
+
+
+def test_rows_change_slots_and_neighbours_from_round_to_round():
+    """With the ~24 rows of a full run, each round's order is a fresh permutation drawn from the seed: few rows keep
+    their slot or the row before them from one round to the next (a rotation by one kept every neighbour and moved
+    every slot by the same step); the same seed and batch size give the same orders, another seed others."""
+    rows, rounds = 24, 3
+    orders = schedule.round_orders(rows, rounds, seed=1, batch_size=1)
+    assert all(sorted(order) == list(range(rows)) for order in orders)
+    for before, after in zip(orders, orders[1:]):
+        pairs = set(zip(before, before[1:]))
+        assert len(pairs & set(zip(after, after[1:]))) <= 3  # a random order keeps about 2 of 23 on average
+        assert sum(a == b for a, b in zip(before, after)) <= 3  # rows in the same slot: about 1 on average
+        steps = {(after.index(row) - before.index(row)) % rows for row in range(rows)}
+        assert len(steps) > rows // 3  # no common shift of the slots
+    assert orders == schedule.round_orders(rows, rounds, seed=1, batch_size=1)
+    assert orders != schedule.round_orders(rows, rounds, seed=2, batch_size=1)
+    assert orders != schedule.round_orders(rows, rounds, seed=1, batch_size=64)
 
 
 def test_a_slow_round_shows_in_the_spread_and_flags_the_ratio():
@@ -779,7 +802,7 @@ def test_a_slow_round_shows_in_the_spread_and_flags_the_ratio():
         return 1.32 if anchor_calls["n"] > 7 else 1.2
 
     runners, _, clock = fake_rows({"noisy": noisy, "greedy": greedy, "fast": lambda u: 0.4})
-    timed = schedule.run_rounds(runners, [[i] for i in range(7)], 3, anchor=1, batch_size=1, clock=clock)
+    timed = schedule.run_rounds(runners, [[i] for i in range(7)], 3, anchor=1, batch_size=1, seed=1, clock=clock)
     noisy_ratios, fast_ratios = timed.ratios(0), timed.ratios(2)
     assert noisy_ratios == pytest.approx([1.2, 0.4, 1.2])
     assert bench_rows.spread(noisy_ratios) == pytest.approx(0.8) and schedule.unsettled(noisy_ratios)
@@ -788,15 +811,18 @@ def test_a_slow_round_shows_in_the_spread_and_flags_the_ratio():
     assert schedule.unsettled([1.2, 1.5, 2.5]) and not schedule.unsettled([1.4, 1.5, 1.6])
     assert timed.drift == pytest.approx(0.1)
     rows = [fixed_row(name, role, 20.0, 10.0, 1.0) for name, role in (("b", "teacher_beam"), ("g", "teacher_greedy"))]
-    rows[0].latency_ratio_rounds, rows[0].throughput_ratio_rounds = noisy_ratios, fast_ratios
+    rows[0].latency_round_seconds, rows[1].latency_round_seconds = timed.totals(0), timed.totals(1)
+    rows[0].throughput_round_rates = [3.0] * 3  # the greedy teacher's 1 sentence a second, 3x
+    rows[1].throughput_round_rates = [1.0] * 3
     analysis.compare(rows)
+    assert rows[0].latency_ratio_rounds == pytest.approx(noisy_ratios) and rows[0].throughput_ratio_rounds == [3.0] * 3
     assert rows[0].flag == "latency" and rows[1].flag == ""
     assert rows[0].latency_ratio_spread == pytest.approx(0.8) and "| latency |" in report.markdown_table(rows, 4)
 
 
 def test_speed_by_batch_size_of_fixed_timings():
     runners, _, clock = fake_rows({"greedy": lambda u: 0.1 * len(u), "batched": lambda u: 0.02 + 0.01 * len(u)})
-    timings = schedule.time_batch_sizes(runners, [1, 4], 3, 0, range(1, 7), range(1), list(range(12)), clock)
+    timings = schedule.time_batch_sizes(runners, [1, 4], 3, 0, range(1, 7), range(1), list(range(12)), 1, clock)
     assert sorted(timings) == [1, 4]
     batch4, outputs = timings[4]
     assert batch4.blocks == [[[0, 1, 2, 3]], [[4, 5, 6, 7]], [[8, 9, 10, 11]]]
@@ -844,3 +870,269 @@ def test_paired_test_names_must_be_rows():
         bench_rows.parse_paired_tests(["AR teacher, greedy::nosuch"], names)
     with pytest.raises(BenchmarkError, match="expected 'BASELINE ROW NAME::SYSTEM ROW NAME'"):
         bench_rows.parse_paired_tests(["AR teacher, greedy"], names)
+
+
+def test_every_speedup_is_the_median_of_paired_round_ratios():
+    """One statistic for every "×": the median over rounds of (the reference's seconds on the round's block / the
+    row's), not a ratio of medians, with the range of the per-round ratios beside it in the table."""
+    greedy = fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 10.0, 1.0)
+    beam = fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 20.0, 1.0)
+    system = fixed_row("system", bench_rows.SYSTEM, 20.0, 5.0, 1.0)
+    greedy.timed_ids = beam.timed_ids = system.timed_ids = [0, 1, 2]
+    greedy.timed_latency_ms, greedy.latency_round_seconds = [10.0, 10.0, 40.0], [1.0, 1.0, 4.0]
+    beam.timed_latency_ms, beam.latency_round_seconds = [20.0, 20.0, 20.0], [2.0, 2.0, 2.0]
+    system.timed_latency_ms, system.latency_round_seconds = [5.0, 2.5, 10.0], [0.5, 0.25, 1.0]
+    greedy.throughput_round_rates, beam.throughput_round_rates = [1.0, 2.0, 1.0], [1.0, 1.0, 1.0]
+    system.throughput_round_rates = [2.0, 3.0, 5.0]
+    rows = [beam, greedy, system]
+    analysis.compare(rows)
+    # per round 2, 4, 4 (the ratio of the median latencies would be 10 / 5 = 2)
+    assert system.latency_ratio_rounds == [2.0, 4.0, 4.0] and system.latency_speedup_vs_ar_greedy == 4.0
+    assert system.speedup_rounds["latency_speedup_vs_ar_beam"] == [4.0, 8.0, 2.0]
+    assert system.latency_speedup_vs_ar_beam == 4.0
+    # per round 2, 1.5, 5 (the ratio of the median rates would be 3 / 1)
+    assert system.throughput_speedup_vs_ar_greedy == 2.0 and system.throughput_speedup_vs_ar_beam == 3.0
+    assert (
+        greedy.latency_speedup_vs_ar_greedy == 1.0
+        and greedy.speedup_rounds["latency_speedup_vs_ar_greedy"] == [1.0] * 3
+    )
+    table = report.markdown_table(rows, 4)
+    assert "| latency × vs beam 4 | latency × vs greedy | sent/s (batch) |" in table  # no "± rounds" column
+    assert "| 4.00× (2.00–8.00) | 4.00× (2.00–4.00) | 3.0 | 3.00× (2.00–5.00) | 2.00× (1.50–5.00) |" in table
+    system.by_batch_size = [
+        {
+            "batch_size": 1,
+            "tokens_per_s": 10.0,
+            "ms_per_sentence": 3.0,
+            "ratio_rounds": [2.0, 4.0, 4.0],
+            "unsettled": False,
+        }
+    ]
+    greedy.by_batch_size = beam.by_batch_size = system.by_batch_size
+    assert "| system | 10 tok/s, 3.0 ms/sent, 4.00× (2.00–4.00) |" in report.batch_size_table(rows)
+
+
+def test_speedups_of_the_main_table_are_those_of_the_batch_size_table(fixture):
+    """The main table's × fairseq greedy at batch 1 and at --batch-size is the batch-size sweep's at those sizes."""
+    for row in fixture["results"]["rows"]:
+        by_size = {entry["batch_size"]: entry for entry in row["by_batch_size"]}
+        assert row["latency_speedup_vs_ar_greedy"] == pytest.approx(by_size[1]["speedup_vs_ar_greedy"], rel=1e-12)
+        assert row["throughput_speedup_vs_ar_greedy"] == pytest.approx(by_size[12]["speedup_vs_ar_greedy"], rel=1e-12)
+        assert row["latency_ratio_rounds"] == by_size[1]["ratio_rounds"]
+        assert row["speedup_rounds"]["latency_speedup_vs_ar_beam"] == pytest.approx(
+            [
+                b / s
+                for b, s in zip(fixture["results"]["rows"][0]["latency_round_seconds"], row["latency_round_seconds"])
+            ]
+        )
+
+
+def test_the_order_of_every_round_is_recorded(fixture):
+    timing = fixture["results"]["meta"]["timing"]
+    assert set(timing["orders"]) == {"1", "12"}
+    for size, orders in timing["orders"].items():
+        assert len(orders) == 3 and all(sorted(order) == sorted(NAMES) for order in orders)
+        indices = schedule.round_orders(len(NAMES), 3, seed=1, batch_size=int(size))
+        assert orders == [[NAMES[k] for k in order] for order in indices]
+
+
+def out(ids, text="h"):
+    """An output of ``ids`` (the last one EOS)."""
+    return measure.Output(text, len(ids), ids=tuple(ids))
+
+
+def test_exact_check_counts_divergences_and_near_ties():
+    """Sentences that differ from greedy's output, classified by the teacher's log-probability gap at the first
+    differing token (scored on the common prefix): below the tolerance a near-tie, else a real divergence."""
+    greedy = {0: out([5, 6, 7, 2]), 1: out([5, 6, 2]), 2: out([8, 2]), 3: out([4, 4, 2])}
+    row = {0: out([5, 6, 7, 2]), 1: out([5, 9, 2]), 2: out([3, 2]), 3: out([4, 4, 2])}
+    asked = []
+
+    def gap(sentence, prefix, token, other):
+        asked.append((sentence, tuple(prefix), token, other))
+        return {1: 1e-6, 2: 0.5}[sentence]
+
+    check = measure.exact_check(row, greedy, gap, 1e-4)
+    assert asked == [(1, (5,), 9, 6), (2, (), 3, 8)]
+    assert (check["sentences"], check["differ"], check["near_ties"]) == (4, 2, 1)
+    assert check["divergences"] == [
+        {"sentence": 1, "position": 1, "log_prob_gap": 1e-6},
+        {"sentence": 2, "position": 0, "log_prob_gap": 0.5},
+    ]
+    assert measure.exact_check(row, greedy, gap, 1.0)["near_ties"] == 2
+    assert measure.exact_check(greedy, greedy, gap, 1e-4) == {
+        "sentences": 4,
+        "differ": 0,
+        "near_ties": 0,
+        "divergences": [],
+    }
+    assert measure.first_difference((5, 6), (5, 6, 2)) == 2
+
+
+def test_exact_check_in_the_table_and_the_flag():
+    rows = [
+        fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 20.0, 1.0),
+        fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 10.0, 1.0),
+        fixed_row("exact", bench_rows.SYSTEM, 24.0, 5.0, 1.0),
+        fixed_row("near", bench_rows.SYSTEM, 24.0, 5.0, 1.0),
+        fixed_row("wrong", bench_rows.SYSTEM, 24.0, 5.0, 1.0),
+    ]
+    passes = {"1": {"sentences": 10, "differ": 0, "near_ties": 0}, "64": {"sentences": 40, "differ": 0, "near_ties": 0}}
+    rows[2].exact_check = passes
+    rows[3].exact_check = {**passes, "1": {"sentences": 10, "differ": 2, "near_ties": 2}}
+    rows[4].exact_check = {**passes, "1": {"sentences": 10, "differ": 3, "near_ties": 1}}
+    analysis.compare(rows)
+    assert [row.flag for row in rows] == ["", "", "", "", "≠ greedy"]
+    table = report.markdown_table(rows, 4)
+    assert "| BLEU | % of teacher beam 4 | ≠ greedy | latency ms (median) |" in table
+    cells = {line.split(" | ")[0][2:]: line.split(" | ")[3] for line in table.splitlines()[2:]}
+    assert cells == {
+        "beam": "–",
+        "greedy": "–",
+        "exact": "0",
+        "near": "2 (near-ties)",
+        "wrong": "**3 (2 not near-ties)**",
+    }
+    assert "≠ greedy" not in report.markdown_table(rows[:2], 4)  # no row to check: no column
+
+
+def test_rows_that_print_the_teachers_greedy_output_are_checked_in_every_pass(fixture):
+    """The plugin-layout teacher row and the --system copy of the greedy teacher print its greedy output: both are
+    checked at batch 1 (the timed sentences) and at --batch-size (the split), and every difference is a near-tie; the
+    beam, CMLM and greedy rows themselves are not checked."""
+    rows = {row["name"]: row for row in fixture["results"]["rows"]}
+    for name in ("AR teacher, greedy (plugin layout)", "same teacher greedy"):
+        check = rows[name]["exact_check"]
+        assert set(check) == {"1", "12"}, name
+        assert check["1"]["sentences"] == NUM_TEST - 2 and check["12"]["sentences"] == NUM_TEST
+        assert all(p["differ"] == p["near_ties"] for p in check.values()), check
+    for name in ("AR teacher, beam 4", "AR teacher, greedy", "fairseq CMLM"):
+        assert rows[name]["exact_check"] is None, name
+    assert fixture["results"]["meta"]["exact_check"]["near_tie_tolerance"] == measure.NEAR_TIE_TOLERANCE["fp32"]
+    markdown = open(os.path.join(fixture["out"], "results.md"), encoding="utf-8").read()
+    assert "| same teacher greedy | " in markdown and "- ≠ greedy: the rows that print the teacher's greedy" in markdown
+
+
+def test_a_divergence_is_a_near_tie_by_the_teachers_log_probabilities(fixture):
+    """The gap the exact check classifies is the teacher's: log p(greedy token) - log p(other token) after the common
+    prefix, as fairseq's SequenceGenerator and SequenceScorer score them."""
+    from fairseq.sequence_scorer import SequenceScorer
+
+    args = _args(fixture)
+    spec = bench_rows.teacher_specs(fixture["teacher"], 4)[1]
+    teacher = measure.FairseqRunner(spec, measure.generation_cfg(args, spec, False), 1, NUM_TEST)
+    generation = teacher.decoder.generation
+    tgt_dict, eos = generation.task.target_dictionary, generation.task.target_dictionary.eos()
+    sample = teacher.inputs([3])
+    best = teacher.decode(sample)[0]
+    ids = best["tokens"].tolist()
+    assert len(ids) >= 3
+    other = next(x for x in range(tgt_dict.nspecial, len(tgt_dict)) if x != ids[1])
+    diverged = [ids[0], other, eos]
+    sample["target"] = torch.tensor([diverged])
+    sample["net_input"]["prev_output_tokens"] = torch.tensor([[eos] + diverged[:-1]])
+    scored = SequenceScorer(tgt_dict).generate(generation.models, sample)[0][0]["positional_scores"]
+    expected = (best["positional_scores"][1] - scored[1]).item()
+    assert expected > 0
+    assert teacher.log_prob_gap(3, ids[:1], other, ids[1]) == pytest.approx(expected, abs=1e-5)
+    outputs, greedy = {3: out(diverged)}, {3: out(ids)}
+    assert measure.exact_check(outputs, greedy, teacher.log_prob_gap, 2 * expected)["near_ties"] == 1
+    assert measure.exact_check(outputs, greedy, teacher.log_prob_gap, expected / 2)["near_ties"] == 0
+
+
+@pytest.mark.parametrize(
+    "task_args, arch_args, gen_args, prints",
+    [
+        (NAT_TASK, ["--arch", "transformer"], ["--beam", "1"], "model"),
+        (NAT_TASK, ["--arch", "transformer"], ["--beam", "4"], None),
+        (NAT_TASK, ["--arch", "transformer"], ["--beam", "1", "--sampling"], None),
+        (NAT_TASK, ["--arch", "transformer"], ["--beam", "1", "--no-repeat-ngram-size", "2"], None),
+        (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3", "--identity-first-head"], SHORT, "model"),
+        (NAT_TASK, ["--arch", "blockwise_transformer", "--block-size", "3"], SHORT, None),  # head 1 through a layer
+        (
+            NAT_TASK + ["--block-accept", "topk:2"],
+            ["--arch", "blockwise_transformer", "--block-size", "3", "--identity-first-head"],
+            SHORT,
+            None,
+        ),
+        (
+            NAT_TASK + ["--speculative-teacher", "TEACHER"],
+            ["--arch", "spec_drafter", "--draft-size", "2"],
+            SHORT,
+            "teacher",
+        ),
+        (
+            NAT_TASK + ["--speculative-teacher", "TEACHER", "--max-drafting-sentences", "0"],
+            ["--arch", "spec_drafter", "--draft-size", "2"],
+            SHORT,
+            "teacher",
+        ),
+        (
+            NAT_TASK + ["--speculative-teacher", "TEACHER", "--speculative-verify", "relaxed"],
+            ["--arch", "spec_drafter", "--draft-size", "2"],
+            SHORT,
+            None,
+        ),
+        (NAT_TASK, ["--arch", "nad_ad_transformer"], SHORT, None),  # a SequenceGenerator subclass
+        (NAT_TASK, ["--arch", "fertility_nat"], SHORT, None),
+    ],
+    ids=[
+        "greedy",
+        "beam",
+        "sampling",
+        "ngram-blocking",
+        "blockwise-exact",
+        "blockwise-head-1-layer",
+        "blockwise-topk",
+        "speculative-exact",
+        "speculative-greedy-steps",
+        "speculative-relaxed",
+        "NAD-AD",
+        "NAT",
+    ],
+)
+def test_which_rows_print_a_models_greedy_output(dummy_data_bin, tiny_teacher, task_args, arch_args, gen_args, prints):
+    """The exact check's rows, told from the generator and its settings: the model whose greedy output a row prints
+    (None: it prints something else), and whether that model has the teacher's weights."""
+    from fairseq import checkpoint_utils
+
+    task_args = [tiny_teacher if a == "TEACHER" else a for a in task_args]
+    generation = build_generation(dummy_data_bin, task_args, arch_args, gen_args)
+    model = measure.greedy_model(generation)
+    (teacher,), _ = checkpoint_utils.load_model_ensemble([tiny_teacher])
+    if prints is None:
+        assert model is None
+    elif prints == "model":
+        assert model is generation.models[0] and not measure.same_weights(model, teacher)  # untrained, not the teacher
+    else:
+        assert model is generation.generator.verifier and measure.same_weights(model, teacher)
+    assert measure.same_weights(teacher, teacher)
+
+
+def test_rep_is_counted_in_13a_words_by_the_benchmark_and_the_command(tmp_path, capsys):
+    """The benchmark's Rep/Mis columns and `python -m nat_plugins.cli.rep_mis` count the same output the same way:
+    in the words of sacreBLEU's 13a tokenization, where "Dach." is the word "Dach" and a full stop."""
+    references = ["Leute reparieren das Dach eines Hauses.", "Ein Hund, ein Ball."]
+    greedy = ["Leute reparieren das Dach eines Hauses.", "Ein Hund, ein Ball, ein Ball."]
+    system = ["Leute reparieren das Dach, das Dach.", "Ein Hund, ein Hund, ein Ball."]
+    rows = [
+        fixed_row("beam", bench_rows.TEACHER_BEAM, 25.0, 20.0, 1.0),
+        fixed_row("greedy", bench_rows.TEACHER_GREEDY, 24.0, 10.0, 1.0),
+        fixed_row("system", bench_rows.SYSTEM, 20.0, 5.0, 1.0),
+    ]
+    rows[0].hyps, rows[1].hyps, rows[2].hyps = greedy, greedy, system
+    analysis.add_rep_mis(rows, references)
+    # 13a words: "Leute reparieren das Dach , das Dach ." repeats das and Dach, "Ein Hund , ein Hund , ein Ball ." the
+    # second Hund and "," and the third ein: 5 of 17 words (split at whitespace, "Dach," and "Dach." differ: 3 of 13)
+    assert rows[2].rep_ratio == pytest.approx(100 * 5 / 17)
+    for name, lines in (("ref", references), ("ar", greedy), ("sys", system)):
+        (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    files = ["--references", str(tmp_path / "ref.txt"), "--ar-output", str(tmp_path / "ar.txt")]
+    scores = rep_mis.main(files + ["--hypotheses", str(tmp_path / "sys.txt")])
+    assert (scores["rep_ratio"], scores["mis_ratio"], scores["rep"]) == pytest.approx(
+        (rows[2].rep_ratio, rows[2].mis_ratio, rows[2].rep)
+    )
+    assert "rep% 29.41" in capsys.readouterr().out
+    table = report.markdown_table(rows, 4)
+    assert "| Rep % | missing tokens % | Rep Δ% vs greedy | Mis Δ% vs greedy |" in table
+    assert f"| {rows[2].rep_ratio:.2f} |" in table.splitlines()[-1]

@@ -158,13 +158,13 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
         batched = generator.generate([model], sample)
     assert len(batched) == len(lengths)
     assert max(passes(hypos[0]) for hypos in batched) == counter.passes  # sentences leave the batch when done
-    for index, hypos in enumerate(batched):
+    limit = max_len_b
+    if system == "recover_sat":  # each segment has its own limit (segment_decoding.py)
+        limit = generator.num_segments * generator.segment_max_len(sample["net_input"]["src_tokens"].size(1))
+    for hypos in batched:
         for hypo in hypos:
             tokens = hypo["tokens"].tolist()
             assert tokens[-1] == eos and not forbidden & set(tokens[:-1]), tokens
-            limit = max_len_b
-            if system == "recover_sat":  # each segment has its own limit (segment_decoding.py)
-                limit = generator.num_segments * int(generator.segment_max_lengths(torch.tensor([lengths[index]])))
             assert len(tokens) - 1 <= limit
             assert math.isfinite(float(hypo["score"]))
     for index in sorted({0, len(lengths) // 2, len(lengths) - 1}):

@@ -6,9 +6,12 @@ from argparse import Namespace
 
 import pytest
 import torch
+from fairseq import options
 from fairseq.data import Dictionary
 
 from nat_plugins.generators.base import PluginGenerator
+
+from .utils import TINY_TRANSFORMER, random_batch
 
 NO_MODEL = torch.nn.Module()  # the options' tests need no layers
 
@@ -60,6 +63,47 @@ def test_prefix_tokens_and_constraints_are_refused(task):
         toy.refuse_search_inputs(prefix_tokens=torch.tensor([[5]]))
     with pytest.raises(ValueError, match="constraints .*--constraints.* are not supported by toy decoding"):
         toy.refuse_search_inputs(constraints=torch.tensor([[1, 5, 0]]))
+
+
+SEARCH_INPUTS = [
+    ({"prefix_tokens": torch.tensor([[5]])}, "prefix_tokens .*--prefix-size.* are not supported by"),
+    ({"constraints": torch.tensor([[1, 5, 0]])}, "constraints .*--constraints.* are not supported by"),
+    ({"bos_token": 5}, "a bos_token .* is not supported by"),
+]
+
+
+def test_generate_refuses_search_inputs_before_decoding(task):
+    toy = Toy([NO_MODEL], task, Namespace())
+    for inputs, message in SEARCH_INPUTS:
+        with pytest.raises(ValueError, match=f"{message} toy decoding: decode without it"):
+            toy.generate([NO_MODEL], {}, **inputs)
+    with pytest.raises(NotImplementedError):
+        toy.generate([NO_MODEL], {}, prefix_tokens=None, constraints=None)
+
+
+@pytest.mark.parametrize(
+    "arch, beam, name",
+    [
+        (["sat_transformer", "--group-size", "2"], 1, "SAT group decoding"),
+        (["sat_transformer", "--group-size", "2"], 2, "SAT group decoding"),  # fairseq's beam search inside
+        (["recover_sat", "--num-segments", "2"], 1, "RecoverSAT segment decoding"),
+        (["fertility_nat"], 1, "fertility_nat decoding"),
+    ],
+)
+def test_plugin_generators_refuse_search_inputs_given_to_generate(toy_task, arch, beam, name):
+    """Called directly (not through the task's inference_step), the SAT, RecoverSAT and NAT decoders refuse prefix
+    tokens, constraints and another start symbol: they used to drop them without a word."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["unused-data", "--task", "translation_nat", "--arch"] + arch + TINY_TRANSFORMER[2:],
+    )
+    model = toy_task.build_model(args).eval()
+    generator = toy_task.build_generator([model], Namespace(beam=beam, max_len_b=5))
+    sample = random_batch(toy_task.source_dictionary, 2, seed=0)
+    assert len(generator.generate([model], sample, prefix_tokens=None, constraints=None)) == 2
+    for inputs, message in SEARCH_INPUTS:
+        with pytest.raises(ValueError, match=f"{message} {name}"):
+            generator.generate([model], sample, **inputs)
 
 
 def test_one_model_only(task):

@@ -29,9 +29,9 @@ from torch import nn
 
 from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
 from nat_plugins.generators.speculative_decoding import SpeculativeGenerator
-from nat_plugins.modules import cpu_linear
 
 from .test_blockwise import random_model
+from .test_cpu_linear import count_weight_first_products
 from .test_speculative import drafter, random_teacher
 from .utils import random_batch, sub_batch, with_task_options
 
@@ -223,19 +223,6 @@ def test_speculative_exact_verification_is_fairseqs_greedy_decoding_on_cuda(toy_
 
 
 # ----- the CPU linear layout ----------------------------------------------------------------------------------------
-
-
-def count_weight_first_products(monkeypatch):
-    """A list that receives one entry per W·xᵀ product of :mod:`~nat_plugins.modules.cpu_linear`."""
-    calls = []
-    weight_first = cpu_linear.weight_first
-
-    def counted(weight, bias, columns):
-        calls.append(weight.device.type)
-        return weight_first(weight, bias, columns)
-
-    monkeypatch.setattr(cpu_linear, "weight_first", counted)
-    return calls
 
 
 def decode_every_way(task, device, dtype, tmp_path):

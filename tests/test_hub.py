@@ -148,10 +148,10 @@ def test_speculative_translate_equals_fairseq_generate(
     assert steps == [expected_steps[i] for i in range(len(sources))]
     assert hub.task.cfg.speculative_teacher is None and hub.task.cfg.speculative_verify == "exact"
 
-    teacher = hypotheses(generate_lines(dummy_data_bin, tiny_teacher, TASK + ["--beam", "1"]))
-    words = sum(len(expected[i].split()) + 1 for i in range(len(sources)))  # EOS included
-    if not cli:
+    if options.get("speculative_verify", "exact") == "exact":
+        teacher = hypotheses(generate_lines(dummy_data_bin, tiny_teacher, TASK + ["--beam", "1"]))
         assert expected == teacher
+        words = sum(len(expected[i].split()) + 1 for i in range(len(sources)))  # EOS included
         assert sum(steps) < words  # some teacher calls accepted drafts
     else:
         exact = steps_of(hub, sources, speculative_teacher=tiny_teacher)

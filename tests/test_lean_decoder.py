@@ -1,7 +1,8 @@
 """The lean decoding forward of fairseq's decoder layers (nat_plugins/modules/lean_decoder.py): the same features as
 fairseq's layers, with a cache (batches with padding, post-norm and pre-norm) and without one
 (``test_fused_projections_follow_the_weights``), and the cache it leaves is the one fairseq's layers would leave, its
-self-attention and encoder-attention entries alike, after every call, rollback and reorder."""
+self-attention and encoder-attention entries alike, after every call, rollback and reorder. Every comparison checks
+that the lean forward did run (no layer's own forward called, its own cache entry written) where it was asked for."""
 
 import os
 
@@ -25,19 +26,39 @@ def random_decoder_model(task, pre_norm):
     return build_model(task, None, 0, extra, arch).eval()
 
 
-def features(model, embedded, positions, encoder_out, cache, attn_mask, padding_mask, lean):
-    return decoder_stack_features(
-        model.decoder, embedded, positions, encoder_out, cache, attn_mask, padding_mask, lean=lean
-    )
+def features(model, embedded, positions, encoder_out, cache, attn_mask, padding_mask, lean, lean_runs=None):
+    """The decoder stack's features with the lean forward asked for (``lean``) or not, checking which forward ran:
+    the lean one calls no layer's own forward (``lean_runs``, by default ``lean``), fairseq's calls each layer
+    once."""
+    called = []
+    hooks = [
+        layer.register_forward_pre_hook(lambda module, args: called.append(module)) for layer in model.decoder.layers
+    ]
+    try:
+        output = decoder_stack_features(
+            model.decoder, embedded, positions, encoder_out, cache, attn_mask, padding_mask, lean=lean
+        )
+    finally:
+        for hook in hooks:
+            hook.remove()
+    lean_ran = lean if lean_runs is None else lean_runs
+    assert called == ([] if lean_ran else list(model.decoder.layers)), f"lean forward expected: {lean_ran}"
+    return output
 
 
 def assert_same_caches(decoder, caches):
     """The lean forward's cache (``caches[True]``) holds fairseq's (``caches[False]``): every self-attention and
-    encoder-attention entry fairseq stores, equal (the lean encoder attention keeps its padding bias beside them)."""
+    encoder-attention entry fairseq stores, equal (the lean encoder attention keeps its padding bias beside them:
+    the entry only the lean forward writes, which shows that it filled ``caches[True]``)."""
     for layer in decoder.layers:
         for attention in (layer.self_attn, layer.encoder_attn):
             fairseqs, leans = (attention._get_input_buffer(caches[lean]) for lean in (False, True))
             assert fairseqs and set(fairseqs) <= set(leans)
+            if attention is layer.encoder_attn:
+                assert "lean_padding_bias" in leans and "lean_padding_bias" not in fairseqs, (
+                    sorted(leans),
+                    sorted(fairseqs),
+                )
             for name, tensor in fairseqs.items():
                 if tensor is None:
                     assert leans[name] is None, name
@@ -112,16 +133,19 @@ def test_lean_forward_runs_only_in_evaluation_and_on_supported_layers(toy_task):
     embedded = torch.randn(2, 3, 32)
     positions = torch.arange(3).expand(2, -1)
 
-    def both():
-        """The features with the lean forward asked for and not, under the same dropout masks."""
+    def both(lean_runs=False):
+        """The features with the lean forward asked for and not, under the same dropout masks; ``lean_runs``:
+        whether the lean forward runs when asked for (checked by :func:`features`)."""
         outputs = []
         for lean in (False, True):
             torch.manual_seed(0)
-            outputs.append(features(model, embedded, positions, encoder_out, None, None, None, lean))
+            outputs.append(
+                features(model, embedded, positions, encoder_out, None, None, None, lean, lean_runs=lean and lean_runs)
+            )
         return outputs
 
     with torch.no_grad():
-        evaluation = both()[0]
+        evaluation = both(lean_runs=True)[0]
         model.train()
         trained = both()
         assert model.decoder.dropout_module.p > 0 and not torch.allclose(trained[0], evaluation)  # dropout ran
@@ -183,7 +207,11 @@ def test_lean_forward_continues_a_cache_fairseqs_layers_filled(toy_task):
 
 def sdpa_of_torch_2_0(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False):
     """``F.scaled_dot_product_attention`` with torch 2.0's signature (``scale=`` came with torch 2.1)."""
+    sdpa_of_torch_2_0.calls += 1
     return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+sdpa_of_torch_2_0.calls = 0
 
 
 def test_lean_forward_needs_only_torch_2_0s_attention(toy_task, monkeypatch):
@@ -192,4 +220,6 @@ def test_lean_forward_needs_only_torch_2_0s_attention(toy_task, monkeypatch):
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), encoding="utf-8") as f:
         assert '"torch>=2.0",' in f.read()  # the floor this test stands for
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa_of_torch_2_0)
+    monkeypatch.setattr(sdpa_of_torch_2_0, "calls", 0)
     test_lean_forward_equals_fairseqs_layers_with_a_cache_padding_and_rollback(toy_task, pre_norm=True)
+    assert sdpa_of_torch_2_0.calls > 0  # the lean forward attended through torch 2.0's signature

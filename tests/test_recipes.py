@@ -4,6 +4,7 @@ catalogue, and its command line as the run scripts read it."""
 
 import dataclasses
 import os
+import re
 
 import pytest
 
@@ -32,7 +33,21 @@ def test_the_catalogue_is_consistent():
     for preset in recipes.PRESETS:
         names = [row.name for row in recipes.rows(preset)]
         assert len(names) == len(set(names))
+        names += recipes.REFERENCE_ROWS
         assert all(name in names for target in recipes.targets(preset) for name in target.rows)
+
+
+def test_the_readme_states_the_numbers_the_main_job_checks():
+    """Every BLEU / speed-up of the README's systems table is a claim the main job's report checks, number for
+    number, and the README states no other (the table's last column)."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8") as f:
+        table = [line for line in f.read().split("## Systems", 1)[1].splitlines() if line.startswith("| ")][2:]
+    cells = [line.rstrip(" |").rsplit(" | ", 1)[1] for line in table]
+    claims = recipes.README_CLAIMS["cpu"]
+    for claim in claims:
+        assert any(claim.text() in cell for cell in cells), f"the README does not state {claim.row}: {claim.text()}"
+    stated = [n for cell in cells for n in re.findall(r"\d+\.\d\d / \d+(?:\.\d+)?×", cell)]
+    assert sorted(stated) == sorted(claim.text().split(" (")[0] for claim in claims)
 
 
 @pytest.mark.parametrize(
@@ -52,12 +67,12 @@ def test_a_target_naming_a_row_its_preset_lacks_is_an_error(monkeypatch, preset,
 
 def test_a_paired_test_naming_a_missing_row_is_an_error(monkeypatch):
     def nad_ad(value):
-        return dataclasses.replace(recipes.nad_ad(value), paired_tests=(("AR teacher, beam 4", recipes.NAD_AD_ROW),))
+        return dataclasses.replace(recipes.nad_ad(value), paired_tests=(("SAT K=9, greedy", recipes.NAD_AD_ROW),))
 
     system = next(s for s in recipes.SYSTEMS if s.key == "nad-ad")
     bad = dataclasses.replace(system, configure=nad_ad)
     monkeypatch.setattr(recipes, "SYSTEMS", tuple(bad if s is system else s for s in recipes.SYSTEMS))
-    with pytest.raises(recipes.CatalogueError, match="paired test .* names the row 'AR teacher, beam 4'"):
+    with pytest.raises(recipes.CatalogueError, match="paired test .* names the row 'SAT K=9, greedy'"):
         recipes.check()
 
 
@@ -89,10 +104,11 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
         ("AR teacher + same updates, beam 4", "ar-baseline", "--beam 4"),
     ]
     words = cli(capsys, "rows", *run_options("cpu")).splitlines()
-    assert words[0::2] == ["--system"] * len(expected) + ["--paired-test"]
-    assert words[1:-2:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
+    assert words[0::2] == ["--system"] * len(expected) + ["--paired-test"] * 2
+    assert words[1:-4:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
+    assert words[-3] == "NAT, argmax fertility::NAT, NPD S=10"
     assert words[-1] == "AR teacher + same updates, beam 4::Encoder-NAD-AD, beam 4"
-    assert [parse_system_spec(spec).name for spec in words[1:-2:2]] == [name for name, _, _ in expected]
+    assert [parse_system_spec(spec).name for spec in words[1:-4:2]] == [name for name, _, _ in expected]
 
 
 def test_gpu_and_cpu_long_rows():
@@ -188,7 +204,9 @@ def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path)
 
 def test_benchmark_options_of_the_presets(capsys):
     cpu = cli(capsys, "options", "--preset", "cpu", "--latency-sentences", "15").splitlines()
-    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--batch-sizes", "1,8,32,64"] + [
+    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--solo"] + [
+        "--batch-sizes",
+        "1,8,32,64",
         "--latency-sentences",
         "15",
         "--generate-args",

@@ -29,7 +29,7 @@ from nat_plugins.modules.segments import (
     step_major,
     word_boundary_tables,
 )
-from nat_plugins.tasks.translation_nat import segments_string
+from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask, segments_string
 
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
@@ -40,6 +40,7 @@ from .utils import (
     interactive_lines,
     train_model,
 )
+from .utils import random_batch as random_sources
 
 TINY_RECOVER_SAT = ["--arch", "recover_sat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 16
@@ -555,27 +556,86 @@ def test_incremental_decoding_equals_full_recomputation(dummy_data_bin, teacher,
         decoded = segment_tokens.ne(pad).reshape(-1)
         full = lprobs[0].gather(1, segment_tokens.reshape(-1, 1)).squeeze(1)
         assert torch.allclose(full[decoded], hyp["segment_scores"].reshape(-1)[decoded], atol=1e-4)
-        assert hyp["steps"] == len(segment_tokens) <= math.ceil(src_len / num_segments) + 2 + 1
+        # each segment's cap: int(1 * ceil(|x| / K) + 2), |x| the batch's padded source length
+        width = sample["net_input"]["src_tokens"].size(1)
+        assert hyp["steps"] == len(segment_tokens) <= math.ceil(width / num_segments) + 2 + 1
 
 
-def test_segment_length_cap_is_fairseqs_on_the_even_share(dummy_data_bin, teacher):
-    """A segment may emit int(max_len_a * ceil(|x| / K) + max_len_b) tokens: for K = 1 fairseq's a * |x| + b (the AR
-    model's limit), the paper's ceil(|x| / K) + 10 with a = 1, b = 10; at most the decoder's positions - 1."""
-    _, task = teacher
-    src_lengths = torch.tensor([4, 20, 5000])
-    positions = build_recover_sat(dummy_data_bin, task, 1).max_decoder_positions()
-    assert positions - 1 < 5000 / 3  # the last source's cap is the decoder's
+def toy_recover_sat_and_ar(num_segments, seed):
+    """A random RecoverSAT with K = ``num_segments`` (built through a toy task: 24 words, DEL added) and, for K = 1,
+    an AR Transformer whose weights it takes (on the same dictionary without DEL), both with an EOS logit of 0 among
+    random ones: the AR model's greedy search and the first segment never end before their maximum length."""
+    models, dictionaries = [], []
+    for arch in (["--arch", "recover_sat", "--num-segments", str(num_segments)], ["--arch", "transformer"]):
+        dictionary = Dictionary()
+        for i in range(24):
+            dictionary.add_symbol(f"w{i}")
+        task = TranslationNATTask(TranslationNATConfig(), dictionary, dictionary)
+        args = options.parse_args_and_arch(
+            options.get_training_parser(), ["unused-data", "--task", "translation_nat"] + arch + TINY_RECOVER_SAT[2:]
+        )
+        torch.manual_seed(seed)
+        models.append(task.build_model(args).eval())
+        dictionaries.append(task)
+    (recover, ar), (task, _ar_task) = models, dictionaries
+    with torch.no_grad():
+        ar.decoder.output_projection.weight[task.target_dictionary.eos()] = 0
+        state = recover.state_dict()
+        for name, tensor in ar.state_dict().items():  # DEL's rows stay RecoverSAT's
+            state[name][tuple(slice(0, n) for n in tensor.shape)] = tensor
+    recover.load_state_dict(state)
+    return recover, ar, task
+
+
+def test_k1_is_ar_greedy_where_the_batch_length_limit_binds():
+    """``--max-len-a 1.2`` (the recipes' decoding, at batch 64) on sources of 3 to 9 tokens: fairseq limits every
+    sentence of a batch to ``--max-len-a`` × the batch's padded source length + ``--max-len-b``, and so does
+    RecoverSAT's segment cap with K = 1, token for token (each sentence's own source length used to limit it)."""
+    recover, ar, task = toy_recover_sat_and_ar(1, seed=0)
+    ar_dictionary = ar.decoder.dictionary
+    sample = random_sources(ar_dictionary, 12, seed=0)  # no DEL in the sources
+    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    limit = int(1.2 * src_tokens.size(1) + 2)
+    assert min(int(1.2 * n + 2) for n in src_lengths.tolist()) < limit  # the sentences' own limits differ
+    expected = SequenceGenerator([ar], ar_dictionary, beam_size=1, max_len_a=1.2, max_len_b=2).generate([ar], sample)
+    got = decode(recover, task, sample, max_len_a=1.2, max_len_b=2)
+    for ref, hyp in zip(expected, got):
+        assert hyp[0]["tokens"].tolist() == ref[0]["tokens"].tolist()
+        assert len(hyp[0]["tokens"]) == limit + 1  # the limit binds (EOS included)
+        assert torch.allclose(hyp[0]["positional_scores"], ref[0]["positional_scores"], atol=1e-4)
+        assert hyp[0]["score"].item() == pytest.approx(ref[0]["score"].item(), abs=1e-4)
+
+
+def test_segment_length_cap_shares_out_fairseqs_limit():
+    """A segment may emit int(a * ceil(|x| / K) + min(b, ceil(b / K) + 10)) tokens, |x| the batch's padded source
+    length: for K = 1 fairseq's a * |x| + b (the AR model's limit), the paper's ceil(|x| / K) + 10 with a = 1,
+    b = 10; at fairseq's defaults (a = 0, b = 200) each segment gets its share of b plus 10 (every segment used to
+    run to 200 tokens); the K caps add up to at least fairseq's a * |x| + b; at most the decoder's positions - 1."""
+    widths = (4, 20, 5000)
+    positions = toy_recover_sat_and_ar(1, 0)[0].max_decoder_positions()
+    assert positions - 1 < 5000 / 3  # the last width's cap is the decoder's
 
     def caps(num_segments, **gen_args):
-        model = build_recover_sat(dummy_data_bin, task, num_segments)
-        return (
-            RecoverSATGenerator([model], task, Namespace(beam=1, **gen_args)).segment_max_lengths(src_lengths).tolist()
-        )
+        model, _ar, task = toy_recover_sat_and_ar(num_segments, 0)
+        generator = RecoverSATGenerator([model], task, Namespace(beam=1, **gen_args))
+        return [generator.segment_max_len(width) for width in widths]
 
     assert caps(1, max_len_a=1.5, max_len_b=3) == [9, 33, positions - 1]
     assert caps(1) == [200, 200, 200]  # fairseq's defaults: a = 0, b = 200
+    assert caps(2) == [110, 110, 110] and caps(10) == [30, 30, 30]  # 200 / K + 10
     assert caps(3, max_len_a=1.5, max_len_b=3) == [6, 13, positions - 1]  # 1.5 * 2 + 3, int(1.5 * 7 + 3)
     assert caps(3, max_len_a=1, max_len_b=10) == [12, 17, positions - 1]  # the paper's ceil(|x| / K) + 10
+    for num_segments, a, b in ((2, 0, 200), (3, 0, 7), (5, 1.2, 10), (10, 0.5, 200)):
+        for width, cap in zip(widths[:2], caps(num_segments, max_len_a=a, max_len_b=b)):
+            assert num_segments * cap >= int(a * width + b)
+
+
+def test_segments_stop_at_their_share_at_fairseqs_defaults():
+    """Decoded at fairseq's defaults (the hub's), a first segment that never emits EOS stops at
+    ceil(200 / K) + 10 tokens: K = 3, 77 tokens and EOS, 78 decoder calls (it used to run to 200)."""
+    recover, _ar, task = toy_recover_sat_and_ar(3, seed=0)
+    for (hyp,) in decode(recover, task, random_sources(task.target_dictionary, 4, seed=0)):
+        assert hyp["steps"] == len(hyp["segments"][0]) + 1 == 78
 
 
 def test_batch_of_one_equals_batched(dummy_data_bin, teacher, tiny_teacher):
@@ -768,7 +828,7 @@ LEARNING_ARGS = (
 )
 
 
-LEARNING_DECODING = Namespace(beam=1, max_len_a=1, max_len_b=10)  # segments: the paper's ceil(|x| / K) + 10
+LEARNING_DECODING = Namespace(beam=1, max_len_a=1, max_len_b=10)  # the paper's ceil(|x| / K) + 10 (|x|: padded)
 
 
 def trained_model(checkpoint, data_bin):
@@ -804,8 +864,8 @@ def decoding_measures(model, task):
     pad, eos, del_index = dictionary.pad(), dictionary.eos(), dictionary.index(DEL_SYMBOL)
     hyps, refs, deleted, forced, steps = [], [], 0, 0, 0
     for sample in batches_of_test_split(task):
-        max_lens = decoder.segment_max_lengths(sample["net_input"]["src_lengths"]).tolist()
-        for (hyp,), max_len, ref in zip(decoder.generate([model], sample), max_lens, sample["target"]):
+        max_len = decoder.segment_max_len(sample["net_input"]["src_tokens"].size(1))
+        for (hyp,), ref in zip(decoder.generate([model], sample), sample["target"]):
             tokens = hyp["tokens"].tolist()
             assert tokens[-1] == eos and eos not in tokens[:-1] and del_index not in tokens  # clean output
             for column in hyp["segment_tokens"].t().tolist():  # every segment ends with EOS or DEL, then padding

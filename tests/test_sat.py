@@ -24,6 +24,7 @@ from .utils import (
     generate_lines,
     hypotheses,
     interactive_lines,
+    random_batch,
     train_model,
 )
 
@@ -135,6 +136,48 @@ def test_k1_is_fairseqs_transformer(dummy_data_bin, teacher, tiny_teacher, beam,
             assert beam > 1 or h["steps"] == len(h["tokens"])
 
 
+def random_ar_and_sat_k1(task, seed):
+    """A random AR Transformer and an SAT with K = 1 and its weights, built through ``task`` (no data), whose EOS
+    logit is 0 among random ones: greedy search never ends a sentence before the maximum length."""
+    models = []
+    for arch in (["--arch", "transformer"], ["--arch", "sat_transformer", "--group-size", "1"]):
+        args = options.parse_args_and_arch(
+            options.get_training_parser(), ["unused-data", "--task", "translation_nat"] + arch + TINY_SAT[2:]
+        )
+        torch.manual_seed(seed)
+        models.append(task.build_model(args).eval())
+    ar, sat = models
+    with torch.no_grad():
+        ar.decoder.output_projection.weight[task.target_dictionary.eos()] = 0
+    sat.load_state_dict(ar.state_dict())
+    return ar, sat
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_k1_is_fairseqs_search_where_the_batch_length_limit_binds(toy_task, beam):
+    """``--max-len-a 1.2`` (the recipes' decoding, at batch 64) on sources of 3 to 9 tokens: fairseq limits every
+    sentence of a batch to ``--max-len-a`` × the batch's padded source length + ``--max-len-b``, and so does SAT with
+    K = 1, token for token (each sentence's own source length used to limit it: shorter outputs)."""
+    ar, sat = random_ar_and_sat_k1(toy_task, seed=0)
+    sample = random_batch(toy_task.target_dictionary, 12, seed=0)
+    src_tokens, src_lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    length_options = dict(max_len_a=1.2, max_len_b=2)
+    limit = int(1.2 * src_tokens.size(1) + 2)
+    assert min(int(1.2 * n + 2) for n in src_lengths.tolist()) < limit  # the sentences' own limits differ
+    expected = SequenceGenerator([ar], toy_task.target_dictionary, beam_size=beam, **length_options).generate(
+        [ar], sample
+    )
+    got = decode(sat, toy_task, sample, beam=beam, **length_options)
+    for ref_hyps, hyps in zip(expected, got):
+        assert [h["tokens"].tolist() for h in hyps] == [h["tokens"].tolist() for h in ref_hyps]
+        for h, ref in zip(hyps, ref_hyps):
+            assert torch.allclose(h["positional_scores"], ref["positional_scores"], atol=1e-4)
+            assert h["score"].item() == pytest.approx(ref["score"].item(), abs=1e-4)
+    assert max(len(hyps[0]["tokens"]) for hyps in got) == limit + 1  # the limit binds (EOS included)
+    if beam == 1:
+        assert all(len(hyps[0]["tokens"]) == limit + 1 for hyps in got)
+
+
 def check_incremental_equals_full(sat, task, group_size, beam):
     """Every hypothesis's positional scores are what the training-time forward gives it; greedy picks argmaxes."""
     pad, eos = task.target_dictionary.pad(), task.target_dictionary.eos()
@@ -211,7 +254,9 @@ def test_incremental_decoding_equals_full_recomputation_with_slot_options(dummy_
 def test_batch_of_one_equals_batched(dummy_data_bin, teacher, tiny_teacher, beam):
     _, task = teacher
     sat = build_sat(dummy_data_bin, task, 3, ["--init-from-ar", tiny_teacher])
-    options = dict(beam=beam, max_len_a=1.2, max_len_b=2)  # per-sentence maximum lengths
+    # --max-len-a 0: the same maximum length in any batch (fairseq's rule scales --max-len-a by the batch's padded
+    # source length)
+    options = dict(beam=beam, max_len_a=0, max_len_b=7)
     sample = batch(task, range(NUM_SENTENCES))
     batched = by_id(sample, decode(sat, task, sample, **options))
     for i in range(NUM_SENTENCES):

@@ -179,15 +179,19 @@ def test_use_distilled_target_replaces_training_targets_only(data_bin):
     assert "kd_target" not in task.dataset("train").collater([task.dataset("train")[0]])
 
 
-def test_use_distilled_side_adds_kd_target_in_batch_order(data_bin):
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_use_distilled_side_adds_kd_target_in_batch_order(data_bin, multiple):
+    """Distilled targets come in the batch's order, padded like the targets, --required-seq-len-multiple included
+    (its padding used to be missing from them)."""
     task = make_task(data_bin)
     task.load_dataset("train")
     kd_lines = reversed_targets(task, "train")
     write_distilled(task, data_bin, "train", kd_lines)
-    task = make_task(data_bin, use_distilled="side")
+    task = make_task(data_bin, use_distilled="side", required_seq_len_multiple=multiple)
     task.load_dataset("train")
     dataset = task.dataset("train")
     batch = dataset.collater([dataset[i] for i in range(10)])
+    assert batch["kd_target"].size(1) % multiple == 0 and batch["target"].size(1) % multiple == 0
     real = raw_lines(task, "train", "tgt")
     for b, sample_id in enumerate(batch["id"].tolist()):
         pad = task.tgt_dict.pad()

@@ -8,8 +8,10 @@ import io
 import logging
 import os
 import random
+import re
 import sys
 
+import pytest
 import torch
 from fairseq import checkpoint_utils, options
 from fairseq.data import data_utils
@@ -243,6 +245,37 @@ def log_file(path):
         root.removeHandler(handler)
         root.setLevel(level)
         handler.close()
+
+
+def validations(log_path, metric):
+    """``[(num_updates, value of metric)]`` of every validation in a fairseq training log (its ``valid on 'valid'
+    subset`` lines), in order. The values are the ones fairseq compared: the task rounds BLEU to 2 decimals, a criterion
+    its metrics to their ``round=`` (the log's ``{:g}`` keeps 6 significant digits)."""
+    with open(log_path) as f:
+        lines = [line for line in f if "valid on 'valid' subset" in line]
+    return [
+        (
+            int(re.search(r"\| num_updates (\d+)", line).group(1)),
+            float(re.search(rf"\| {re.escape(metric)} ([-\d.e]+) \|", line).group(1)),
+        )
+        for line in lines
+    ]
+
+
+def assert_best_checkpoint_is_the_best_validation(save_dir, metric, log_path):
+    """``save_dir/checkpoint_best.pt`` holds a validation of the training log ``log_path`` with the highest ``metric``
+    (--maximize-best-checkpoint-metric): its update, its value and the best value it saved. On a tie any of the tied
+    validations will do (fairseq's checkpoint_utils.save_checkpoint keeps the later one: it writes checkpoint_best.pt
+    when ``val_loss >= best``). Returns the log's validations."""
+    runs = validations(log_path, metric)
+    state = torch.load(os.path.join(save_dir, "checkpoint_best.pt"))  # weights_only=True: nat_plugins.compat
+    assert state["cfg"]["checkpoint"]["best_checkpoint_metric"] == metric
+    best = max(value for _, value in runs)
+    assert state["extra_state"]["val_loss"] == pytest.approx(best, abs=1e-6), runs
+    assert state["extra_state"]["best"] == pytest.approx(best, abs=1e-6), runs
+    updates = state["optimizer_history"][-1]["num_updates"]
+    assert updates in [u for u, value in runs if value == best], (updates, runs)
+    return runs
 
 
 def generate_lines(data_bin, checkpoint, extra_args=()):

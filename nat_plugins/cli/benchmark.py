@@ -8,12 +8,22 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * BLEU: sacreBLEU (13a) of the detokenized hypotheses of the throughput pass against the raw references;
 * speed, one protocol for every row (:mod:`.bench.schedule`): the same units of sentences for all rows (batch 1:
   the first ``--latency-sentences`` after ``--warmup``; batch B: the split's length-sorted batches), dealt into
-  ``--rounds`` interleaved blocks and timed round-robin (each round every row on the same block, the first row
-  rotating), fairseq's greedy teacher re-timed at the end (its drift); the timed region is source ids in, best
-  hypothesis ids out; threads fixed (``--threads``), ``OMP_WAIT_POLICY=ACTIVE`` with ``--ctranslate2``;
+  ``--rounds`` interleaved blocks and timed round-robin (each round every row on the same block, the rows in a
+  random order per round drawn from ``--seed``), fairseq's greedy teacher re-timed at the end (its drift); the timed
+  region is source ids in, best hypothesis ids out; threads fixed (``--threads``), ``OMP_WAIT_POLICY=ACTIVE`` with
+  ``--ctranslate2``;
 * latency: batch 1, median, 90th percentile and mean per sentence; throughput: batches of ``--batch-size``,
-  the median over rounds of sentences per second; per round the ratio to the greedy teacher, its spread, and a
-  ``flag`` where the rounds do not settle a win; ``--batch-sizes``: tokens/s, ms/sentence and the ratio at each;
+  the median over rounds of sentences per second; ``--batch-sizes``: tokens/s and ms/sentence at each;
+* every speedup ("× fairseq greedy", × the beam, plugin-layout and CTranslate2 rows; batch 1, batched, at every
+  ``--batch-sizes`` size; tables, plots and ``results.json``) is one statistic: the median over rounds of the paired
+  per-round ratio (the reference row's seconds on the round's block / the row's on the same block), shown with its
+  range over the rounds; a ``flag`` where the median is no further from 1 than that spread (no settled win);
+* the rows that print the teacher's greedy output (:func:`.bench.measure.prints_teacher_greedy`: the teacher
+  decoded greedily through the plugin layout, exact blockwise and speculative decoding, greedy steps only) checked
+  against the greedy teacher row token for token in every timed pass (batch 1 and every batch size): the sentences
+  that differ, and how many of them are floating-point near-ties (at the first differing token the teacher's
+  log-probabilities of the two tokens differ by less than :data:`.bench.measure.NEAR_TIE_TOLERANCE`); a divergence
+  that is no near-tie is flagged;
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
   sentences as runs of any decoder layer stack (:class:`.bench.measure.DecoderPassCounter`: fairseq's
   ``SequenceGenerator`` and ``IterativeRefinementGenerator`` and every plugin generator, auxiliary passes such
@@ -25,7 +35,8 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`.rep_mis`): the relative increment (%) of the repeated-token
   ratio (a token equal to any of the 9 before it, eq. 8) and of the ratio of reference tokens missing, over the
   teacher's greedy row; and the two ratios themselves (``rep_ratio``, ``mis_ratio``, %), on the words of
-  sacreBLEU's 13a tokenization of the detokenized output and the references.
+  sacreBLEU's 13a tokenization of the detokenized output and the references (as ``python -m
+  nat_plugins.cli.rep_mis`` counts them).
 
 ``--paired-test 'BASELINE::SYSTEM'`` adds sacreBLEU's paired bootstrap resampling test (1,000 resamples) of two
 rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` and ``results.json``.
@@ -33,6 +44,10 @@ rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` a
 ``--ctranslate2`` adds the teacher decoded by CTranslate2 (beam and greedy at the run's precision and at int8 on
 CPU, float16/int8_float16 on GPU; :mod:`.ctranslate2_rows`), the production baseline a fast decoder has to beat,
 and counts the sentences where its float32 greedy output differs from fairseq's.
+
+``--solo`` also times every greedy engine (fairseq greedy, the plugin rows, CTranslate2 greedy) alone in its own
+process, at the OpenMP wait policy and thread count a short calibration picks for it on this machine
+(:mod:`.bench.solo`): a table beside the round-robin one in ``results.md``, ``solo`` in ``results.json``.
 
 ``--npd-checkpoint CKPT --npd-samples 1,5,10,25,100`` adds one row per number of samples S of noisy parallel decoding
 (Gu et al. 2018 §4.1) of a ``fertility_nat`` checkpoint, rescored by the teacher (``NAT, NPD S=<S>``), and
@@ -73,11 +88,14 @@ from nat_plugins.cli.bench.analysis import (
     speed_at,
 )
 from nat_plugins.cli.bench.measure import (
+    NEAR_TIE_TOLERANCE,
     FairseqRunner,
     batch1_stats,
+    exact_check,
     generation_cfg,
     load_split,
     make_row,
+    prints_teacher_greedy,
     source_lengths,
 )
 from nat_plugins.cli.bench.report import initial_environment, markdown_table, pyplot, run_metadata, write_report
@@ -96,6 +114,7 @@ from nat_plugins.cli.bench.rows import (
     teacher_specs,
 )
 from nat_plugins.cli.bench.schedule import time_batch_sizes
+from nat_plugins.cli.bench.solo import add_solo_options, run_solo
 from nat_plugins.cli.ctranslate2_rows import compute_types, ctranslate2_runners
 
 
@@ -247,8 +266,14 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-plots", action="store_true", help="write the tables only, no plots (which need matplotlib)"
     )
-    parser.add_argument("--seed", type=int, default=1, help="random seed set before every pass (default: 1)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="random seed set before every decoded unit, and of the rows' order in every timing round (default: 1)",
+    )
     parser.add_argument("--title", default="Decoding benchmark", help="heading of results.md and the plot")
+    add_solo_options(parser)
     return parser
 
 
@@ -344,17 +369,22 @@ def main(args) -> dict:
     if num_latency <= args.warmup:
         raise BenchmarkError(f"--warmup {args.warmup} leaves none of the {num_latency} latency sentences to time")
     os.makedirs(args.out_dir, exist_ok=True)
+    latency_ids, warmup_ids = range(args.warmup, num_latency), range(args.warmup)
+    length_order = dataset.ordered_indices().tolist()
+    # first, while this process holds no OpenMP team that could spin beside the solo processes (bench/solo.py)
+    solo = run_solo(args, specs + ct2_specs, len(dataset), warmup_ids, latency_ids, length_order) if args.solo else None
     runners = [FairseqRunner(spec, cfg, args.seed, len(references)) for spec, cfg in zip(specs, cfgs)]
     if args.ctranslate2:  # reported after the teacher's fairseq rows
         runners[2:2] = ctranslate2_runners(args, ct2_specs, task, dataset, use_cuda, threads)
     anchor = next(i for i, runner in enumerate(runners) if runner.spec.role == TEACHER_GREEDY)
     load_start = os.getloadavg()
-    latency_ids, warmup_ids = range(args.warmup, num_latency), range(args.warmup)
-    timings = time_batch_sizes(
-        runners, sizes, args.rounds, anchor, latency_ids, warmup_ids, dataset.ordered_indices().tolist()
-    )
+    timings = time_batch_sizes(runners, sizes, args.rounds, anchor, latency_ids, warmup_ids, length_order, args.seed)
     load_end = os.getloadavg()
     rows = [row_of(k, runner, timings, args.batch_size, references) for k, runner in enumerate(runners)]
+    tolerance = NEAR_TIE_TOLERANCE["fp16" if args.fp16 else "fp32"]
+    add_exact_checks(rows, runners, anchor, timings, tolerance)
+    if solo:
+        solo.check_outputs({runner.spec.name: outputs for runner, outputs in zip(runners, timings[1][1])})
     for row in rows:
         row.write_hyps(args.out_dir)
         row.spec = row.spec.relative_to(args.work_dir)  # as the reports name it
@@ -365,7 +395,8 @@ def main(args) -> dict:
     counts = bucket_counts(lengths, rows[0].timed_ids, buckets)  # every row times the same sentences
     meta = run_metadata(args, use_cuda, len(dataset), num_latency, rows, counts, plot_rows)
     meta["timing"] = {
-        "protocol": "round-robin over shared blocks, first row rotating each round; anchor: fairseq greedy",
+        "protocol": "round-robin over shared blocks, rows in a random order per round (seeded with --seed and the "
+        "batch size); anchor: fairseq greedy; every speedup: the median over rounds of paired per-round ratios",
         "rounds": args.rounds,
         "batch_sizes": sizes,
         "threads": threads,
@@ -374,16 +405,26 @@ def main(args) -> dict:
         "load_average_start": load_start,
         "load_average_end": load_end,
         "anchor_drift": {str(size): timed.drift for size, (timed, _) in timings.items()},
+        "orders": {
+            str(size): [[runners[k].spec.name for k in order] for order in timed.order]
+            for size, (timed, _) in timings.items()
+        },
+    }
+    meta["exact_check"] = {
+        "near_tie_tolerance": tolerance,
+        "rule": "a row that prints the teacher's greedy output is exact when, in every timed pass, every sentence "
+        "that differs from the greedy teacher row's is a near-tie: at the first differing token the teacher's "
+        "log-probabilities of the two tokens, given the common prefix, differ by less than near_tie_tolerance",
     }
     paired = paired_bootstrap(pairs, {row.name: row.hyps for row in rows}, references)
-    results = write_report(args.out_dir, meta, rows, paired, plots=not args.no_plots)
+    results = write_report(args.out_dir, meta, rows, paired, plots=not args.no_plots, solo=solo)
     print(markdown_table(rows, args.teacher_beam))
     return results
 
 
 def row_of(k: int, runner, timings: dict, batch_size: int, references: List[str]):
-    """The :class:`.bench.rows.Row` of runner ``k`` from the timings of every batch size: latency from batch 1,
-    throughput and hypotheses from ``batch_size``, the speed at every size."""
+    """The :class:`.bench.rows.Row` of runner ``k`` from the timings of every batch size: latency (per sentence and
+    per round's block) from batch 1, throughput and hypotheses from ``batch_size``, the speed at every size."""
     ones, ones_outputs = timings[1]
     batched, batched_outputs = timings[batch_size]
     latency_ms = {
@@ -394,9 +435,22 @@ def row_of(k: int, runner, timings: dict, batch_size: int, references: List[str]
     hyps = [batched_outputs[k][i].text for i in range(len(references))]
     rates = [n / seconds for n, seconds in zip(batched.sentences(), batched.totals(k))]
     row = make_row(runner, hyps, references, rates, batch1_stats(latency_ms, ones_outputs[k]))
-    row.latency_ratio_rounds, row.throughput_ratio_rounds = ones.ratios(k), batched.ratios(k)
+    row.latency_round_seconds = ones.totals(k)
     row.by_batch_size = [speed_at(timed, k, outputs[k]) for timed, outputs in timings.values()]
     return row
+
+
+def add_exact_checks(rows, runners, anchor: int, timings: dict, tolerance: float):
+    """``exact_check`` of every row but the anchor's that prints the teacher's greedy output
+    (:func:`.bench.measure.prints_teacher_greedy`): its outputs against the anchor's (fairseq's greedy teacher) in
+    every timed pass, by batch size (:func:`.bench.measure.exact_check`, near-ties scored by the anchor's model)."""
+    teacher = runners[anchor]
+    for k, (row, runner) in enumerate(zip(rows, runners)):
+        if k != anchor and prints_teacher_greedy(runner, teacher):
+            row.exact_check = {
+                str(size): exact_check(outputs[k], outputs[anchor], teacher.log_prob_gap, tolerance)
+                for size, (_, outputs) in timings.items()
+            }
 
 
 def active_openmp(argv: List[str]):

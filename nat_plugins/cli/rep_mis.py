@@ -4,8 +4,9 @@ model, the errors the multi-modality problem causes.
     python -m nat_plugins.cli.rep_mis --references ref.txt --ar-output teacher.txt --hypotheses system.txt \\
         [--window 9] [--field D] [--json]
 
-For translations Y = (y^1 .. y^M) of M sources with references Y* (whitespace-separated tokens; c_y(w) = count
-of token w in y):
+For translations Y = (y^1 .. y^M) of M sources with references Y* (tokens: the words of sacreBLEU's 13a
+tokenization, the tokenization of the benchmark's BLEU, so that punctuation is a token of its own and "Haus." ends in
+the word "Haus"; c_y(w) = count of token w in y):
 
     r(Y)     = 100 * sum_i #{j : y^i_j in {y^i_{j-N}, .., y^i_{j-1}}} / sum_i |y^i|          repeated tokens (%)
     m(Y, Y*) = 100 * sum_i sum_w max(0, c_{y*^i}(w) - c_{y^i}(w)) / sum_i |y*^i|             missing tokens (%)
@@ -22,8 +23,12 @@ ordinary case: "a man in a blue shirt" repeats "a" 3 tokens later). The absolute
 system's (``rep_ratio``, ``mis_ratio``) and the AR model's (``ar_rep_ratio``, ``ar_mis_ratio``); ``--window 1``
 gives the rate of immediately repeated tokens.
 
-Each file is plain text (one translation per line, in the same order) or fairseq-generate/-interactive output,
-whose ``H-<id>`` lines (``--field D``: the detokenized ``D-<id>`` lines) are read and sorted by id. Prints
+Each file is plain text (one translation per line, in the same order; detokenized like the references) or
+fairseq-generate/-interactive output, whose ``H-<id>`` lines (``--field D``: the detokenized ``D-<id>`` lines) are read
+and sorted by id. :func:`rep_mis` tokenizes every line with 13a (:func:`tokenize_13a`), so this command and the
+benchmark's Rep/Mis columns give the same numbers for the same output; :func:`repeated_ratio` and
+:func:`missing_ratio` take whitespace-separated tokens as given (the distilled targets' repeated subwords use them on
+subword text). Prints
 ``Rep <value>\\tMis <value>\\trep% <value>\\tmis% <value>\\tAR rep% <value>\\tAR mis% <value>`` (and a JSON object
 with ``--json``); the benchmark imports :func:`rep_mis`.
 """
@@ -34,8 +39,16 @@ import re
 import sys
 from collections import Counter
 
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
+
 GENERATE_LINE = re.compile(r"^([HD])-(\d+)\t")
 DEFAULT_WINDOW = 9  # eq. 8: sum_{i=1}^{9} 1(y_j = y_{j-i})
+TOKENIZER_13A = Tokenizer13a()
+
+
+def tokenize_13a(line):
+    """``line`` as sacreBLEU's 13a tokenization writes it: words and punctuation separated by single spaces."""
+    return TOKENIZER_13A(line)
 
 
 def read_translations(path, field="H"):
@@ -92,14 +105,17 @@ def relative_increment(value, baseline):
 
 
 def rep_mis(hypotheses, references, ar_outputs, window=DEFAULT_WINDOW):
-    """{"rep", "mis"}: Rep and Mis (%, relative to the AR model; module docstring) of aligned lists of translations,
-    the system's absolute ratios {"rep_ratio", "mis_ratio"} and the AR model's {"ar_rep_ratio", "ar_mis_ratio"}
-    (%), which Rep and Mis are relative to."""
+    """{"rep", "mis"}: Rep and Mis (%, relative to the AR model; module docstring) of aligned lists of translations
+    (detokenized lines, counted in 13a words: :func:`tokenize_13a`), the system's absolute ratios {"rep_ratio",
+    "mis_ratio"} and the AR model's {"ar_rep_ratio", "ar_mis_ratio"} (%), which Rep and Mis are relative to."""
     if not len(hypotheses) == len(references) == len(ar_outputs):
         raise ValueError(
             f"{len(hypotheses)} hypotheses, {len(references)} references and {len(ar_outputs)} AR "
             "outputs: they must translate the same sentences"
         )
+    hypotheses, references, ar_outputs = (
+        list(map(tokenize_13a, lines)) for lines in (hypotheses, references, ar_outputs)
+    )
     rep_ratio, mis_ratio = repeated_ratio(hypotheses, window), missing_ratio(hypotheses, references)
     ar_rep_ratio, ar_mis_ratio = repeated_ratio(ar_outputs, window), missing_ratio(ar_outputs, references)
     return {
@@ -118,7 +134,8 @@ def get_parser():
         "--references",
         required=True,
         metavar="FILE",
-        help="reference translations (plain text, one per line; tokenized like the hypotheses)",
+        help="reference translations (plain text, one per line, detokenized; every file is counted in the words of "
+        "sacreBLEU's 13a tokenization)",
     )
     parser.add_argument(
         "--ar-output",

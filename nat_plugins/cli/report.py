@@ -54,7 +54,7 @@ def build_report(work: str, preset: str, image_prefix: str = "") -> str:
         tables = f.read().split("\n", 1)[1].strip()  # without its own title
     meta = results["meta"]
     measured = recipes.Measured(
-        {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), bench, recipes.plugin_rows(preset)
+        {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
     )
     lines = [
         f"Command: `PRESET={preset} bash run_scripts/quickstart.sh`; {meta['date']}; "

@@ -30,10 +30,10 @@ class PluginGenerator:
     ``generator_class(models, task, gen_args)``: ``gen_args`` is fairseq's generation config (``cfg.generation``;
     options it lacks take fairseq's defaults), the decoder's own options are the task's (``task.cfg``).
 
-    Subclasses set ``name`` (error messages), may extend ``unsupported_options`` and implement
-    ``generate(models, sample, **kwargs)`` (fairseq's generator interface). ``--prefix-size`` and ``--constraints``
-    are refused here; prefix tokens and constraints given otherwise (the hub's ``inference_step_args``) are refused by
-    :meth:`refuse_search_inputs`, which the task's ``inference_step`` calls."""
+    Subclasses set ``name`` (error messages), may extend ``unsupported_options`` and implement :meth:`decode`, which
+    :meth:`generate` (fairseq's generator interface) calls. ``--prefix-size`` and ``--constraints`` are refused here;
+    prefix tokens, constraints and another start symbol passed to :meth:`generate` (fairseq-generate's
+    ``inference_step``, the hub's ``inference_step_args``, a direct call) by :meth:`refuse_search_inputs`."""
 
     name = "plugin decoding"
     unsupported_options = UNSUPPORTED_OPTIONS
@@ -61,22 +61,43 @@ class PluginGenerator:
         if self.temperature <= 0:
             raise ValueError(f"--temperature must be > 0, got {self.temperature}")
 
-    def refuse_search_inputs(self, prefix_tokens=None, constraints=None):
+    @torch.no_grad()
+    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None):
+        """fairseq's generator interface (the arguments of ``SequenceGenerator.generate``): for each sentence of
+        ``sample`` a list of hypotheses, best first (:meth:`decode`); ``prefix_tokens``, ``constraints`` and
+        ``bos_token`` are refused (:meth:`refuse_search_inputs`) rather than dropped."""
+        self.refuse_search_inputs(prefix_tokens, constraints, bos_token)
+        return self.decode(sample)
+
+    def decode(self, sample):
+        """The hypotheses of ``sample`` (fairseq's format, one list per sentence): the subclass's decoding."""
+        raise NotImplementedError
+
+    def refuse_search_inputs(self, prefix_tokens=None, constraints=None, bos_token=None):
         """Refuse what fairseq's beam search takes besides the source: the plugin decoders start from BOS and search
-        without lexical constraints, so they would drop them."""
-        for value, name, flag in (
-            (prefix_tokens, "prefix_tokens", "--prefix-size"),
-            (constraints, "constraints", "--constraints"),
+        without lexical constraints, so they would drop them (a decoder that implements one does not pass it)."""
+        for value, what in (
+            (prefix_tokens, "prefix_tokens (fairseq-generate's --prefix-size, the hub's inference_step_args) are"),
+            (constraints, "constraints (fairseq-generate's --constraints, the hub's inference_step_args) are"),
+            (bos_token, "a bos_token (another start symbol than EOS) is"),
         ):
             if value is not None:
-                raise ValueError(
-                    f"{name} (fairseq-generate's {flag}, the hub's inference_step_args) are not supported by "
-                    f"{self.name}: decode without them"
-                )
+                raise ValueError(f"{what} not supported by {self.name}: decode without it")
 
     def require_greedy(self, why):
         if self.beam_size != 1:
             raise ValueError(f"{self.name} {why}: pass --beam 1 (got {self.beam_size})")
+
+    def batch_max_len(self, src_tokens, cap):
+        """fairseq ``SequenceGenerator``'s maximum output length (EOS excluded) of a batch: ``--max-len-a`` × the
+        batch's padded source length (``src_tokens.size(1)``, EOS and padding included) + ``--max-len-b``, at most
+        ``cap`` (what the decoder's positions allow); refused below ``--min-len``. One limit for every sentence of the
+        batch, as fairseq's: with ``--max-len-a`` > 0 a sentence's limit depends on the longest source of its batch,
+        and the decoders equal to fairseq's search (SAT with K = 1, RecoverSAT with K = 1, exact verify-accept) stay
+        equal to it in every batch."""
+        max_len = int(self.max_lengths(src_tokens.new_full((1,), src_tokens.size(1)), cap))
+        self.check_min_len(max_len)
+        return max_len
 
     def source_lengths(self, net_input):
         """Source lengths (EOS included) of a batch, on the device of its tokens."""
@@ -92,7 +113,8 @@ class PluginGenerator:
         return (src_lengths.double() * self.max_len_a + self.max_len_b).long().clamp(max=cap)
 
     def check_min_len(self, max_len):
-        shortest = int(max_len.min())
+        """Refuse a ``--min-len`` above the maximum length ``max_len`` (a number, or a tensor of them)."""
+        shortest = int(torch.as_tensor(max_len).min())
         if self.min_len > shortest:
             raise ValueError(
                 f"--min-len {self.min_len} is larger than the maximum length {shortest} that "

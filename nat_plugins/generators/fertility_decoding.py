@@ -98,9 +98,8 @@ class FertilityNATGenerator(PluginGenerator):
             copyable = copyable.repeat_interleave(self.npd_samples, dim=0)
         return fertility.masked_fill(~copyable, 0)
 
-    @torch.no_grad()
-    def generate(self, models, sample, **kwargs):
-        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
+    def decode(self, sample):
+        """For each sentence of ``sample`` a one-element list of hypotheses."""
         model, S = self.model, self.npd_samples
         src_tokens = sample["net_input"]["src_tokens"]
         src_lengths = self.source_lengths(sample["net_input"])

@@ -20,9 +20,11 @@ the K distributions are computed slot by slot from them: greedy feeds each slot 
 (after the length and ``--min-len`` rules), beam search feeds each hypothesis its own token. Still one decoder call
 per group; the scores are those of the training-time forward on the chosen tokens.
 
-With K = 1 both are fairseq's greedy/beam search token for token. Sentences that finish leave the batch, so
-batch size > 1 costs no extra steps; maximum lengths (``--max-len-a/b``) are per sentence, so a sentence
-decodes the same in any batch. ``hypo["steps"]`` is the number of decoder calls made for the sentence.
+With K = 1 both are fairseq's greedy/beam search token for token, in any batch: the maximum output length is
+fairseq's, ``--max-len-a`` × the batch's padded source length + ``--max-len-b`` for every sentence of the batch
+(:meth:`~nat_plugins.generators.base.PluginGenerator.batch_max_len`; with ``--max-len-a`` > 0 a sentence's limit
+depends on the longest source of its batch, as in fairseq-generate). Sentences that finish leave the batch, so
+batch size > 1 costs no extra steps. ``hypo["steps"]`` is the number of decoder calls made for the sentence.
 """
 
 import math
@@ -37,16 +39,16 @@ from .base import PluginGenerator
 
 class GroupEnsembleModel(EnsembleModel):
     """fairseq's model wrapper, serving ``SequenceGenerator`` one decoder call per group of K positions (module
-    docstring). ``sentence_max_len`` (per sentence) is set by the generator before each batch."""
+    docstring); ``SequenceGenerator`` applies the length rules to what it returns."""
 
     def __init__(self, generator):
         super().__init__([generator.model])
         self.generator = generator
-        self.sentence_max_len = self.encoder_out = self.rows = self.max_len = self.lprobs = self.features = None
+        self.encoder_out = self.rows = self.lprobs = self.features = None
 
     def forward_encoder(self, net_input):
         encoder_outs = super().forward_encoder(net_input)
-        self.encoder_out, self.rows, self.max_len = encoder_outs[0], None, self.sentence_max_len
+        self.encoder_out, self.rows = encoder_outs[0], None
         return encoder_outs
 
     def reorder_encoder_out(self, encoder_outs, new_order):
@@ -67,22 +69,18 @@ class GroupEnsembleModel(EnsembleModel):
             decoder = self.single_model.decoder
             self.encoder_out = self.single_model.encoder.reorder_encoder_out(self.encoder_out, self.rows)
             decoder.reorder_incremental_state_scripting(incremental_states[0], self.rows)
-            self.max_len = self.max_len.index_select(0, self.rows)
             inputs = decoder.group_inputs(tokens)
             if generator.repeat_bias:
                 self.features = generator.group_features(inputs, self.encoder_out, incremental_states[0])
             else:
                 self.lprobs = generator.group_lprobs(inputs, self.encoder_out, incremental_states[0], temperature)
-                positions = torch.arange(step, step + K, device=tokens.device)
-                generator.force_eos(self.lprobs, positions.unsqueeze(0) >= self.max_len.unsqueeze(1))
             self.rows = torch.arange(tokens.size(0), device=tokens.device)
         if not generator.repeat_bias:
             return self.lprobs[self.rows, step % K], None
         # the slot's distribution given the token this hypothesis chose at the slot before it
         slot = step % K
         previous = tokens[:, -1] if slot > 0 else None
-        lprobs = generator.slot_lprobs(self.features[self.rows, slot], slot, previous, temperature)
-        return generator.force_eos(lprobs, step >= self.max_len[self.rows]), None
+        return generator.slot_lprobs(self.features[self.rows, slot], slot, previous, temperature), None
 
 
 class SATGenerator(PluginGenerator):
@@ -116,18 +114,17 @@ class SATGenerator(PluginGenerator):
                 search_strategy=search.BeamSearch(self.tgt_dict),
             )
 
-    @torch.no_grad()
-    def generate(self, models, sample, **kwargs):
-        """fairseq's generator interface: for each sentence of ``sample`` a list of hypotheses, best first."""
+    def decode(self, sample):
+        """For each sentence of ``sample`` a list of hypotheses, best first; beam search is ``SequenceGenerator``'s,
+        which applies the batch's maximum length (:meth:`batch_max_len`) itself."""
         net_input = sample["net_input"]
-        max_len = self.max_lengths(self.source_lengths(net_input), self.max_len_cap)
-        self.check_min_len(max_len)
+        max_len = self.batch_max_len(net_input["src_tokens"], self.max_len_cap)
         if self.beam_search is None:
-            return self._greedy(self.model.encoder.forward_torchscript(net_input), max_len)
+            return self._greedy(self.model.encoder.forward_torchscript(net_input), net_input["src_tokens"], max_len)
         ensemble = self.beam_search.model
-        ensemble.sentence_max_len = max_len
-        hypos = self.beam_search.generate(models, sample)
-        ensemble.encoder_out = ensemble.lprobs = None  # do not keep the batch's states alive until the next one
+        hypos = self.beam_search.generate([self.model], sample)
+        # do not keep the batch's states alive until the next one
+        ensemble.encoder_out = ensemble.lprobs = ensemble.features = None
         for hyps in hypos:  # a sentence leaves the batch at the position where its last hypothesis ends
             steps = -(-max(len(h["tokens"]) for h in hyps) // self.group_size)
             for h in hyps:
@@ -162,11 +159,11 @@ class SATGenerator(PluginGenerator):
 
     def greedy_group(self, inputs, start, encoder_out, incremental_state, max_len):
         """The argmax tokens (N x K) of the group at output positions ``start``.. and their scores, under the
-        length and ``--min-len`` rules (:meth:`constrain`); one decoder call."""
+        length and ``--min-len`` rules (:meth:`constrain`, ``max_len``: the batch's); one decoder call."""
         K, device = self.group_size, inputs.device
         if not self.repeat_bias:
             lprobs = self.group_lprobs(inputs, encoder_out, incremental_state, self.temperature)
-            self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len.unsqueeze(1))
+            self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len)
             return lprobs.max(dim=2)
         features = self.group_features(inputs, encoder_out, incremental_state)
         scores, predictions = [], []
@@ -179,11 +176,11 @@ class SATGenerator(PluginGenerator):
             predictions.append(prediction)
         return torch.stack(scores, dim=1), torch.stack(predictions, dim=1)
 
-    def _greedy(self, encoder_out, max_len):
+    def _greedy(self, encoder_out, src_tokens, max_len):
         K = self.group_size
-        bsz, device = max_len.numel(), max_len.device
-        # column c < K holds a start symbol, column K + p output position p (whole groups up to max(max_len))
-        width = -(-(int(max_len.max()) + 1) // K) * K
+        bsz, device = src_tokens.size(0), src_tokens.device
+        # column c < K holds a start symbol, column K + p output position p (whole groups up to max_len)
+        width = -(-(max_len + 1) // K) * K
         tokens = torch.full((bsz, K + width), self.pad, dtype=torch.long, device=device)
         tokens[:, :K] = self.eos
         pos_scores = torch.zeros(bsz, width, device=device)
@@ -212,7 +209,7 @@ class SATGenerator(PluginGenerator):
             if finished.numel() == sentence.numel():
                 break
             keep = (~done).nonzero().squeeze(1)
-            sentence, tokens, pos_scores, max_len = sentence[keep], tokens[keep], pos_scores[keep], max_len[keep]
+            sentence, tokens, pos_scores = sentence[keep], tokens[keep], pos_scores[keep]
             self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
             encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
         return [

@@ -2,16 +2,22 @@
 
 All K segments of a sentence advance one token per decoder call (greedy, the argmax of each segment's
 distribution), against the decoder's incremental key/value cache (fairseq's ``incremental_state``), which grows by
-K positions per call. A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length:
-fairseq's length rule applied to the segment's even share of the source, int(``--max-len-a`` * ceil(|x| / K) +
-``--max-len-b``) tokens (also capped by the decoder's positions). With K = 1 that is the AR model's limit
-a * |x| + b, so K = 1 is fairseq's greedy search for outputs of any length; the paper's cap, ceil(|x| / K) + 10,
-is ``--max-len-a 1 --max-len-b 10`` (fairseq's defaults, 0 and 200, let every segment run to 200 tokens).
+K positions per call. A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length
+(:meth:`RecoverSATGenerator.segment_max_len`): fairseq's length rule on the segment's even share,
+int(a * ceil(|x| / K) + min(b, ceil(b / K) + 10)) tokens for ``--max-len-a`` a and ``--max-len-b`` b, where |x| is
+the batch's padded source length as in fairseq's ``SequenceGenerator`` (one limit for the batch), also capped by the
+decoder's positions. ``--max-len-b`` is shared out over the K segments with a margin of
+:data:`SEGMENT_MARGIN` = 10 tokens each (the paper's margin), never more than b: the K caps add up to at least
+fairseq's a * |x| + b, and each stays near its share (fairseq's defaults a = 0, b = 200: 200 tokens at K = 1,
+110 at K = 2, 30 at K = 10, where b undivided let every segment run to 200). With K = 1 the cap is the AR model's
+limit a * |x| + b, so K = 1 is fairseq's greedy search for outputs of any length and in any batch; the paper's cap,
+ceil(|x| / K) + 10 (its own |x|: decode at batch 1, or batches of one source length), is
+``--max-len-a 1 --max-len-b 10``.
 The first segment never emits DEL (it has no predecessor to repeat; its distribution is renormalised without DEL,
 so with K = 1 the scores are the AR model's) and not EOS before ``--min-len`` steps (fairseq's rule), so it is
 never empty. Ended segments are fed padding, which the key padding mask hides.
-A sentence leaves the batch when all its segments have ended, so batch size > 1 costs no extra steps; maximum
-lengths are per sentence, so a sentence decodes the same in any batch. ``hypo["steps"]`` = decoder calls.
+A sentence leaves the batch when all its segments have ended, so batch size > 1 costs no extra steps.
+``hypo["steps"]`` = decoder calls.
 
 Output (§3.4): the segments that end with DEL are deleted, the others are concatenated without their EOS, and
 one EOS ends the hypothesis. ``positional_scores`` are the kept tokens' log-probabilities; the final EOS carries
@@ -30,6 +36,9 @@ import torch
 from ..modules.segments import DEL_SYMBOL
 from .base import PluginGenerator
 
+# tokens a segment may emit beyond its share of --max-len-b (Ran et al. 2020's cap: ceil(|x| / K) + 10)
+SEGMENT_MARGIN = 10
+
 
 class RecoverSATGenerator(PluginGenerator):
     """Greedy segment decoding of one RecoverSAT model (see the module docstring)."""
@@ -44,19 +53,24 @@ class RecoverSATGenerator(PluginGenerator):
         if self.del_index == self.unk:
             raise ValueError(f"the target dictionary has no {DEL_SYMBOL} symbol: is this a recover_sat model?")
 
-    def segment_max_lengths(self, src_lengths):
-        """Tokens a segment may emit before it is forced to EOS, per sentence: ``--max-len-a/-b`` applied to the
-        segment's even share of the source, ceil(|x| / K) (:meth:`max_lengths`; K = 1: the AR model's limit)."""
-        even_share = (src_lengths + self.num_segments - 1) // self.num_segments
-        return self.max_lengths(even_share, self.model.max_decoder_positions() - 1).clamp_(min=0)
+    def segment_max_len(self, src_len):
+        """Tokens a segment may emit before it is forced to EOS, for a batch of padded source length ``src_len``
+        (fairseq's |x|): int(a * ceil(|x| / K) + min(b, ceil(b / K) + :data:`SEGMENT_MARGIN`)) for ``--max-len-a``
+        a and ``--max-len-b`` b, at most the decoder's positions - 1, refused below ``--min-len`` (module
+        docstring; K = 1: fairseq's a * |x| + b, :meth:`batch_max_len`)."""
+        K = self.num_segments
+        share_b = min(self.max_len_b, -(-self.max_len_b // K) + SEGMENT_MARGIN)
+        max_len = int(self.max_len_a * -(-src_len // K) + share_b)
+        max_len = max(0, min(max_len, self.model.max_decoder_positions() - 1))
+        self.check_min_len(max_len)
+        return max_len
 
-    @torch.no_grad()
-    def generate(self, models, sample, **kwargs):
-        """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses."""
+    def decode(self, sample):
+        """For each sentence of ``sample`` a one-element list of hypotheses."""
         net_input = sample["net_input"]
-        max_len = self.segment_max_lengths(self.source_lengths(net_input))
+        max_len = self.segment_max_len(net_input["src_tokens"].size(1))
         encoder_out = self.model.encoder.forward_torchscript(net_input)
-        return self._decode(encoder_out, max_len)
+        return self._decode(encoder_out, net_input["src_tokens"], max_len)
 
     def _step_lprobs(self, tokens, encoder_out, incremental_state, step, max_len, first_segment):
         """One decoder call: log-probabilities (rows x K x V) of every segment's next token, under fairseq's rules
@@ -65,12 +79,13 @@ class RecoverSATGenerator(PluginGenerator):
         logits = logits / self.temperature if self.temperature != 1.0 else logits
         logits[:, 0, self.del_index] = -math.inf  # the first segment has no predecessor to repeat
         lprobs = self.model.get_normalized_probs((logits, extra), log_probs=True)
-        return self.constrain(lprobs, step, max_len.unsqueeze(1), eos_too_early=first_segment & (step < self.min_len))
+        position = torch.tensor(step, device=lprobs.device)
+        return self.constrain(lprobs, position, max_len, eos_too_early=first_segment & (step < self.min_len))
 
-    def _decode(self, encoder_out, max_len):
-        K, device = self.num_segments, max_len.device
-        bsz = max_len.numel()
-        num_steps = int(max_len.max()) + 1
+    def _decode(self, encoder_out, src_tokens, max_len):
+        K, device = self.num_segments, src_tokens.device
+        bsz = src_tokens.size(0)
+        num_steps = max_len + 1
         tokens = torch.full((bsz, (num_steps + 1) * K), self.pad, dtype=torch.long, device=device)
         tokens[:, :K] = self.eos  # start symbol of every segment
         outputs = torch.full((bsz, num_steps, K), self.pad, dtype=torch.long, device=device)
@@ -101,7 +116,7 @@ class RecoverSATGenerator(PluginGenerator):
                 break
             keep = (~done).nonzero().squeeze(1)
             sentence, tokens, outputs, scores = sentence[keep], tokens[keep], outputs[keep], scores[keep]
-            alive, max_len = alive[keep], max_len[keep]
+            alive = alive[keep]
             self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
             encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
         return [

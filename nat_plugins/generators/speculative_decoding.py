@@ -29,48 +29,26 @@ and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teac
 teacher call).
 """
 
-import logging
 import math
-import os
 
 import torch
-from fairseq import utils
-from fairseq.data import Dictionary
 
 from ..modules.cpu_linear import int8_copy
-from ..modules.teacher import FrozenTeacher
+from ..modules.teacher import TEACHER_FIX, FrozenTeacher
 from ..modules.verify_accept import inexact_verifier, rollback_cache
 from .verify_accept_loop import VerifyAcceptLoop
 
-logger = logging.getLogger(__name__)
 
-
-def check_teacher(teacher, task, path, option="--speculative-teacher"):
-    """Refuse a teacher (:class:`~nat_plugins.modules.teacher.FrozenTeacher`) whose decoder the verifier would not
-    reproduce exactly (:func:`~nat_plugins.modules.verify_accept.inexact_verifier`), or whose training data's target
-    dictionary (``dict.{tgt}.txt`` in its checkpoint's data directory, when that file exists) is not the task's."""
+def check_teacher(teacher, path, option="--speculative-teacher"):
+    """Refuse a teacher (:class:`~nat_plugins.modules.teacher.FrozenTeacher`, which refused non-autoregressive
+    checkpoints and other dictionaries) whose decoder the verifier would not reproduce exactly
+    (:func:`~nat_plugins.modules.verify_accept.inexact_verifier`)."""
     reason = inexact_verifier(teacher.model.decoder)
     if reason is not None:
         raise ValueError(
             f"{option} {path!r} cannot verify the drafts exactly: {reason}. Verification recomputes fairseq's "
             "Transformer decoder layer by layer, so for this model it would compute other features than its own: "
-            "pass an autoregressive checkpoint of fairseq's transformer architecture (--arch transformer or a "
-            "transformer_* preset) trained on this data-bin"
-        )
-    data = getattr(teacher.cfg.task, "data", None)
-    target_lang = getattr(teacher.cfg.task, "target_lang", None) or task.cfg.target_lang
-    dictionary = os.path.join(utils.split_paths(data)[0], f"dict.{target_lang}.txt") if data and target_lang else None
-    if dictionary is None or not os.path.exists(dictionary):
-        logger.warning(
-            f"{option} {path!r}: cannot check that the teacher was trained with this data-bin's target dictionary "
-            f"({dictionary or 'its checkpoint names no data directory'} is not there); if it was not, its "
-            "verification is meaningless"
-        )
-    elif Dictionary.load(dictionary).symbols != task.target_dictionary.symbols:
-        raise ValueError(
-            f"{option} {path!r} was trained with the target dictionary {dictionary}, which is not this data-bin's "
-            "(the drafter's): the teacher verifies the drafter's token ids, so both must share one target "
-            "dictionary. Pass a teacher trained on this data-bin"
+            f"{TEACHER_FIX}"
         )
 
 
@@ -112,7 +90,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
                 )
             top_m, tolerance = cfg.speculative_beta, cfg.speculative_tau
         self.teacher = FrozenTeacher(cfg.speculative_teacher, task, "--speculative-teacher")
-        check_teacher(self.teacher, task, cfg.speculative_teacher)
+        check_teacher(self.teacher, cfg.speculative_teacher)
         super().__init__(
             models,
             task,

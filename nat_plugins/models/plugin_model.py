@@ -6,6 +6,7 @@ import os
 import torch
 from fairseq import checkpoint_utils
 
+from ..modules.teacher import check_teacher_dictionaries
 from ..tasks.translation_nat import TranslationNATTask
 
 logger = logging.getLogger(__name__)
@@ -136,13 +137,24 @@ class NATPluginModel:
     def init_from_ar(self, path):
         """Copy every parameter (with ``--init-from-ar-scope paper``: of the paper's scope) whose mapped name and
         shape match the AR checkpoint at ``path``, and the AR rows of the vocabulary-sized parameters when the model
-        appends symbols; returns the names loaded. Refuses a missing file, a checkpoint with another dictionary and
-        one of which nothing matches; logs what was loaded, what had another shape and what stayed random."""
+        appends symbols; returns the names loaded. Refuses a missing file, a checkpoint with other dictionaries
+        (:func:`~nat_plugins.modules.teacher.check_teacher_dictionaries`: their sizes, and their symbols where the
+        checkpoint stores them or its data directory is there) and one of which nothing matches; logs what was
+        loaded, what had another shape and what stayed random."""
         fix = "pass the AR teacher's checkpoint (e.g. checkpoints/teacher/checkpoint_best.pt), or drop --init-from-ar"
         if not os.path.isfile(path):
             raise FileNotFoundError(f"--init-from-ar {path}: no such file: {fix}")
-        ar_state = checkpoint_utils.load_checkpoint_to_cpu(path)["model"]
-        self.check_ar_dictionaries(path, ar_state)
+        checkpoint = checkpoint_utils.load_checkpoint_to_cpu(path)
+        check_teacher_dictionaries(
+            checkpoint,
+            (self.encoder.dictionary, self.decoder.dictionary),
+            "--init-from-ar",
+            path,
+            "its embeddings cannot initialise this model: binarize the data with the teacher's dictionaries "
+            "(fairseq-preprocess --srcdict/--tgtdict of the teacher's data-bin), or drop --init-from-ar",
+            added_symbols=self.ar_added_symbols,
+        )
+        ar_state = checkpoint["model"]
         own_state, vocabulary = self.state_dict(), self.vocabulary_parameters()
         loaded, wrong_shape = {}, []
         for name, tensor in own_state.items():
@@ -173,23 +185,3 @@ class NATPluginModel:
         if left:
             logger.info(f"kept random (not in the AR checkpoint or not in scope): {', '.join(left)}")
         return sorted(loaded)
-
-    def check_ar_dictionaries(self, path, ar_state):
-        """Refuse an AR checkpoint trained with other dictionaries: its vocabulary-sized parameters have another
-        number of rows than this model's dictionaries (less the ``ar_added_symbols``), and their rows would stay
-        random without a word (or, of the same size, be the embeddings of other words: that cannot be seen here)."""
-        own_state = self.state_dict()
-        for name, dictionary in self.vocabulary_parameters().items():
-            ar_name = self.ar_parameter_name(name)
-            if name not in own_state or ar_name not in ar_state:
-                continue
-            expected = own_state[name].size(0) - sum(symbol in dictionary for symbol in self.ar_added_symbols)
-            if ar_state[ar_name].size(0) != expected:
-                side = "source" if name.startswith("encoder.") else "target"
-                raise ValueError(
-                    f"--init-from-ar {path}: that checkpoint was trained with another {side} dictionary "
-                    f"({ar_name} has {ar_state[ar_name].size(0)} rows, this data-bin's dictionary has "
-                    f"{expected} symbols), so its embeddings cannot initialise this model: binarize the data with "
-                    "the teacher's dictionaries (fairseq-preprocess --srcdict/--tgtdict of the teacher's data-bin), "
-                    "or drop --init-from-ar"
-                )

@@ -95,7 +95,9 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
             type=int,
             metavar="K",
             help=f"segments decoded in parallel (RecoverSAT's K; default {DEFAULT_NUM_SEGMENTS}); "
-            "K=1 is the AR Transformer",
+            "K=1 is the AR Transformer. Decoding caps each segment at int(a * ceil(|x| / K) + min(b, ceil(b / K) + "
+            "10)) tokens for --max-len-a a, --max-len-b b and the batch's padded source length |x| (the paper's "
+            "ceil(|x| / K) + 10: --max-len-a 1 --max-len-b 10)",
         )
         cls.add_init_from_ar_args(parser)
 

@@ -1,18 +1,35 @@
 """Linear layers of decoding on a CPU, where a call multiplies a few rows by every weight matrix and the weights come
 from memory, not from the cache.
 
-* :class:`WeightFirstLinear` computes the product as W·xᵀ instead of x·Wᵀ. On the CPUs measured (docs/results.md,
-  ``dev/bench_linear_layout.py``) torch's ``F.linear`` (BLAS with the weight as the transposed right operand) reads
-  the weights of such few-row products several times slower than the same product with the weight as the left
-  operand; one row takes BLAS's matrix-vector path either way unless it is passed as two equal columns, which pays
-  only for big weights; from a few hundred rows on the two orders cost about the same. Every output is the same dot
-  product, so results change by rounding only. Training (gradients enabled), other devices and dtypes, and calls
-  with more rows keep ``F.linear``. Plugin generators, frozen teachers and models decoded through
-  ``translation_nat`` use it (:func:`use_weight_first_linears`).
+* :class:`WeightFirstLinear` computes the product in the layout this machine runs faster (:func:`layout`): W·xᵀ
+  (:func:`weight_first_linear`) or torch's ``F.linear`` (x·Wᵀ, BLAS with the weight as the transposed right operand).
+  W·xᵀ was several times faster for few-row products on one AMD CPU (docs/results.md, ``dev/bench_linear_layout.py``):
+  one row takes BLAS's matrix-vector path either way unless it is passed as two equal columns, which pays only for big
+  weights; from a few hundred rows on the two orders cost about the same. On an Intel Xeon the teacher decoded in W·xᵀ
+  ran 0.74× fairseq's own, hence the measurement. Every output is the same dot product, so results change by rounding
+  only. Training (gradients enabled), other devices and dtypes keep ``F.linear``. Plugin generators, frozen teachers
+  and models decoded through ``translation_nat`` use it (:func:`use_weight_first_linears`).
 * :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft.
+
+The layout (environment variable ``NAT_LINEAR_LAYOUT``): ``auto`` (the default) measures both at the first product on
+the CPU, at torch's thread count then: one pass over every linear layer of each model given to
+:func:`use_weight_first_linears` (random weights of their shapes, one row and :data:`FEW_ROWS` rows, as greedy and
+verify-accept steps multiply), each layout timed :data:`REPEATS` times interleaved, the median pass wins. The choice is
+kept for the process (per thread count) and on disk (``$XDG_CACHE_HOME/nat_plugins/linear_layout.json``, by default
+under ``~/.cache``), keyed by the CPU model, torch version, thread count and the models' weight shapes, so the
+processes of one benchmark decide alike; delete the file to measure again. ``weight-first`` or ``torch`` forces one.
 """
 
 import copy
+import hashlib
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,12 +41,41 @@ MAX_ROWS = 256
 # projection (dev/bench_linear_layout.py)
 MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 
+LAYOUT_ENV = "NAT_LINEAR_LAYOUT"
+AUTO, WEIGHT_FIRST, TORCH = "auto", "weight-first", "torch"
+FEW_ROWS = 4  # rows of the measured few-row products: a verify-accept block, a beam of 4
+REPEATS = 9  # timed passes of each layout (odd: the median is one of them)
 
-def linear(x, weight, bias=None):
-    """``F.linear(x, weight, bias)``, as (W·xᵀ)ᵀ for 2..:data:`MAX_ROWS` rows of float32 on the CPU without gradients
-    (and for one row when the weight has at least :data:`MIN_WEIGHT_FOR_ONE_ROW` entries): then a transposed view."""
-    if not x.is_cpu or x.dtype is not torch.float32 or torch.is_grad_enabled():
-        return F.linear(x, weight, bias)
+
+@dataclass
+class LayoutChoice:
+    """The layout :func:`linear` uses at a thread count, and why: ``source`` is ``override`` (``NAT_LINEAR_LAYOUT``),
+    ``measured`` (:func:`time_layouts` in this process) or ``cache`` (measured by an earlier process, read from
+    ``cache_file``); ``torch_ms``/``weight_first_ms``: the median pass of each layout (None when overridden)."""
+
+    layout: str
+    source: str
+    threads: int
+    shapes: List[List[int]]  # the distinct (out, in) weight shapes of the pass
+    torch_ms: Optional[float] = None
+    weight_first_ms: Optional[float] = None
+    cpu: str = ""
+    torch_version: str = ""
+    cache_file: Optional[str] = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+CHOICES: Dict[int, LayoutChoice] = {}  # this process's layout per torch thread count
+# the (out, in, bias) of every linear layer of each model given to use_weight_first_linears, once per distinct model
+MODEL_SHAPES: Dict[Tuple[Tuple[int, int, bool], ...], None] = {}
+
+
+def weight_first_linear(x, weight, bias=None):
+    """``F.linear(x, weight, bias)`` in the W·xᵀ layout: (W·xᵀ)ᵀ, a transposed view, for 2..:data:`MAX_ROWS` rows
+    (and for one row, as two equal columns, when the weight has at least :data:`MIN_WEIGHT_FOR_ONE_ROW` entries);
+    ``F.linear`` for the other row counts."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.size(-1))
     num_rows = rows.size(0)
     if 1 < num_rows <= MAX_ROWS:
@@ -51,6 +97,141 @@ def weight_first(weight, bias, columns):
     return torch.addmm(bias.unsqueeze(1), weight, columns).t()
 
 
+PRODUCTS: Dict[str, Callable] = {WEIGHT_FIRST: weight_first_linear, TORCH: F.linear}
+
+
+def linear(x, weight, bias=None):
+    """``F.linear(x, weight, bias)``; for float32 on the CPU without gradients computed in this machine's layout
+    (:func:`layout`)."""
+    if not x.is_cpu or x.dtype is not torch.float32 or torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    return PRODUCTS[layout(weight)](x, weight, bias)
+
+
+def layout(weight) -> str:
+    """The layout of :func:`linear` at torch's current thread count (:func:`choice`; ``weight``: the product asking,
+    measured alone when no model was registered)."""
+    chosen = CHOICES.get(torch.get_num_threads())
+    return (chosen or choice(weight)).layout
+
+
+def choice(weight=None) -> LayoutChoice:
+    """This process's layout at torch's current thread count, chosen once (:func:`choose`) over the linear layers of
+    every model given to :func:`use_weight_first_linears` so far, else over ``weight`` alone; kept for the process
+    (a model registered later does not change it)."""
+    threads = torch.get_num_threads()
+    if threads not in CHOICES:
+        shapes = [shape for model in sorted(MODEL_SHAPES) for shape in model]
+        if not shapes and weight is not None:
+            shapes = [(weight.size(0), weight.size(1), True)]
+        CHOICES[threads] = choose(shapes, threads)
+    return CHOICES[threads]
+
+
+def choose(shapes: List[Tuple[int, int, bool]], threads: int, clock: Callable[[], float] = time.perf_counter):
+    """The :class:`LayoutChoice` for products of the weight ``shapes`` (out, in, bias) at ``threads`` threads: the one
+    ``NAT_LINEAR_LAYOUT`` forces; else the one cached for this CPU model, torch version, thread count and shapes;
+    else W·xᵀ where :func:`time_layouts` times it faster than ``F.linear``, cached."""
+    override = os.environ.get(LAYOUT_ENV, AUTO)
+    if override not in (AUTO, WEIGHT_FIRST, TORCH):
+        raise ValueError(f"{LAYOUT_ENV}={override!r}: expected {AUTO!r}, {WEIGHT_FIRST!r} or {TORCH!r}")
+    distinct = [list(shape) for shape in sorted({(out, into) for out, into, _ in shapes})]
+    where = {"threads": threads, "shapes": distinct, "cpu": cpu_model(), "torch_version": torch.__version__}
+    if override != AUTO:
+        return LayoutChoice(override, "override", **where)
+    path, key = cache_file(), cache_key(shapes, threads)
+    entry = read_cache(path).get(key)
+    source = "cache"
+    if entry is None:
+        seconds = time_layouts(shapes, clock)
+        entry = {
+            "layout": WEIGHT_FIRST if seconds[WEIGHT_FIRST] < seconds[TORCH] else TORCH,
+            "torch_ms": 1000 * seconds[TORCH],
+            "weight_first_ms": 1000 * seconds[WEIGHT_FIRST],
+        }
+        write_cache(path, key, {**entry, "shapes": distinct, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        source = "measured"
+    return LayoutChoice(
+        entry["layout"],
+        source,
+        torch_ms=entry["torch_ms"],
+        weight_first_ms=entry["weight_first_ms"],
+        cache_file=path,
+        **where,
+    )
+
+
+def time_layouts(shapes: List[Tuple[int, int, bool]], clock: Callable[[], float] = time.perf_counter):
+    """Median seconds of one pass of each layout (:data:`PRODUCTS`) over one weight per shape of ``shapes`` (out, in,
+    bias; random values), at one row and at :data:`FEW_ROWS` rows: one untimed pass each, then :data:`REPEATS` timed
+    passes each, the layouts alternating which goes first."""
+    generator = torch.Generator().manual_seed(0)
+    layers = [
+        (torch.randn(out, into, generator=generator), torch.randn(out, generator=generator) if bias else None)
+        for out, into, bias in shapes
+    ]
+    inputs = [torch.randn(rows, weight.size(1), generator=generator) for rows in (1, FEW_ROWS) for weight, _ in layers]
+
+    def one_pass(product):
+        for x, (weight, bias) in zip(inputs, layers + layers):
+            product(x, weight, bias)
+
+    seconds = {TORCH: [], WEIGHT_FIRST: []}
+    with torch.no_grad():
+        for name in seconds:
+            one_pass(PRODUCTS[name])
+        for repeat in range(REPEATS):
+            for name in (TORCH, WEIGHT_FIRST) if repeat % 2 == 0 else (WEIGHT_FIRST, TORCH):
+                start = clock()
+                one_pass(PRODUCTS[name])
+                seconds[name].append(clock() - start)
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` knows."""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cache_file() -> str:
+    """``$XDG_CACHE_HOME/nat_plugins/linear_layout.json`` (``~/.cache`` without ``XDG_CACHE_HOME``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "nat_plugins", "linear_layout.json")
+
+
+def cache_key(shapes: List[Tuple[int, int, bool]], threads: int) -> str:
+    """CPU model, torch version, thread count and a digest of the measured weight shapes."""
+    digest = hashlib.sha1(json.dumps([list(shape) for shape in shapes]).encode()).hexdigest()[:16]
+    return f"{cpu_model()} | torch {torch.__version__} | {threads} threads | shapes {digest}"
+
+
+def read_cache(path: str) -> dict:
+    """The cached choices (an empty dict when the file is missing or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(path: str, key: str, entry: dict):
+    """Add ``entry`` under ``key`` (written to a temporary file, then renamed: a reader never sees half a file); an
+    unwritable cache only costs a measurement per process."""
+    entries = {**read_cache(path), key: entry}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False, encoding="utf-8") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(f.name, path)
+    except OSError:
+        pass
+
+
 class WeightFirstLinear(nn.Linear):
     """``nn.Linear`` computed by :func:`linear`."""
 
@@ -60,10 +241,15 @@ class WeightFirstLinear(nn.Linear):
 
 def use_weight_first_linears(module):
     """Make every ``nn.Linear`` of ``module`` a :class:`WeightFirstLinear`, in place (the same parameters, state dict
-    and results up to rounding; idempotent); returns ``module``."""
+    and results up to rounding; idempotent), and register its layers' shapes for the choice of the layout
+    (:func:`choice`); returns ``module``."""
+    shapes = []
     for layer in module.modules():
-        if type(layer) is nn.Linear:
+        if type(layer) in (nn.Linear, WeightFirstLinear):
             layer.__class__ = WeightFirstLinear
+            shapes.append((layer.out_features, layer.in_features, layer.bias is not None))
+    if shapes:
+        MODEL_SHAPES[tuple(shapes)] = None
     return module
 
 

@@ -42,9 +42,9 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..compat import PluginCheckpointMarker
-from ..generators.base import PluginGenerator
 from ..generators.verify_accept_loop import CPU_MAX_DRAFTING_SENTENCES
 from ..modules.cpu_linear import use_weight_first_linears
+from ..modules.teacher import stored_dictionaries
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +297,10 @@ class SideInputDataset(BaseWrapperDataset):
             )
         if self.kd_target is not None:
             kd = [s["kd_target"] for s in ordered]
-            batch["kd_target"] = data_utils.collate_tokens(kd, pair.tgt_dict.pad(), left_pad=pair.left_pad_target)
+            # pad like the target (--required-seq-len-multiple included)
+            batch["kd_target"] = data_utils.collate_tokens(
+                kd, pair.tgt_dict.pad(), left_pad=pair.left_pad_target, pad_to_multiple=pair.pad_to_multiple
+            )
             batch["kd_ntokens"] = sum(len(t) for t in kd)
         return batch
 
@@ -391,8 +394,14 @@ class TranslationNATTask(TranslationTask):
             self.check_side_inputs(split)
 
     def state_dict(self):
-        """Task state plus a marker whose unpickling imports nat_plugins (see ``compat.plugin_checkpoint_loaded``)."""
-        return {**super().state_dict(), "nat_plugins": PluginCheckpointMarker()}
+        """Task state plus a marker whose unpickling imports nat_plugins (see ``compat.plugin_checkpoint_loaded``) and
+        the dictionaries' symbols, so that a checkpoint used as a teacher is checked against a student's data-bin
+        wherever its own data directory went (:func:`~nat_plugins.modules.teacher.check_teacher_dictionaries`)."""
+        return {
+            **super().state_dict(),
+            "nat_plugins": PluginCheckpointMarker(),
+            "dictionaries": stored_dictionaries(self),
+        }
 
     def get_batch_iterator(self, dataset, *args, required_batch_size_multiple=1, **kwargs):
         """fairseq's iterator, except that no split but the training one loses sentences.
@@ -470,10 +479,9 @@ class TranslationNATTask(TranslationTask):
 
         fairseq-generate has no hook for extra lines, so they are printed here, to ``sys.stdout``: the stream
         fairseq-generate and fairseq-interactive print to, unless ``--results-path`` sends the hypotheses to a
-        file (the task does not see that option). A plugin generator refuses ``prefix_tokens`` and ``constraints``
-        (:meth:`~nat_plugins.generators.base.PluginGenerator.refuse_search_inputs`) rather than drop them."""
-        if isinstance(generator, PluginGenerator):
-            generator.refuse_search_inputs(prefix_tokens, constraints)
+        file (the task does not see that option). A plugin generator's ``generate`` refuses ``prefix_tokens`` and
+        ``constraints`` (:meth:`~nat_plugins.generators.base.PluginGenerator.refuse_search_inputs`) rather than drop
+        them."""
         hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
         lines = []
         for sample_id, sentence_hypos in zip(sample["id"].tolist() if "id" in sample else [], hypos):

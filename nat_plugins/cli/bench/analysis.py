@@ -1,12 +1,16 @@
 """What the benchmark derives from the rows' measurements: BLEU, speedups against the reference rows, Rep/Mis,
-BLEU and latency by source length, and paired bootstrap tests."""
+BLEU and latency by source length, and paired bootstrap tests.
+
+Every speedup ("×") is one statistic: the median over the timing rounds of the paired per-round ratio (the reference
+row's time on the round's block / the row's on the same block, :mod:`.schedule`), at batch 1 (latency), in the batched
+pass (throughput) and at every ``--batch-sizes`` size, against every reference row; its spread is the range of those
+ratios over the rounds."""
 
 import statistics
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import sacrebleu
-from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from ..rep_mis import rep_mis
 from .rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY, TEACHER_GREEDY_PLUGIN, BenchmarkError, Row, spread
@@ -27,10 +31,21 @@ def reference_row(rows: List[Row], role: str, required: bool = True) -> Optional
     return found[0] if found else None
 
 
+def paired_ratios(reference: Row, row: Row, kind: str) -> List[float]:
+    """Per round, ``reference``'s time on the round's block / ``row``'s (> 1: ``row`` is faster): ``kind``
+    "latency" pairs the batch-1 blocks, "throughput" the batched pass's (as a ratio of sentences per second, the
+    blocks being the same)."""
+    if kind == "latency":
+        return [a / b for a, b in zip(reference.latency_round_seconds, row.latency_round_seconds)]
+    return [b / a for a, b in zip(reference.throughput_round_rates, row.throughput_round_rates)]
+
+
 def compare(rows: List[Row]):
     """Every row's BLEU as % of the teacher's beam row's; its latency and throughput speedups against the teacher's
     beam and greedy rows, the greedy teacher with the plugin layout and the fastest CTranslate2 greedy row (each where
-    the run has it); and its ``flag``: the ratios to the greedy teacher that the rounds leave unsettled."""
+    the run has it), each the median of the paired per-round ratios (:func:`paired_ratios`, kept in
+    ``speedup_rounds``); and its ``flag``: the ratios to the greedy teacher that the rounds leave unsettled, and an
+    output that differs from the greedy teacher's by more than near-ties."""
     teacher = reference_row(rows, TEACHER_BEAM)
     for row in rows:
         row.bleu_pct_of_teacher = 100 * row.bleu / teacher.bleu if teacher.bleu > 0 else None
@@ -40,24 +55,31 @@ def compare(rows: List[Row]):
         references["ar_greedy_plugin"] = (plugin, plugin)
     if fastest_ctranslate2_greedy(rows) is not None:
         references["ct2_greedy"] = fastest_ctranslate2_greedy(rows)
-    for key, (latency_ref, throughput_ref) in references.items():
-        for row in rows:
-            setattr(row, f"latency_speedup_vs_{key}", latency_ref.latency_ms_median / row.latency_ms_median)
-            setattr(
-                row, f"throughput_speedup_vs_{key}", row.throughput_sent_per_s / throughput_ref.throughput_sent_per_s
-            )
+    for key, pair in references.items():
+        for kind, reference in zip(("latency", "throughput"), pair):
+            name = f"{kind}_speedup_vs_{key}"
+            for row in rows:
+                row.speedup_rounds[name] = paired_ratios(reference, row, kind)
+                setattr(row, name, statistics.median(row.speedup_rounds[name]))
     for row in rows:
         measured = (("latency", row.latency_ratio_rounds), ("throughput", row.throughput_ratio_rounds))
-        row.flag = ", ".join(name for name, ratios in measured if unsettled(ratios))
+        flags = [name for name, ratios in measured if unsettled(ratios)]
+        if row.real_divergences:
+            flags.append("≠ greedy")
+        row.flag = ", ".join(flags)
 
 
 def fastest_ctranslate2_greedy(rows: List[Row]) -> Optional[tuple]:
     """The CTranslate2 greedy rows the ``_vs_ct2_greedy`` speedups are against: (the fastest at batch 1, the fastest
-    batched); None without CTranslate2 rows."""
+    batched), by the median of their paired per-round ratios to the greedy teacher; None without CTranslate2 rows."""
     ct2 = [row for row in rows if row.role == CT2_GREEDY]
     if not ct2:
         return None
-    return min(ct2, key=lambda r: r.latency_ms_median), max(ct2, key=lambda r: r.throughput_sent_per_s)
+    greedy = reference_row(rows, TEACHER_GREEDY)
+    return tuple(
+        max(ct2, key=lambda row: statistics.median(paired_ratios(greedy, row, kind)))
+        for kind in ("latency", "throughput")
+    )
 
 
 def ctranslate2_agreement(rows: List[Row]) -> Optional[dict]:
@@ -90,12 +112,10 @@ def speed_at(rounds, row: int, outputs: Dict[int, object]) -> dict:
 
 def add_rep_mis(rows: List[Row], references: List[str]):
     """Rep and Mis (Ran et al. 2020, eq. 7-10) of every row, relative to the teacher's greedy row, and the
-    repeated/missing-token ratios, on 13a-tokenized words."""
-    tokenize = Tokenizer13a()
-    tokenized_references = [tokenize(line) for line in references]
-    ar_output = [tokenize(line) for line in reference_row(rows, TEACHER_GREEDY).hyps]
+    repeated/missing-token ratios, on the words of sacreBLEU's 13a tokenization (:func:`..rep_mis.rep_mis`)."""
+    ar_output = reference_row(rows, TEACHER_GREEDY).hyps
     for row in rows:
-        measures = rep_mis([tokenize(line) for line in row.hyps], tokenized_references, ar_output)
+        measures = rep_mis(row.hyps, references, ar_output)
         row.rep, row.mis, row.rep_ratio, row.mis_ratio = (measures[k] for k in ("rep", "mis", "rep_ratio", "mis_ratio"))
 
 

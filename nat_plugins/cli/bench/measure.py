@@ -1,8 +1,15 @@
 """Decoding one fairseq row the way ``fairseq_cli/generate.py`` does (:mod:`..decoding`), as the timing protocol
 (:mod:`.schedule`) runs it, and the :class:`Row` of its measurements.
 
-Per decoded sentence a row keeps its best hypothesis (detokenized), the emitted tokens (EOS included), at batch 1
-the decoder passes (:class:`DecoderPassCounter`), and ``hypo["steps"]`` where the generator reports it.
+Per decoded sentence a row keeps its best hypothesis (token ids and detokenized), the emitted tokens (EOS included), at
+batch 1 the decoder passes (:class:`DecoderPassCounter`), and ``hypo["steps"]`` where the generator reports it.
+
+The rows that print the teacher's greedy output (:func:`prints_teacher_greedy`: the teacher decoded greedily through
+another layout, exact blockwise and speculative decoding, their greedy-steps-only variants) are checked against the
+greedy teacher row in every timed pass, token for token (:func:`exact_check`): a sentence that differs is a
+floating-point near-tie when, at its first differing token, the teacher's log-probabilities of the two tokens given the
+common prefix differ by less than :data:`NEAR_TIE_TOLERANCE` (:meth:`FairseqRunner.log_prob_gap`), else a real
+divergence.
 """
 
 import functools
@@ -10,23 +17,30 @@ import logging
 import shlex
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from fairseq import options, tasks, utils
+from fairseq import options, search, tasks, utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.iterative_refinement_generator import IterativeRefinementGenerator
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from fairseq.sequence_generator import SequenceGenerator
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 from torch import nn
 
+from ...generators.verify_accept_loop import VerifyAcceptLoop
 from ...modules.teacher import FrozenTeacher
 from ..decoding import Generation, load_generation
 from .analysis import corpus_bleu
 from .rows import BenchmarkError, Row, RowSpec, split_generate_args
 
 logger = logging.getLogger("nat_plugins.cli.benchmark")
+
+# the largest gap between the teacher's log-probabilities of two tokens that still counts as a floating-point near-tie,
+# by precision: fp32 rounding moves a logit by a few 1e-6 (generators/verify_accept_loop.py), fp16 by about 1e-3 of
+# its magnitude; a real divergence (another model's preference) is orders of magnitude larger
+NEAR_TIE_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
 
 
 def generation_cfg(args, spec: RowSpec, use_cuda: bool):
@@ -197,12 +211,14 @@ def seed_everything(seed: int):
 @dataclass
 class Output:
     """What a row reports of one decoded sentence: its detokenized best hypothesis, emitted tokens (EOS included),
-    ``hypo["steps"]`` where the generator reports it, and decoder passes (batch 1 only; None: not observable)."""
+    ``hypo["steps"]`` where the generator reports it, decoder passes (batch 1 only; None: not observable) and the
+    hypothesis' token ids (EOS included; None where the row does not keep them)."""
 
     text: str
     tokens: int
     steps: Optional[float] = None
     passes: Optional[int] = None
+    ids: Optional[Tuple[int, ...]] = None
 
 
 class FairseqRunner:
@@ -252,7 +268,92 @@ class FairseqRunner:
                 self.decoder.emitted_length(hypo["tokens"]),
                 None if steps is None else float(steps),
                 passes,
+                tuple(hypo["tokens"].tolist()),
             )
+
+    @torch.no_grad()
+    def log_prob_gap(self, index: int, prefix: Sequence[int], token: int, other: int) -> float:
+        """|log p(``token``) - log p(``other``)| under this row's first model for sentence ``index``, after the
+        output ``prefix`` (BOS excluded; fairseq's BOS, EOS, is put before it), in float32."""
+        generation = self.decoder.generation
+        model, net_input = generation.models[0], self.inputs([index])["net_input"]
+        bos = generation.task.target_dictionary.eos()
+        previous = torch.tensor([[bos, *prefix]], device=net_input["src_tokens"].device)
+        net_output = model(net_input["src_tokens"], net_input["src_lengths"], previous)
+        log_probs = model.get_normalized_probs(net_output, log_probs=True)[0, -1].float()
+        return abs(log_probs[token] - log_probs[other]).item()
+
+
+def greedy_model(generation: Generation) -> Optional[nn.Module]:
+    """The AR model whose greedy output (``fairseq-generate --beam 1``, up to floating-point near-ties) the row's
+    generator prints, or None where it prints anything else: fairseq's ``SequenceGenerator`` itself (not a subclass
+    such as NAD-AD's) with beam 1, no sampling and no n-gram blocking over one model: that model; a verify-accept loop
+    (blockwise, speculative decoding) with exact acceptance: its verifier, which for blockwise decoding is head 1 and
+    the base model's own output only with ``--identity-first-head`` (else head 1's layer changes it)."""
+    generator = generation.generator
+    if isinstance(generator, VerifyAcceptLoop):
+        heads = getattr(generator.verifier.decoder, "block_heads", None)
+        if not generator.exact or heads is not None and not heads.identity_first_head:
+            return None
+        return generator.verifier
+    if (
+        type(generator) is SequenceGenerator
+        and generator.beam_size == 1
+        and type(generator.search) is search.BeamSearch
+        and generator.repeat_ngram_blocker is None
+        and len(generation.models) == 1
+    ):
+        return generation.models[0]
+    return None
+
+
+def same_weights(model: nn.Module, reference: nn.Module) -> bool:
+    """Whether every tensor of ``reference``'s state dict is in ``model``'s, under the same name and equal (``model``
+    may have more: the heads of a blockwise model on the frozen teacher)."""
+    own = model.state_dict()
+    return all(
+        name in own and own[name].shape == tensor.shape and torch.equal(own[name], tensor.to(own[name]))
+        for name, tensor in reference.state_dict().items()
+    )
+
+
+def prints_teacher_greedy(runner, teacher: FairseqRunner) -> bool:
+    """Whether ``runner``'s row claims to print the teacher's greedy output: a fairseq row whose generator prints
+    the greedy output of a model (:func:`greedy_model`) with the weights of ``teacher``'s (the greedy teacher row's),
+    whatever its layout, task or drafts."""
+    if not isinstance(runner, FairseqRunner):
+        return False
+    model = greedy_model(runner.decoder.generation)
+    return model is not None and same_weights(model, teacher.decoder.generation.models[0])
+
+
+def first_difference(ids: Sequence[int], other: Sequence[int]) -> int:
+    """The first position where two token sequences differ (the shorter one's length where it is a prefix of the
+    other)."""
+    return next((t for t, (a, b) in enumerate(zip(ids, other)) if a != b), min(len(ids), len(other)))
+
+
+def exact_check(
+    outputs: Dict[int, Output], greedy: Dict[int, Output], gap: Callable[..., float], tolerance: float
+) -> dict:
+    """How a row's ``outputs`` of one timed pass differ from the greedy teacher row's ``greedy`` of the same pass,
+    token for token: ``sentences``, the number that ``differ``, how many of those are ``near_ties`` (at the first
+    differing token the teacher's log-probabilities of the two tokens, ``gap(sentence, prefix, token, other)``,
+    differ by less than ``tolerance``) and per differing sentence its first differing ``position`` and the
+    ``log_prob_gap`` there (None where one output is a prefix of the other: a real divergence)."""
+    divergences = []
+    for i in sorted(outputs):
+        ids, other = outputs[i].ids, greedy[i].ids
+        if ids != other:
+            t = first_difference(ids, other)
+            value = gap(i, ids[:t], ids[t], other[t]) if t < min(len(ids), len(other)) else None
+            divergences.append({"sentence": i, "position": t, "log_prob_gap": value})
+    return {
+        "sentences": len(outputs),
+        "differ": len(divergences),
+        "near_ties": sum(d["log_prob_gap"] is not None and d["log_prob_gap"] < tolerance for d in divergences),
+        "divergences": divergences,
+    }
 
 
 @dataclass

@@ -5,16 +5,17 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
+import statistics
 from collections import Counter, defaultdict
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import fairseq
 import torch
 
 import nat_plugins
 
+from ...modules import cpu_linear
 from ..rep_mis import DEFAULT_WINDOW, repeated_ratio
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
@@ -30,12 +31,7 @@ def device_name(use_cuda: bool) -> str:
     """GPU name, or the CPU model and torch's thread count."""
     if use_cuda:
         return torch.cuda.get_device_name()
-    model = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        model = names[0] if names else model
-    return f"{model} ({torch.get_num_threads()} threads)"
+    return f"{cpu_linear.cpu_model()} ({torch.get_num_threads()} threads)"
 
 
 def initial_environment() -> Dict[str, str]:
@@ -115,6 +111,8 @@ def run_metadata(
         "distilled_targets": distilled_targets_stats(args.distilled_targets, args.work_dir),
         "ctranslate2_fastest_greedy": fastest and {"latency": fastest[0].name, "throughput": fastest[1].name},
         "ctranslate2_agreement": ctranslate2_agreement(rows),
+        # the layout of the plugin rows' CPU linear layers in this process (modules/cpu_linear.py)
+        "linear_layout": None if use_cuda or not cpu_linear.MODEL_SHAPES else cpu_linear.choice().to_json(),
     }
 
 
@@ -122,58 +120,86 @@ def _fmt(value, digits=2, suffix=""):
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def number(digits: int) -> Callable[[Row, str], str]:
+    """A table cell: the row's attribute with ``digits`` decimals."""
+    return lambda row, attr: _fmt(getattr(row, attr), digits)
+
+
+def ratio_cell(ratios: List[float], unsettled: bool = False) -> str:
+    """Per-round ratios as their median and range, ``2.41× (2.30–2.52)``; ``?`` where the rounds leave them
+    unsettled."""
+    return f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}){'?' if unsettled else ''}"
+
+
+def speedup(row: Row, attr: str) -> str:
+    """A speedup cell (:func:`ratio_cell` of the ratios behind it); ``–`` where the run has no such reference."""
+    ratios = row.speedup_rounds.get(attr)
+    return ratio_cell(ratios) if ratios else "–"
+
+
+def differs_from_greedy(row: Row, attr: str) -> str:
+    """The exact check's cell: sentences that differ from the greedy teacher's output over every timed pass, ``0``,
+    ``2 (near-ties)``, or in bold with the count that is no near-tie; ``–`` for a row not checked."""
+    if row.exact_check is None:
+        return "–"
+    differ = sum(check["differ"] for check in row.exact_check.values())
+    if not differ:
+        return "0"
+    real = row.real_divergences
+    return f"{differ} (near-ties)" if not real else f"**{differ} ({real} not near-ties)**"
+
+
 def markdown_table(rows: List[Row], teacher_beam: int) -> str:
-    """The results as a markdown table (speedups against CTranslate2 only when its rows were measured)."""
+    """The results as a markdown table (speedups against CTranslate2 only when its rows were measured, the exact
+    check only when a row prints the teacher's greedy output)."""
     beam = f"beam {teacher_beam}"
-    columns = [  # (title, Row attribute, decimals, suffix)
-        ("BLEU", "bleu", 2, ""),
-        (f"% of teacher {beam}", "bleu_pct_of_teacher", 1, ""),
-        ("latency ms (median)", "latency_ms_median", 1, ""),
-        ("latency ms (p90)", "latency_ms_p90", 1, ""),
-        ("latency ms (mean)", "latency_ms_mean", 1, ""),
-        (f"latency × vs {beam}", "latency_speedup_vs_ar_beam", 2, "×"),
-        ("latency × vs greedy", "latency_speedup_vs_ar_greedy", 2, "×"),
-        ("latency ± rounds", "latency_ratio_spread", 2, ""),
-        ("latency × vs greedy, plugin layout", "latency_speedup_vs_ar_greedy_plugin", 2, "×"),
-        ("latency × vs CTranslate2 greedy", "latency_speedup_vs_ct2_greedy", 2, "×"),
-        ("sent/s (batch)", "throughput_sent_per_s", 1, ""),
-        (f"throughput × vs {beam}", "throughput_speedup_vs_ar_beam", 2, "×"),
-        ("throughput × vs greedy", "throughput_speedup_vs_ar_greedy", 2, "×"),
-        ("throughput ± rounds", "throughput_ratio_spread", 2, ""),
-        ("throughput × vs greedy, plugin layout", "throughput_speedup_vs_ar_greedy_plugin", 2, "×"),
-        ("throughput × vs CTranslate2 greedy", "throughput_speedup_vs_ct2_greedy", 2, "×"),
-        ("decoder calls / sent", "decoder_calls_per_sentence", 2, ""),
-        ("ms / decoder call", "ms_per_decoder_call", 2, ""),
-        ("tokens / call", "tokens_per_call", 2, ""),
-        ("steps", "mean_steps", 2, ""),
-        ("tokens / step", "tokens_per_step", 2, ""),
-        ("Rep", "rep", 2, ""),
-        ("Mis", "mis", 2, ""),
-        ("rep. tokens %", "rep_ratio", 2, ""),
-        ("missing tokens %", "mis_ratio", 2, ""),
+    columns = [  # (title, Row attribute, cell)
+        ("BLEU", "bleu", number(2)),
+        (f"% of teacher {beam}", "bleu_pct_of_teacher", number(1)),
+        ("≠ greedy", "exact_check", differs_from_greedy),
+        ("latency ms (median)", "latency_ms_median", number(1)),
+        ("latency ms (p90)", "latency_ms_p90", number(1)),
+        ("latency ms (mean)", "latency_ms_mean", number(1)),
+        (f"latency × vs {beam}", "latency_speedup_vs_ar_beam", speedup),
+        ("latency × vs greedy", "latency_speedup_vs_ar_greedy", speedup),
+        ("latency × vs greedy, plugin layout", "latency_speedup_vs_ar_greedy_plugin", speedup),
+        ("latency × vs CTranslate2 greedy", "latency_speedup_vs_ct2_greedy", speedup),
+        ("sent/s (batch)", "throughput_sent_per_s", number(1)),
+        (f"throughput × vs {beam}", "throughput_speedup_vs_ar_beam", speedup),
+        ("throughput × vs greedy", "throughput_speedup_vs_ar_greedy", speedup),
+        ("throughput × vs greedy, plugin layout", "throughput_speedup_vs_ar_greedy_plugin", speedup),
+        ("throughput × vs CTranslate2 greedy", "throughput_speedup_vs_ct2_greedy", speedup),
+        ("decoder calls / sent", "decoder_calls_per_sentence", number(2)),
+        ("ms / decoder call", "ms_per_decoder_call", number(2)),
+        ("tokens / call", "tokens_per_call", number(2)),
+        ("steps", "mean_steps", number(2)),
+        ("tokens / step", "tokens_per_step", number(2)),
+        ("Rep %", "rep_ratio", number(2)),
+        ("missing tokens %", "mis_ratio", number(2)),
+        ("Rep Δ% vs greedy", "rep", number(2)),
+        ("Mis Δ% vs greedy", "mis", number(2)),
     ]
-    for absent in ("_ct2_", "_plugin", "_spread"):  # references and rounds the run did not measure
-        if all(getattr(r, attr) is None for r in rows for _, attr, *_ in columns if absent in attr):
+    for absent in ("_ct2_", "_plugin", "exact_check"):  # references and checks the run did not have
+        if all(getattr(r, attr) is None for r in rows for _, attr, _ in columns if absent in attr):
             columns = [column for column in columns if absent not in column[1]]
     lines = [
         "| system | " + " | ".join(title for title, *_ in columns) + " | flag |",
         "|---|" + "---:|" * len(columns) + "---|",
     ]
     for r in rows:
-        cells = [_fmt(getattr(r, attr), digits, suffix) for _, attr, digits, suffix in columns]
-        lines.append("| " + " | ".join([r.name] + cells + [r.flag]) + " |")
+        lines.append("| " + " | ".join([r.name] + [cell(r, attr) for _, attr, cell in columns] + [r.flag]) + " |")
     return "\n".join(lines)
 
 
 def batch_size_table(rows: List[Row]) -> str:
-    """Every row's speed at every timed batch size: emitted tokens/s, ms per sentence and × the greedy teacher
-    (± its spread across rounds; ? where the rounds leave it unsettled)."""
+    """Every row's speed at every timed batch size: emitted tokens/s, ms per sentence and × the greedy teacher (the
+    median of the per-round ratios, their range across rounds; ? where the rounds leave it unsettled)."""
     sizes = [entry["batch_size"] for entry in rows[0].by_batch_size]
     lines = ["| system | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---:|" * len(sizes)]
     for r in rows:
         cells = [
-            f"{e['tokens_per_s']:.0f} tok/s, {e['ms_per_sentence']:.1f} ms/sent, {e['speedup_vs_ar_greedy']:.2f}× "
-            f"(± {e['ratio_spread']:.2f}){'?' if e['unsettled'] else ''}"
+            f"{e['tokens_per_s']:.0f} tok/s, {e['ms_per_sentence']:.1f} ms/sent, "
+            + ratio_cell(e["ratio_rounds"], e["unsettled"])
             for e in r.by_batch_size
         ]
         lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
@@ -195,8 +221,9 @@ def length_table(meta: dict, rows: List[Row]) -> str:
     return "\n".join(lines)
 
 
-def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = None) -> str:
-    """results.md: header with device/versions/data, the table, the per-row decoding arguments and paired tests."""
+def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = None, solo=None) -> str:
+    """results.md: header with device/versions/data, the table (and the ``--solo`` tables,
+    :class:`.solo.Solo`), the per-row decoding arguments and paired tests."""
     header = [
         f"# {meta['title']}",
         "",
@@ -205,13 +232,17 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"precision {meta['precision']}; {meta['date']}",
         f"- data: `{meta['data_bin']}` split `{meta['gen_subset']}`, {meta['num_sentences']} sentences; "
         f"BLEU = sacreBLEU ({rows[0].bleu_signature}) vs `{meta['reference']}`",
-        "- Rep/Mis (Ran et al. 2020, eq. 7-10): relative increment (%) of the repeated-token ratio (a token equal "
-        f"to any of the {DEFAULT_WINDOW} before it, eq. 8) and of the missing-token ratio (reference tokens the output "
-        "lacks) over the teacher's greedy row; rep./missing tokens %: the ratios themselves (13a-tokenized words)",
+        "- Rep % (Ran et al. 2020, eq. 8): repeated tokens, a word equal to any of the "
+        f"{DEFAULT_WINDOW} before it, in % of the output's words; missing tokens %: reference words the output lacks, "
+        "in % of the reference's; Rep/Mis Δ% vs greedy (eq. 7-10): their relative increments over the teacher's "
+        "greedy row; words: sacreBLEU's 13a tokenization of the detokenized output (as `python -m "
+        "nat_plugins.cli.rep_mis` counts them)",
         f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
         f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
         timing_line(meta),
+        exact_line(meta),
+        layout_line(meta),
         "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
         "however entered: NAD-AD's NAD pass and NPD's teacher rescoring pass included; ensemble members count once); "
         "ms / decoder call: mean batch-1 latency / decoder calls per sentence (the cost of one greedy step or "
@@ -233,8 +264,10 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         "",
         markdown_table(rows, meta["teacher_beam"]),
         "",
+        *([solo.markdown(rows), ""] if solo else []),
         "Speed against batch size (batch 1: the latency sentences; larger: the whole split), medians over rounds; × "
-        f"fairseq's greedy teacher (± spread across rounds; ?: unsettled); plot: `{BATCH_PLOT_FILE}`",
+        "fairseq's greedy teacher: the median of the paired per-round ratios (their range across rounds; ?: "
+        f"unsettled); plot: `{BATCH_PLOT_FILE}`",
         "",
         batch_size_table(rows),
         "",
@@ -273,8 +306,10 @@ def timing_line(meta: dict) -> str:
     drift = ", ".join(f"batch {size}: {100 * value:+.1f}%" for size, value in t["anchor_drift"].items())
     ct2 = t["ctranslate2_threads"]
     line = (
-        f"- timing: {t['rounds']} rounds round-robin over shared blocks (first row rotating), source ids in, best "
-        f"hypothesis ids out; torch threads {t['threads']}"
+        f"- timing: {t['rounds']} rounds round-robin over shared blocks (rows in a random order per round, seeded "
+        f"with --seed {meta['seed']}; the orders in results.json), source ids in, best hypothesis ids out; every × is "
+        "the median over rounds of the paired ratio (the reference row's seconds on the round's block / the row's), "
+        f"its range over the rounds in brackets; torch threads {t['threads']}"
         + (f", CTranslate2 intra_threads {ct2['intra']} inter_threads {ct2['inter']}" if ct2 else "")
         + f"; OMP_WAIT_POLICY {t['omp_wait_policy'] or '(unset)'}; load average "
         f"{t['load_average_start'][0]:.2f} at start, {t['load_average_end'][0]:.2f} at end; drift of fairseq greedy "
@@ -290,6 +325,41 @@ def timing_line(meta: dict) -> str:
             f"{agreement['sentences']} sentences"
         )
     return line
+
+
+def layout_line(meta: dict) -> str:
+    """The header line of the CPU linear layout of the plugin rows (``meta["linear_layout"]``, absent on a GPU)."""
+    chosen = meta.get("linear_layout")
+    if chosen is None:
+        return "- CPU linear layout: not used (no plugin layer decoded on the CPU)"
+    how = {
+        "override": "forced by NAT_LINEAR_LAYOUT",
+        "measured": "measured in this run",
+        "cache": f"measured by an earlier run on this machine (`{chosen['cache_file']}`)",
+    }[chosen["source"]]
+    times = (
+        f": one pass of the models' products {chosen['weight_first_ms']:.2f} ms in W·xᵀ, {chosen['torch_ms']:.2f} ms "
+        "in F.linear"
+        if chosen["torch_ms"] is not None
+        else ""
+    )
+    return (
+        f"- CPU linear layout of the plugin rows and *AR teacher, greedy (plugin layout)*: **{chosen['layout']}** "
+        f"({'W·xᵀ' if chosen['layout'] == cpu_linear.WEIGHT_FIRST else 'F.linear, x·Wᵀ'}) at {chosen['threads']} "
+        f"thread{'s' if chosen['threads'] > 1 else ''}, {how}{times} (modules/cpu_linear.py)"
+    )
+
+
+def exact_line(meta: dict) -> str:
+    """The header line of the exact check: which rows, against what, and when a difference is a near-tie."""
+    return (
+        "- ≠ greedy: the rows that print the teacher's greedy output (its greedy search through another layout, exact "
+        "blockwise and speculative decoding, greedy steps only) against fairseq's greedy teacher row, token for token "
+        "in every timed pass (batch 1 and every batch size): sentences that differ, summed over the passes (per pass "
+        "in results.json); a near-tie: at the first differing token the teacher's log-probabilities of the two tokens "
+        f"given the common prefix differ by less than {meta['exact_check']['near_tie_tolerance']:g} (floating-point "
+        "rounding); a row is exact when every difference is a near-tie, and flagged `≠ greedy` where one is not"
+    )
 
 
 def pyplot():
@@ -483,7 +553,7 @@ def plot_by_batch_size(meta: dict, rows: List[Row], path: str):
     ax.set_xticks(sizes, [str(size) for size in sizes])
     ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.set_xlabel("batch size (sentences)")
-    ax.set_ylabel("× fairseq greedy (median over rounds)")
+    ax.set_ylabel("× fairseq greedy (median of paired per-round ratios)")
     ax.set_title(f"{meta['title']}: speed against batch size\n{meta['device']}, {meta['precision']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -492,13 +562,16 @@ def plot_by_batch_size(meta: dict, rows: List[Row], path: str):
     plt.close(fig)
 
 
-def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict], plots: bool = True) -> dict:
-    """Write ``results.json``, ``results.md`` and (``plots``) the plots; returns the ``results.json`` content."""
+def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict], plots: bool = True, solo=None) -> dict:
+    """Write ``results.json``, ``results.md`` and (``plots``) the plots, with the ``--solo`` pass where ``solo`` (a
+    :class:`.solo.Solo`) has it; returns the ``results.json`` content."""
     results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
+    if solo:
+        solo.add_to(results)
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(markdown_report(meta, rows, paired))
+        f.write(markdown_report(meta, rows, paired, solo))
     if plots:
         plot_pareto(meta, rows, os.path.join(out_dir, PARETO_PLOT_FILE))
         plot_by_length(meta, rows, os.path.join(out_dir, LENGTH_PLOT_FILE))

@@ -224,8 +224,16 @@ class Row:
     # per teacher call (speculative decoding)
     tokens_per_step: Optional[float] = None
     npd_samples: Optional[int] = None  # S of a row decoded with noisy parallel decoding (fertility_nat)
-    # derived against the other rows by .analysis (None where the reference row is absent)
-    bleu_pct_of_teacher: Optional[float] = None  # BLEU as % of the teacher's beam row's
+    # batch-1 seconds of each round's block (.schedule): the latency ratios to the other rows pair them round by round
+    latency_round_seconds: List[float] = field(default_factory=list)
+    # per timed pass ("1", str(--batch-size), every --batch-sizes size), for a row that prints the teacher's greedy
+    # output (.measure.prints_teacher_greedy): {"sentences", "differ", "near_ties", "divergences"}
+    # (.measure.exact_check); None: not such a row
+    exact_check: Optional[Dict[str, dict]] = None
+    # derived against the other rows by .analysis (None where the reference row is absent): BLEU as % of the teacher's
+    # beam row's, and every speedup as the median over rounds of the paired per-round ratios (the reference's time on
+    # the round's block / this row's; batch 1 for latency, the batched pass for throughput)
+    bleu_pct_of_teacher: Optional[float] = None
     latency_speedup_vs_ar_beam: Optional[float] = None
     latency_speedup_vs_ar_greedy: Optional[float] = None
     latency_speedup_vs_ar_greedy_plugin: Optional[float] = None  # the teacher greedy with the plugin's layout
@@ -234,10 +242,10 @@ class Row:
     throughput_speedup_vs_ar_greedy: Optional[float] = None
     throughput_speedup_vs_ar_greedy_plugin: Optional[float] = None
     throughput_speedup_vs_ct2_greedy: Optional[float] = None
-    # per round (.schedule): the greedy teacher's time / this row's on the round's block, batch 1 and batched
-    latency_ratio_rounds: List[float] = field(default_factory=list)
-    throughput_ratio_rounds: List[float] = field(default_factory=list)
-    flag: str = ""  # the ratios to the greedy teacher that the rounds leave unsettled (.schedule.unsettled)
+    # the per-round ratios behind every speedup above, by its name (their range is the speedup's spread)
+    speedup_rounds: Dict[str, List[float]] = field(default_factory=dict)
+    # what the rounds leave unsettled (.schedule.unsettled) and a divergence from greedy that is no near-tie
+    flag: str = ""
     by_batch_size: List[dict] = field(default_factory=list)  # speed at every --batch-sizes size (.analysis)
     rep: Optional[float] = None
     mis: Optional[float] = None
@@ -266,6 +274,24 @@ class Row:
     def throughput_sent_per_s(self) -> float:
         """The median over rounds: one preempted round does not count in full."""
         return statistics.median(self.throughput_round_rates)
+
+    @property
+    def latency_ratio_rounds(self) -> List[float]:
+        """Per round: the greedy teacher's batch-1 time on the round's block / this row's."""
+        return self.speedup_rounds.get("latency_speedup_vs_ar_greedy", [])
+
+    @property
+    def throughput_ratio_rounds(self) -> List[float]:
+        """Per round: the greedy teacher's time on the round's batched block / this row's."""
+        return self.speedup_rounds.get("throughput_speedup_vs_ar_greedy", [])
+
+    @property
+    def real_divergences(self) -> Optional[int]:
+        """Sentences, over every checked pass, where this row's output differs from the greedy teacher's by more than
+        a near-tie (None: the row is not checked against it)."""
+        if self.exact_check is None:
+            return None
+        return sum(check["differ"] - check["near_ties"] for check in self.exact_check.values())
 
     @property
     def latency_ratio_spread(self) -> Optional[float]:
@@ -318,6 +344,8 @@ class Row:
             "latency_ms_p90": self.latency_ms_p90,
             "latency_ms_mean": self.latency_ms_mean,
             "latency_sentences_timed": len(self.timed_latency_ms),
+            "latency_ratio_rounds": self.latency_ratio_rounds,
+            "throughput_ratio_rounds": self.throughput_ratio_rounds,
             "latency_ratio_spread": self.latency_ratio_spread,
             "throughput_ratio_spread": self.throughput_ratio_spread,
             "ms_per_decoder_call": self.ms_per_decoder_call,

@@ -3,16 +3,21 @@
 At each batch size the benchmark cuts the sentences into units (batch 1: one timed sentence each; batch B: the
 split's length-sorted batches of B) and deals them into ``rounds`` interleaved blocks (unit ``u`` goes to block
 ``u mod rounds``, so every block has the same mix of lengths; with fewer units than rounds each block has them all).
-Round ``r`` times every row on block ``r``, the rows in an order that rotates by one each round (no row is always
-first or last). Every row's timed region is the same: its inputs (source ids) prepared, then ``decode`` (best
-hypothesis ids out) on the clock; bookkeeping (text, counts) after it. After the last round the anchor row
-(fairseq's greedy teacher) decodes block 0 again: its start-vs-end drift says how much the machine changed while the
-rows were timed.
+Round ``r`` times every row on block ``r``, the rows in a random order drawn afresh each round from an RNG seeded
+with the benchmark's ``--seed`` and the batch size (:func:`round_orders`, recorded in ``results.json``): a row's slot
+and neighbours change at random from round to round, so what one row leaves behind for the next (a warm or cold
+cache, a CPU that has just clocked up or down) does not fall on the same row every round. Every row's timed region
+is the same: its inputs (source ids) prepared, then ``decode`` (best hypothesis ids out) on the clock; bookkeeping
+(text, counts) after it. After the last round the anchor row (fairseq's greedy teacher) decodes block 0 again: its
+start-vs-end drift says how much the machine changed while the rows were timed.
 
-Per row and round the ratio to the anchor (the anchor's block time / the row's, > 1: faster) shows how well the
-rounds agree: a ratio whose distance from 1 is not larger than its spread across rounds is flagged, not a win.
+Per row and round the ratio to the anchor (the anchor's block time / the row's, > 1: faster) is paired: both timed
+on the same block in the same round. Every "×" the benchmark reports is the median of such per-round ratios
+(:mod:`.analysis`), shown with their range over the rounds; a ratio whose median is no further from 1 than the
+rounds' spread is flagged, not a win.
 """
 
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -55,16 +60,19 @@ def interleaved_blocks(units: Sequence[List[int]], rounds: int) -> List[List[Lis
     return [list(units[r::rounds]) for r in range(rounds)]
 
 
-def rotation(num_rows: int, round_index: int) -> List[int]:
-    """The order rows are timed in round ``round_index``: row ``round_index mod num_rows`` first, then the rest."""
-    return [(round_index + i) % num_rows for i in range(num_rows)]
+def round_orders(num_rows: int, rounds: int, seed: int, batch_size: int) -> List[List[int]]:
+    """The order rows are timed in, per round: independent random permutations of ``range(num_rows)`` from an RNG
+    seeded with ``seed`` and ``batch_size`` (the same run repeats them; every batch size has its own, whichever other
+    sizes are timed)."""
+    rng = random.Random(f"{seed}:{batch_size}")
+    return [rng.sample(range(num_rows), num_rows) for _ in range(rounds)]
 
 
 @dataclass
 class Rounds:
     """The timings of one batch size: ``seconds[row][round]`` = seconds of every unit of the round's block (in
-    block order), ``order[round]`` = the rows in the order timed, ``anchor_end`` = seconds of the anchor on block 0
-    timed again after the last round."""
+    block order), ``order[round]`` = the rows in the order timed (:func:`round_orders`), ``anchor_end`` = seconds of
+    the anchor on block 0 timed again after the last round."""
 
     batch_size: int
     blocks: List[List[List[int]]]
@@ -98,20 +106,20 @@ def run_rounds(
     rounds: int,
     anchor: int,
     batch_size: int,
+    seed: int,
     warmup: Sequence[List[int]] = (),
     clock: Callable[[], float] = time.perf_counter,
 ) -> Rounds:
-    """Time every runner on every unit round-robin (see the module docstring); ``warmup`` units are decoded by every
-    runner first, off the clock."""
+    """Time every runner on every unit round-robin, the rows of each round in the order :func:`round_orders` draws
+    from ``seed`` (see the module docstring); ``warmup`` units are decoded by every runner first, off the clock."""
     blocks = interleaved_blocks(units, rounds)
     for runner in runners:
         for unit in warmup:
             runner.decode(runner.inputs(unit))
     seconds = [[[] for _ in blocks] for _ in runners]
-    order = []
+    order = round_orders(len(runners), len(blocks), seed, batch_size)
     for r, block in enumerate(blocks):
-        order.append(rotation(len(runners), r))
-        for row in order[-1]:
+        for row in order[r]:
             seconds[row][r] = [time_unit(runners[row], unit, clock) for unit in block]
     anchor_end = sum(time_unit(runners[anchor], unit, clock) for unit in blocks[0])
     return Rounds(batch_size, blocks, seconds, order, anchor, anchor_end)
@@ -128,10 +136,13 @@ def units_of(batch_size: int, order: Sequence[int]) -> List[List[int]]:
     return [list(order[start : start + batch_size]) for start in range(0, len(order), batch_size)]
 
 
-def time_batch_sizes(runners, sizes, rounds, anchor, latency_ids, warmup_ids, length_order, clock=time.perf_counter):
-    """:func:`run_rounds` at every batch size of ``sizes``: batch 1 on the sentences ``latency_ids`` (after the
-    ``warmup_ids``, decoded off the clock), any larger size on the whole split in ``length_order`` (its first unit
-    decoded once off the clock). Returns ``{size: (Rounds, [every runner's outputs by sentence])}``."""
+def time_batch_sizes(
+    runners, sizes, rounds, anchor, latency_ids, warmup_ids, length_order, seed, clock=time.perf_counter
+):
+    """:func:`run_rounds` at every batch size of ``sizes`` (row orders drawn from ``seed``): batch 1 on the sentences
+    ``latency_ids`` (after the ``warmup_ids``, decoded off the clock), any larger size on the whole split in
+    ``length_order`` (its first unit decoded once off the clock). Returns ``{size: (Rounds, [every runner's outputs
+    by sentence])}``."""
     timings = {}
     for size in sizes:
         if size == 1:
@@ -139,7 +150,7 @@ def time_batch_sizes(runners, sizes, rounds, anchor, latency_ids, warmup_ids, le
         else:
             units = units_of(size, length_order)
             warmup = units[:1]
-        timed = run_rounds(runners, units, rounds, anchor, size, warmup, clock)
+        timed = run_rounds(runners, units, rounds, anchor, size, seed, warmup, clock)
         timings[size] = (timed, [runner.outputs for runner in runners])
         for runner in runners:
             runner.outputs = {}

@@ -1,0 +1,289 @@
+"""``nat-benchmark --solo`` (nat_plugins/cli/bench/solo.py): every engine timed alone in its own process, in the
+setting its calibration picks.
+
+The schedule and the statistics with fake processes (:class:`FakeChild` in place of :class:`solo.Child`, fake
+seconds); a child that fails; and end to end on the session's tiny teacher (slow: a dozen real processes), with
+CTranslate2 where it is installed.
+"""
+
+import itertools
+import json
+import os
+import statistics
+from argparse import Namespace
+from types import SimpleNamespace
+
+import pytest
+
+from nat_plugins.cli import benchmark
+from nat_plugins.cli.bench import solo
+from nat_plugins.cli.bench.rows import CT2_GREEDY, SYSTEM, BenchmarkError, RowSpec, teacher_specs
+from nat_plugins.cli.bench.schedule import interleaved_blocks, round_orders, units_of
+
+ANCHOR, PLUGIN, INT8 = "AR teacher, greedy", "plugin row", "CTranslate2 int8 greedy"
+# ms per sentence of each engine in each setting (policy, threads): every engine is fastest in another one
+MS = {
+    ANCHOR: {(None, 1): 20.0, (None, 2): 14.0, ("PASSIVE", 2): 16.0, ("ACTIVE", 2): 10.0},
+    PLUGIN: {(None, 1): 5.0, (None, 2): 6.0, ("PASSIVE", 2): 7.0, ("ACTIVE", 2): 8.0},
+    INT8: {(None, 1): 4.0, (None, 2): 3.0, ("PASSIVE", 2): 2.0, ("ACTIVE", 2): 9.0},
+}
+LAYOUTS = {1: "weight-first", 2: "torch"}  # what the torch family's calibration processes choose at each count
+WARMUP, LATENCY, ORDER = range(2), range(2, 11), list(range(12))  # 9 timed sentences: 3 rounds of 3; 12 batched
+
+
+class FakeChild:
+    """A solo process that decodes nothing: a unit of n sentences costs n × ``MS[engine][setting]`` ms (× ``slow``
+    where it says so), its hypotheses are ``h<sentence>``; everything is logged in ``FakeChild.log`` (a kill only
+    where it ends a process that was not closed)."""
+
+    log, pids, slow, fail = [], itertools.count(100), {}, None
+
+    def __init__(self, job, env, directory, name):
+        self.job, self.env, self.name, self.pid = job, env, name, next(FakeChild.pids)
+        self.start_seconds, self.closed = 3.0, False
+        self.engines = [spec["name"] for spec in job["engines"]]
+        self.setting = (env.get("OMP_WAIT_POLICY"), int(env["OMP_NUM_THREADS"]))
+        assert self.setting[1] == job["threads"]
+        FakeChild.log.append(("launch", name, self.engines, self.setting, env.get("NAT_LINEAR_LAYOUT")))
+
+    def run(self, passes):
+        FakeChild.log.append(("run", self.name, [p["units"] for p in passes]))
+        if self.name == FakeChild.fail:
+            raise BenchmarkError(f"solo process {self.name} exited (1)")
+        engines = []
+        for engine in self.engines:
+            seconds = [
+                [len(unit) * MS[engine][self.setting] * FakeChild.slow.get((engine, unit[0]), 1.0) / 1000 for unit in p]
+                for p in (p["units"] for p in passes)
+            ]
+            texts = {str(i): f"h{i}" for unit in passes[0]["units"] for i in unit}
+            engines.append({"name": engine, "seconds": seconds, "texts": texts, "linear_layout": "layout of " + engine})
+        torch_family = self.job["family"] == solo.TORCH_FAMILY
+        return {
+            "pid": self.pid,
+            "omp_wait_policy": self.env.get("OMP_WAIT_POLICY"),
+            "omp_num_threads": self.env["OMP_NUM_THREADS"],
+            "threads": self.job["threads"],
+            "engines": engines,
+            "linear_layout": {"layout": LAYOUTS[self.job["threads"]]} if torch_family else None,
+        }
+
+    def close(self):
+        FakeChild.log.append(("close", self.name))
+        self.closed = True
+
+    def kill(self):  # as Child.kill: nothing to end after close()
+        if not self.closed:
+            FakeChild.log.append(("kill", self.name))
+
+
+def specs():
+    """The teacher's rows (the beam row is not timed alone), a plugin row and a CTranslate2 greedy row."""
+    return teacher_specs("t.pt", 4) + [
+        RowSpec(PLUGIN, "p.pt", ["--beam", "1"], SYSTEM),
+        RowSpec(INT8, "t.pt", [], CT2_GREEDY),
+    ]
+
+
+def fake_solo(monkeypatch, tmp_path, slow=None, fail=None, batched=True):
+    """The solo pass over :func:`specs` with fake processes on a 2-core machine."""
+    monkeypatch.setattr(solo, "Child", FakeChild)
+    monkeypatch.setattr(solo, "available_cores", lambda: 2)
+    FakeChild.log, FakeChild.slow, FakeChild.fail = [], slow or {}, fail
+    args = Namespace(
+        cpu=True,
+        out_dir=str(tmp_path),
+        rounds=3,
+        seed=7,
+        batch_size=4,
+        solo_batched=batched,
+        solo_calibration_sentences=2,
+    )
+    return solo.run_solo(args, specs(), 12, WARMUP, LATENCY, ORDER)
+
+
+def test_calibration_picks_each_engines_fastest_setting(monkeypatch, tmp_path):
+    """One process per runtime family and setting (1 thread; 2 threads unset, PASSIVE, ACTIVE), each timing every
+    engine of its family on the first calibration sentences after one untimed pass; every setting's number reported;
+    each engine then runs in its fastest setting, the torch family with the layout chosen at its thread count."""
+    result = fake_solo(monkeypatch, tmp_path)
+    launches = [entry for entry in FakeChild.log if entry[0] == "launch"]
+    calibrations = [entry for entry in launches if entry[1].startswith("calibrate")]
+    settings = {(None, 1), (None, 2), ("PASSIVE", 2), ("ACTIVE", 2)}
+    assert {setting for _, _, engines, setting, _ in calibrations if engines[0] == ANCHOR} == settings
+    assert sorted(engines for _, _, engines, *_ in calibrations) == [[ANCHOR, PLUGIN]] * 4 + [[INT8]] * 4
+    runs = [entry for entry in FakeChild.log if entry[0] == "run" and entry[1].startswith("calibrate")]
+    assert all(units == [[[2], [3]]] for *_, units in runs)  # warm-up and timed units: the first 2 timed sentences
+    assert all(("close", name) in FakeChild.log for _, name, *_ in calibrations)
+    summary = result.summary
+    assert summary["calibration"]["sentences"] == 2
+    labels = {solo.Setting(policy, threads).label: (policy, threads) for policy, threads in settings}
+    for engine in MS:
+        measured = summary["calibration"]["seconds"][engine]
+        assert {labels[label]: seconds for label, seconds in measured.items()} == {
+            setting: pytest.approx(ms / 1000) for setting, ms in MS[engine].items()
+        }
+    chosen = {name: (s["omp_wait_policy"], s["threads"]) for name, s in summary["chosen"].items()}
+    assert chosen == {ANCHOR: ("ACTIVE", 2), PLUGIN: (None, 1), INT8: ("PASSIVE", 2)}
+    engines = {engines[0]: (setting, layout) for _, name, engines, setting, layout in launches if name.startswith("e")}
+    assert engines == {
+        ANCHOR: (("ACTIVE", 2), "torch"),
+        PLUGIN: ((None, 1), "weight-first"),
+        INT8: (("PASSIVE", 2), None),
+    }
+    assert summary["linear_layout"] == {"1": {"layout": "weight-first"}, "2": {"layout": "torch"}}
+    for name, (setting, _) in engines.items():
+        row = result.rows[name]
+        assert (row["omp_wait_policy"], row["threads"], row["linear_layout"]) == (*setting, "layout of " + name)
+    assert summary["processes"] == 8 + 3
+    calibrated = summary["calibration"]["processes"]
+    assert [(p["family"], p["start_seconds"]) for p in calibrated] == [("torch", 3.0)] * 4 + [("ctranslate2", 3.0)] * 4
+    assert summary["engine_processes"][PLUGIN]["start_seconds"] == 3.0
+
+
+def test_rounds_time_the_same_block_in_a_seeded_order_and_pair_the_ratios(monkeypatch, tmp_path):
+    """Every round times every engine's process on the round's block (batch 1 and batched, after the warm-up), the
+    engines in the round's seeded order; the anchor re-times block 0 at the end. A slowdown of one round that hits
+    every engine cancels in the paired ratios; one that hits one engine shows in its min-max."""
+    slow = {(name, i): 3.0 for name in MS for i in (4, 7, 10)}  # round 2's block 3x slower for every engine...
+    slow.update({(PLUGIN, i): 2.0 for i in (3, 6, 9)})  # ... and round 1's 2x slower for the plugin row alone
+    result = fake_solo(monkeypatch, tmp_path, slow=slow)
+    blocks = interleaved_blocks(units_of(1, LATENCY), 3)
+    batches = interleaved_blocks(units_of(4, ORDER), 3)
+    names = [ANCHOR, PLUGIN, INT8]
+    engine_runs = [entry for entry in FakeChild.log if entry[0] == "run" and entry[1].startswith("engine")]
+    expected_order = [f"engine-{k}" for order in round_orders(3, 3, 7, 1) for k in order] + ["engine-0"]
+    assert [name for _, name, _ in engine_runs] == expected_order
+    for i, (_, _, units) in enumerate(engine_runs[:-1]):
+        assert units == [blocks[i // 3], batches[i // 3]]
+    assert engine_runs[-1][2] == [blocks[0], batches[0]]
+    launches = [entry[1] for entry in FakeChild.log if entry[0] == "launch"]
+    assert launches[-3:] == ["engine-0", "engine-1", "engine-2"]  # loaded one after the other, after calibration
+    assert all(("close", f"engine-{k}") in FakeChild.log for k in range(3))
+
+    summary, rows = result.summary, result.rows
+    assert summary["order"] == [[names[k] for k in order] for order in round_orders(3, 3, 7, 1)]
+    assert summary["per_round_seconds"][PLUGIN]["1"] == pytest.approx([0.015, 0.030, 0.045])
+    assert summary["anchor_drift"] == {"1": pytest.approx(0.0), "4": pytest.approx(0.0)}
+    plugin = rows[PLUGIN]
+    # anchor 10 ms/sentence at (ACTIVE, 2), the plugin row 5 at (unset, 1): 2x, 1x in round 1, 2x in the slow round
+    assert plugin["latency_ratio_rounds"] == pytest.approx([2.0, 1.0, 2.0])
+    assert plugin["latency_speedup_vs_ar_greedy"] == pytest.approx(2.0)
+    assert (plugin["latency_ratio_min"], plugin["latency_ratio_max"]) == pytest.approx((1.0, 2.0))
+    assert plugin["latency_unsettled"]  # |2 - 1| is not more than the spread 1.0
+    assert plugin["ms_per_sentence"] == pytest.approx(10.0)  # rounds: 5, 10, 15 ms
+    assert rows[INT8]["latency_speedup_vs_ar_greedy"] == pytest.approx(5.0) and not rows[INT8]["latency_unsettled"]
+    assert rows[ANCHOR]["latency_ratio_rounds"] == [1.0] * 3
+    assert rows[INT8]["throughput_speedup_vs_ar_greedy"] == pytest.approx(5.0)
+    assert rows[INT8]["sent_per_s"] == pytest.approx(500.0)
+    assert summary["batch_sizes"] == [1, 4]
+
+    outputs = {name: {i: SimpleNamespace(text=f"h{i}") for i in LATENCY} for name in names}
+    outputs[INT8][5] = SimpleNamespace(text="another")
+    result.check_outputs(outputs)
+    assert [rows[name]["differing_sentences"] for name in names] == [0, 0, 1] and summary["differing_sentences"] == 1
+
+    results = {"rows": [{"name": name} for name in ["AR teacher, beam 4"] + names]}
+    result.add_to(results)
+    assert results["solo"] is summary and results["rows"][0]["solo"] is None and results["rows"][2]["solo"] is plugin
+    table = result.markdown(
+        [
+            SimpleNamespace(name=name, latency_ratio_rounds=[1.0, 1.1, 1.2], throughput_ratio_rounds=[1.0] * 3)
+            for name in names
+        ]
+    )
+    assert (
+        "| plugin row | (unset) | 1 | layout of plugin row | 10.0 | 2.00× (1.00–2.00)? | 1.10× (1.00–1.20) |" in table
+    )
+    assert "| CTranslate2 int8 greedy | 4.0 | 3.0 | **2.0** | 9.0 |" in table  # calibration: ms per sentence
+
+
+def test_batch_1_only_by_default(monkeypatch, tmp_path):
+    result = fake_solo(monkeypatch, tmp_path, batched=False)
+    runs = [entry for entry in FakeChild.log if entry[0] == "run"]
+    engine_runs = [units for _, name, units in runs if name.startswith("engine")]
+    assert all(len(units) == 1 for units in engine_runs) and result.summary["batch_sizes"] == [1]
+    assert "throughput_speedup_vs_ar_greedy" not in result.rows[PLUGIN]
+
+
+def test_a_failing_process_ends_every_other(monkeypatch, tmp_path):
+    """A child that fails in a round: the error goes up and every engine process is killed."""
+    with pytest.raises(BenchmarkError, match="solo process engine-1 exited"):
+        fake_solo(monkeypatch, tmp_path, fail="engine-1")
+    assert [entry for entry in FakeChild.log if entry[0] == "kill"] == [("kill", f"engine-{k}") for k in range(3)]
+
+
+def test_a_child_that_cannot_load_its_engine_reports_its_log(tmp_path):
+    """A real process whose row cannot be loaded: it exits before stopping, and its log comes up in the error."""
+    args = benchmark.get_parser().parse_args(
+        [str(tmp_path), "--teacher", "none.pt", "--reference", "r", "--out-dir", str(tmp_path), "--cpu"]
+    )
+    job = {"args": vars(args), "num_sentences": 1, "engines": [vars(teacher_specs("none.pt", 4)[1])]}
+    job.update(family=solo.TORCH_FAMILY, threads=1)
+    with pytest.raises(BenchmarkError, match=r"(?s)solo process broken exited \(1\):.*Traceback"):
+        solo.Child(job, solo.Setting(None, 1).environment({}), str(tmp_path), "broken")
+
+
+def test_solo_refuses_a_gpu_and_bad_calibration_sizes(monkeypatch, tmp_path):
+    monkeypatch.setattr(solo.torch.cuda, "is_available", lambda: True)
+    args = Namespace(cpu=False, out_dir=str(tmp_path), solo_calibration_sentences=2)
+    with pytest.raises(BenchmarkError, match="--solo times CPU engines"):
+        solo.run_solo(args, specs(), 12, WARMUP, LATENCY, ORDER)
+    args.cpu, args.solo_calibration_sentences = True, 10
+    with pytest.raises(BenchmarkError, match="between 1 and the 9 timed sentences"):
+        solo.run_solo(args, specs(), 12, WARMUP, LATENCY, ORDER)
+
+
+@pytest.mark.slow
+def test_solo_end_to_end(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
+    """The benchmark with --solo on the tiny teacher (CTranslate2 rows where it is installed): every engine ran in a
+    process of its own (not this one) in the environment of its chosen setting, decoded what the round-robin pass
+    decoded, and the tables and results.json have it."""
+    try:
+        import ctranslate2  # noqa: F401
+
+        ct2 = ["--ctranslate2"]
+    except ImportError:
+        ct2 = []
+    argv = [dummy_data_bin, "--teacher", tiny_teacher, "--reference", os.path.join(dummy_raw, "test.tgt")]
+    argv += ["--out-dir", str(tmp_path), "--cpu", "--post-process", "none", "--warmup", "2", "--latency-sentences"]
+    argv += ["8", "--batch-size", "12", "--no-plots", "--solo", "--solo-calibration-sentences", "2"] + ct2
+    results = benchmark.main(benchmark.get_parser().parse_args(argv))
+    summary = results["solo"]
+    engines = summary["engines"]
+    expected = ["AR teacher, greedy", "AR teacher, greedy (plugin layout)"]
+    if ct2:
+        expected += ["AR teacher, greedy (CTranslate2)", "AR teacher, greedy (CTranslate2 int8)"]
+    assert engines == expected
+    processes = summary["engine_processes"]
+    pids = [processes[name]["pid"] for name in engines]
+    assert len(set(pids)) == len(engines) and os.getpid() not in pids
+    for name in engines:  # what the child saw in its environment is the setting chosen for it
+        chosen = summary["chosen"][name]
+        seen = processes[name]
+        assert (seen["omp_wait_policy"], seen["omp_num_threads"], seen["threads"]) == (
+            chosen["omp_wait_policy"],
+            str(chosen["threads"]),
+            chosen["threads"],
+        )
+        assert set(summary["calibration"]["seconds"][name]) == {s.label for s in solo.settings(solo.available_cores())}
+    rows = {row["name"]: row for row in results["rows"]}
+    assert rows["AR teacher, beam 4"]["solo"] is None
+    for name in engines:
+        row = rows[name]["solo"]
+        assert row["differing_sentences"] == 0 and len(row["latency_ratio_rounds"]) == 3 and row["ms_per_sentence"] > 0
+    assert rows["AR teacher, greedy"]["solo"]["latency_ratio_rounds"] == [1.0] * 3
+    assert rows["AR teacher, greedy"]["solo"]["linear_layout"] == solo.FAIRSEQ_LAYOUT
+    plugin = rows["AR teacher, greedy (plugin layout)"]["solo"]
+    assert plugin["linear_layout"] == summary["linear_layout"][str(plugin["threads"])]["layout"]
+    assert summary["processes"] == len(solo.settings(solo.available_cores())) * (1 + bool(ct2)) + len(engines)
+    assert summary["orchestrator_cpu_seconds"] < 0.25 * summary["wall_seconds"]  # it only waited
+    with open(tmp_path / "results.json", encoding="utf-8") as f:
+        assert json.load(f)["solo"]["engines"] == engines
+    markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "Solo (`--solo`): every engine alone in its own process" in markdown
+    assert "| AR teacher, greedy (plugin layout) |" in markdown.split("Solo (`--solo`)")[1]
+    assert "Solo calibration (engine: each setting's process times every engine" in markdown
+    layout = results["meta"]["linear_layout"]
+    assert layout["layout"] in ("weight-first", "torch") and f"**{layout['layout']}**" in markdown
+    assert statistics.median(rows["AR teacher, greedy"]["solo"]["latency_ratio_rounds"]) == 1.0
