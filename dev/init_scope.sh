@@ -39,8 +39,9 @@ for STEP in "${STEPS[@]}"; do
     bash "$ROOT/dev/variant.sh" . "$NAME" "${DECODE[$STEP]}" "$RECIPE" "${ARGS[@]}" "${EXTRA[@]}" \
       | tee "variants/$NAME.summary"
   done
-  PAIRED=$(sacrebleu raw/test.de -i "variants/$STEP.hyp" "variants/$STEP-scope-paper.hyp" --paired-bs -b \
-    2> /dev/null | tail -n 1)
-  SUMMARY+=("$STEP: all $(sed -n 's/.*sacreBLEU //p' "variants/$STEP.summary"), paper $PAIRED")
+  PAIRED=$(sacrebleu raw/test.de -i "variants/$STEP.hyp" "variants/$STEP-scope-paper.hyp" --paired-bs 2> /dev/null \
+    | python -c 'import json, sys; (a, p) = (s["BLEU"] for s in json.load(sys.stdin))
+print("all %.2f, paper %.2f (paired bootstrap p = %.3f)" % (a["score"], p["score"], p["p_value"]))')
+  SUMMARY+=("$STEP: $PAIRED")
 done
 printf '%s\n' "${SUMMARY[@]}"

@@ -531,7 +531,9 @@ def speculative(k: int) -> Config:
                 step,
                 verify,
                 drafts=True,
-                made="drafter trained on the teacher's greedy outputs",
+                made="--init-from-ar-scope all: the teacher's encoder (frozen), embeddings, output projection and "
+                "first decoder layer (Xia et al. describe no initialisation from the teacher); drafter trained on "
+                "the teacher's greedy outputs",
             ),
             Row(
                 f"Speculative k={k}, relaxed",

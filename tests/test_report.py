@@ -286,3 +286,18 @@ def test_decoder_calls_tokens_and_recover_sat_segments_are_counted(tmp_path):
     output.write_text("H-0\t-0.5\t▁Ein\n")
     with pytest.raises(SystemExit, match="--print-step"):
         decode_stats.read_generate_output(str(output))
+
+
+@pytest.mark.parametrize("p_value, met", [(None, False), (0.2, False), (0.01, True)])
+def test_npd_above_argmax_needs_a_significant_paired_test(tmp_path, p_value, met):
+    """A gain of NPD over argmax is met only with the run's paired bootstrap p <= 0.05: one run's +0.16 BLEU is within
+    the aligner's run-to-run spread."""
+    rows = cpu_long_rows()
+    next(r for r in rows if r["name"] == "NAT, NPD S=10")["bleu"] = 25.16
+    paired = [{"system": recipes.NAD_AD_ROW, "baseline": recipes.AR_SAME_UPDATES_ROW, "p_value": 0.04}]
+    if p_value is not None:
+        paired.append({"system": "NAT, NPD S=10", "baseline": "NAT, argmax fertility", "p_value": p_value})
+    write_run(str(tmp_path), rows, paired)
+    verdicts = verdicts_of(report.build_report(str(tmp_path), "cpu-long"))
+    npd = verdicts["NAT, NPD S=10 vs NAT, argmax fertility: >= +0.0 BLEU, p <= 0.05"]
+    assert npd[0].startswith("+0.16 BLEU") and npd[1] == ("yes |" if met else "**no** |")

@@ -85,7 +85,7 @@ def specs():
     ]
 
 
-def fake_solo(monkeypatch, tmp_path, slow=None, fail=None, batched=True):
+def fake_solo(monkeypatch, tmp_path, slow=None, fail=None, batched=True, calibration_sentences=2):
     """The solo pass over :func:`specs` with fake processes on a 2-core machine."""
     monkeypatch.setattr(solo, "Child", FakeChild)
     monkeypatch.setattr(solo, "available_cores", lambda: 2)
@@ -97,7 +97,7 @@ def fake_solo(monkeypatch, tmp_path, slow=None, fail=None, batched=True):
         seed=7,
         batch_size=4,
         solo_batched=batched,
-        solo_calibration_sentences=2,
+        solo_calibration_sentences=calibration_sentences,
     )
     return solo.run_solo(args, specs(), 12, WARMUP, LATENCY, ORDER)
 
@@ -287,3 +287,13 @@ def test_solo_end_to_end(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
     layout = results["meta"]["linear_layout"]
     assert layout["layout"] in ("weight-first", "torch") and f"**{layout['layout']}**" in markdown
     assert statistics.median(rows["AR teacher, greedy"]["solo"]["latency_ratio_rounds"]) == 1.0
+
+
+def test_calibration_takes_every_timed_sentence_when_fewer_than_its_default(monkeypatch, tmp_path):
+    """Without --solo-calibration-sentences, a run timing fewer sentences than the default (a smoke run) calibrates on
+    all of them instead of refusing; a number above the timed sentences is refused."""
+    monkeypatch.setattr(solo, "DEFAULT_CALIBRATION_SENTENCES", len(LATENCY) + 5)
+    result = fake_solo(monkeypatch, tmp_path, calibration_sentences=None)
+    assert result.summary["calibration"]["sentences"] == len(LATENCY)
+    with pytest.raises(BenchmarkError, match="--solo-calibration-sentences"):
+        fake_solo(monkeypatch, tmp_path, calibration_sentences=len(LATENCY) + 1)

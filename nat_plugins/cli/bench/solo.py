@@ -68,6 +68,7 @@ logger = logging.getLogger("nat_plugins.cli.benchmark")
 SOLO_ROLES = (TEACHER_GREEDY, TEACHER_GREEDY_PLUGIN, SYSTEM, CT2_GREEDY)
 TORCH_FAMILY, CT2_FAMILY = "torch", "ctranslate2"
 WAIT_POLICIES = (None, "PASSIVE", "ACTIVE")  # None: unset, the runtime's default
+DEFAULT_CALIBRATION_SENTENCES = 8
 FAIRSEQ_LAYOUT = "torch (fairseq's nn.Linear)"  # the anchor's layers, not swapped by the plugin
 
 
@@ -88,9 +89,10 @@ def add_solo_options(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--solo-calibration-sentences",
         type=int,
-        default=8,
+        default=None,
         metavar="N",
-        help="with --solo: timed sentences of the calibration of every engine in every setting (default: 8)",
+        help="with --solo: timed sentences of the calibration of every engine in every setting (default: 8, or "
+        "every timed sentence when fewer are timed)",
     )
 
 
@@ -279,7 +281,8 @@ def run_solo(args, specs: List[RowSpec], num_sentences: int, warmup_ids, latency
     if not hasattr(signal, "SIGSTOP"):
         raise BenchmarkError("--solo stops the processes it is not timing (SIGSTOP): not on this platform")
     timed = len(latency_ids)
-    if not 1 <= args.solo_calibration_sentences <= timed:
+    calibration_sentences = args.solo_calibration_sentences or min(DEFAULT_CALIBRATION_SENTENCES, timed)
+    if not 1 <= calibration_sentences <= timed:
         raise BenchmarkError(f"--solo-calibration-sentences must be between 1 and the {timed} timed sentences")
     engines = [spec for spec in specs if spec.role in SOLO_ROLES]
     anchor = next(k for k, spec in enumerate(engines) if spec.role == TEACHER_GREEDY)
@@ -291,7 +294,7 @@ def run_solo(args, specs: List[RowSpec], num_sentences: int, warmup_ids, latency
         batches = units_of(args.batch_size, length_order)
         passes.append(Pass(args.batch_size, batches[:1], interleaved_blocks(batches, args.rounds)))
     wall, cpu = time.perf_counter(), process_cpu_seconds()
-    calibration_units = units_of(1, latency_ids[: args.solo_calibration_sentences])
+    calibration_units = units_of(1, latency_ids[:calibration_sentences])
     calibration = calibrate(engines, settings(available_cores()), job, calibration_units, directory, args.seed)
     schedule = time_rounds(engines, anchor, calibration, job, passes, directory, args.seed)
     summary = {
