@@ -272,6 +272,7 @@ class FairseqRunner:
             )
 
     @torch.no_grad()
+    @torch.no_grad()
     def log_prob_gap(self, index: int, prefix: Sequence[int], token: int, other: int) -> float:
         """|log p(``token``) - log p(``other``)| under this row's first model for sentence ``index``, after the
         output ``prefix`` (BOS excluded; fairseq's BOS, EOS, is put before it), in float32."""
