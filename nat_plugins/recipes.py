@@ -76,16 +76,17 @@ class Preset:
 # CPU presets: 100 sentences timed after 10 of warm-up (machine noise is ±15% between runs; ~1 min per 100), the
 # teacher decoded by CTranslate2 too (the production baseline a fast decoder has to beat), and the layers that only
 # draft (blockwise heads 2..k, the speculative drafter) in int8: the output is the same, each call reads fewer bytes.
-# GPU: every test sentence timed (the first 20 are warm-up); no CTranslate2 (the GPU machine's checkout cannot carry
-# its wheel beside fairseq's).
-# Every preset times batch 1, 8, 32 and 64 (and its --batch-size): the speed-against-batch-size table and plot.
+# GPU (fp16): 220 sentences at batch 1 (the first 20 warm-up), batch 64 and 128; no CTranslate2 (its newest wheel,
+# 4.8.5, is built against CUDA 12's cuBLAS, which the GPU machines here, CUDA 13, lack).
+# The CPU presets time batch 1, 8, 32 and 64 (and their --batch-size): the speed-against-batch-size table and plot.
 BATCH_SIZES = ("--batch-sizes", "1,8,32,64")
 # --solo: every greedy engine also timed alone in its own process, at its best OpenMP setting (cli/bench/solo.py)
 CPU_DEVICE_OPTIONS = ("--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--solo") + BATCH_SIZES
+GPU_DEVICE_OPTIONS = ("--fp16", "--warmup", "20", "--batch-size", "128", "--batch-sizes", "1,64")
 PRESETS = {
     "cpu": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
     "cpu-long": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
-    "gpu": Preset(("--batch-size", "128", "--warmup", "20") + BATCH_SIZES, None, ()),
+    "gpu": Preset(GPU_DEVICE_OPTIONS, 220, ()),
 }
 
 
@@ -257,21 +258,26 @@ class RowTarget:
 
 @dataclass(frozen=True)
 class BleuShare(RowTarget):
-    """BLEU >= ``minimum`` of the teacher's beam BLEU (and batch-1 latency >= ``min_speedup`` x the teacher's beam)."""
+    """BLEU >= ``minimum`` of the teacher's beam BLEU (and batch-1 latency >= ``min_speedup`` x the teacher's
+    ``over``: "beam" or "greedy" search)."""
 
     minimum: float
     min_speedup: float = 0.0
+    over: str = "beam"
 
     @property
     def what(self) -> str:
-        at = f" at >= {self.min_speedup}x vs the teacher's beam" if self.min_speedup else ""
+        at = f" at >= {self.min_speedup}x vs the teacher's {self.over}" if self.min_speedup else ""
         return f"{self.row}: BLEU >= {100 * self.minimum:.0f}% of the teacher's beam{at}"
 
     def check(self, measured: Measured) -> Tuple[str, bool]:
-        row = measured.row(self.row)
-        share = row["bleu"] / measured.role(TEACHER_BEAM)["bleu"]
-        speedup = row.get("latency_speedup_vs_ar_beam") or 0.0
-        return f"{100 * share:.1f}% at {speedup:.2f}x", share >= self.minimum and speedup >= self.min_speedup
+        row, beam = measured.row(self.row), measured.role(TEACHER_BEAM)["bleu"]
+        share = row["bleu"] / beam if beam > 0 else 0.0  # a teacher at 0 BLEU (a smoke run) is no bar to clear
+        speedup = row.get(f"latency_speedup_vs_ar_{self.over}") or 0.0
+        return (
+            f"{100 * share:.1f}% at {speedup:.2f}x vs {self.over}",
+            share >= self.minimum and speedup >= self.min_speedup,
+        )
 
 
 @dataclass(frozen=True)
@@ -675,7 +681,7 @@ def fairseq_nat(_value=None) -> Config:
 SYSTEMS: Tuple[System, ...] = (
     System(
         "blockwise",
-        {"cpu": (4,), "cpu-long": (4,), "gpu": (8,)},
+        {"cpu": (4,), "cpu-long": (4,), "gpu": (4,)},
         blockwise,
         {
             "cpu-long": (
@@ -683,8 +689,8 @@ SYSTEMS: Tuple[System, ...] = (
                 ExactBlockwise("Blockwise k=4 fine-tuned, exact", 2.0, max_bleu_loss=1.0),
             ),
             "gpu": (
-                ExactBlockwise("Blockwise k=8 frozen, exact", 1.0, min_speedup=1.4),
-                ExactBlockwise("Blockwise k=8 fine-tuned, exact", 3.5, max_bleu_loss=1.0, min_speedup=2.5),
+                ExactBlockwise("Blockwise k=4 frozen, exact", 1.0, min_speedup=1.5),
+                ExactBlockwise("Blockwise k=4 fine-tuned, exact", 2.0, max_bleu_loss=1.0, min_speedup=1.5),
             ),
         },
     ),
@@ -695,33 +701,33 @@ SYSTEMS: Tuple[System, ...] = (
         {
             "cpu-long": (Speculative("Speculative k=3, exact", 1.5),),
             "gpu": (
-                Speculative("Speculative k=8, exact", 3.0),
-                Speculative("Speculative k=8, relaxed", 4.0, exact=False),
+                Speculative("Speculative k=8, exact", 1.5),
+                Speculative("Speculative k=8, relaxed", 1.5, exact=False),
             ),
         },
     ),
     System(
         "sat",
-        {"cpu": (2,), "cpu-long": (2, 4), "gpu": (2, 6)},
+        {"cpu": (2,), "cpu-long": (2, 4), "gpu": (2,)},
         sat,
         {
             "cpu-long": (BleuShare("SAT K=2, beam 4", 0.95), BleuShare("SAT K=4, greedy", 0.80)),
-            "gpu": (BleuShare("SAT K=2, beam 4", 0.97, 1.5), BleuShare("SAT K=6, greedy", 0.85, 4.0)),
+            "gpu": (BleuShare("SAT K=2, greedy", 0.95, 1.5, over="greedy"),),
         },
     ),
     System(
         "recover-sat",
-        {"cpu": (2,), "cpu-long": (2, 10), "gpu": (2, 6)},
+        {"cpu": (2,), "cpu-long": (2, 10), "gpu": (2,)},
         recover_sat,
         {
             # K=10, the paper's operating point (-0.85 BLEU at 4.3x): 4x the teacher's beam is ~2.5x its greedy here
             "cpu-long": (BleuShare("RecoverSAT K=2", 0.95), BleuShare("RecoverSAT K=10", 0.90, 4.0)),
-            "gpu": (BleuShare("RecoverSAT K=2", 0.98, 1.8), BleuShare("RecoverSAT K=6", 0.93, 3.0)),
+            "gpu": (BleuShare("RecoverSAT K=2", 0.95, 1.5, over="greedy"),),
         },
     ),
     System(
         "fertility-nat",
-        {"cpu": (10,), "cpu-long": (10, Npd(10, length_normalized=True)), "gpu": (10, 100, Npd(10, True))},
+        {"cpu": (10,), "cpu-long": (10, Npd(10, length_normalized=True)), "gpu": (10,)},
         fertility_nat,
         {
             "cpu-long": (
@@ -729,7 +735,7 @@ SYSTEMS: Tuple[System, ...] = (
                 BleuShare("NAT, NPD S=10", 0.78),
                 BleuGain("NAT, NPD S=10", "NAT, argmax fertility", 0.0, max_p=0.05),  # Gu et al. Table 1: NPD > argmax
             ),
-            "gpu": (BleuShare("NAT, argmax fertility", 0.80, 8.0), BleuShare("NAT, NPD S=10", 0.88, 3.0)),
+            "gpu": (BleuShare("NAT, argmax fertility", 0.80, 5.0, over="greedy"),),
         },
     ),
     System(
@@ -743,12 +749,9 @@ SYSTEMS: Tuple[System, ...] = (
     ),
     System(
         "fairseq",
-        {"cpu-long": (None,), "gpu": (None,)},
+        {"cpu-long": (None,)},
         fairseq_nat,
-        {
-            "cpu-long": (AboveFairseq((FAIRSEQ_NAT_ROW, FAIRSEQ_CMLM_ROW), both=False),),
-            "gpu": (AboveFairseq((FAIRSEQ_NAT_ROW, FAIRSEQ_CMLM_ROW), both=True),),
-        },
+        {"cpu-long": (AboveFairseq((FAIRSEQ_NAT_ROW, FAIRSEQ_CMLM_ROW), both=False),)},
     ),
 )
 

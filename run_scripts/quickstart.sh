@@ -3,7 +3,7 @@
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
 #   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~37 min on 2 cores)
 #   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~2 h 20 min)
-#   PRESET=gpu bash run_scripts/quickstart.sh     # the full-size recipe on one GPU
+#   PRESET=gpu bash run_scripts/quickstart.sh     # transformer_iwslt_de_en-sized, fp16, ~11 min on one GPU
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
 # each step's output goes to WORK/logs/STEP.log; the terminal gets a line per step, the last lines of a failed
@@ -21,6 +21,10 @@ START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
   log "(~37 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
+elif [ "$PRESET" = gpu ] && [ -z "${GPU_PRESET_ON_CPU:-}" ] &&
+    ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  log "PRESET=gpu needs a CUDA GPU (torch sees none); GPU_PRESET_ON_CPU=1 rehearses it on the CPU" >&2
+  exit 2
 elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
   log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~2 h 20 min on 2 cores)."
@@ -36,6 +40,7 @@ OPTIONS=$(python -m nat_plugins.recipes options --preset "$PRESET" \
 mapfile -t STEPS <<< "$PLAN"
 mapfile -t SYSTEMS <<< "$ROWS"
 mapfile -t BENCH_ARGS <<< "$OPTIONS"
+[ -n "${GPU_PRESET_ON_CPU:-}" ] && BENCH_ARGS=("${BENCH_ARGS[@]/#--fp16/--cpu}")  # the GPU preset rehearsed on the CPU
 
 mkdir -p "$WORK/logs"
 step() {  # step NAME COMMAND...: run once; a marker file records success; the output goes to WORK/logs/NAME.log
@@ -75,7 +80,7 @@ BENCH_ARGS+=(--distilled-targets "$KD_TARGETS")
 # The students need only the teacher and the distilled data: on a GPU (PRESET=gpu) STUDENT_JOBS train side by side
 # (one of these models leaves most of a GPU idle: 11 together train ~5x as many updates per second as one alone on an
 # H200, examples/multi30k/README.md), each job's steps in order.
-if [ "$PRESET" = gpu ]; then STUDENT_JOBS=${STUDENT_JOBS:-11}; else STUDENT_JOBS=${STUDENT_JOBS:-1}; fi
+if [ "$PRESET" = gpu ]; then STUDENT_JOBS=${STUDENT_JOBS:-8}; else STUDENT_JOBS=${STUDENT_JOBS:-1}; fi
 STUDENT_STEPS=()
 run_job() {  # run_job JOB: the steps of JOB (lines of STEPS), in order
   local line fields

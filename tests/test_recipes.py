@@ -113,21 +113,16 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
 
 def test_gpu_and_cpu_long_rows():
     gpu = [row.name for row in recipes.rows("gpu")]
-    assert gpu[:2] == ["Blockwise k=8 frozen, exact", "Blockwise k=8 fine-tuned, exact"]
+    assert gpu[:2] == ["Blockwise k=4 frozen, exact", "Blockwise k=4 fine-tuned, exact"]
     assert [n for n in gpu if n.startswith(("SAT", "RecoverSAT", "NAT"))] == [
         "SAT K=2, greedy",
         "SAT K=2, beam 4",
-        "SAT K=6, greedy",
-        "SAT K=6, beam 4",
         "RecoverSAT K=2",
-        "RecoverSAT K=6",
-        "NAT, argmax fertility",  # once, though both NPD configurations decode its checkpoint
+        "NAT, argmax fertility",
         "NAT, average fertility",
         "NAT, NPD S=10",
-        "NAT, NPD S=100",
-        "NAT, NPD S=10, length-normalised",
     ]
-    assert gpu[-2:] == [recipes.FAIRSEQ_NAT_ROW, recipes.FAIRSEQ_CMLM_ROW]
+    assert gpu[-2:] == [recipes.NAD_AD_ROW, recipes.AR_SAME_UPDATES_ROW]  # fairseq's NAT/CMLM: the cpu-long preset
     speculative = recipes.rows("gpu", "speculative")[0].spec(
         recipes.Run(checkpoint_name="c.pt", **RUN), recipes.PRESETS["gpu"]
     )
@@ -158,7 +153,7 @@ def test_steps_are_the_quickstarts_jobs(capsys):
         ["ar-baseline", "ar-baseline", f"{examples}/ar_baseline.sh", "W/data-bin", T, "W/ckpt/ar-baseline"],
     ]
     gpu = [line.split("\t")[1] for line in cli(capsys, "steps", *run_options("gpu")).splitlines()]
-    assert gpu.count("fertility-nat") == 1 and gpu[-2:] == ["fairseq-nat", "fairseq-cmlm"]
+    assert gpu.count("fertility-nat") == 1 and gpu[-2:] == ["nad-ad", "ar-baseline"]
 
 
 def test_speed_steps_time_every_training_recipe(capsys):
@@ -213,5 +208,18 @@ def test_benchmark_options_of_the_presets(capsys):
         "--max-len-a 1.2 --max-len-b 10",
     ]
     gpu = cli(capsys, "options", "--preset", "gpu").splitlines()
-    assert "--latency-sentences" not in gpu and "--ctranslate2" not in gpu and gpu[:2] == ["--batch-size", "128"]
-    assert gpu[gpu.index("--batch-sizes") + 1] == "1,8,32,64"
+    assert "--ctranslate2" not in gpu and "--cpu" not in gpu and gpu[0] == "--fp16"
+    assert gpu[gpu.index("--latency-sentences") + 1] == "220" and gpu[gpu.index("--warmup") + 1] == "20"
+    assert gpu[gpu.index("--batch-size") + 1] == "128" and gpu[gpu.index("--batch-sizes") + 1] == "1,64"
+
+
+def test_a_bleu_share_reads_the_speedup_over_the_search_it_names():
+    """The GPU preset's targets are speed-ups over the teacher's greedy search (the issue's "x fairseq greedy"), the
+    CPU presets' over its beam: one row meets one and misses the other."""
+    rows = {
+        "beam": {"name": "beam", "role": recipes.TEACHER_BEAM, "bleu": 30.0},
+        "NAT": {"name": "NAT", "bleu": 25.0, "latency_speedup_vs_ar_beam": 6.0, "latency_speedup_vs_ar_greedy": 4.0},
+    }
+    measured = recipes.Measured(rows, [], ("NAT",))
+    assert recipes.BleuShare("NAT", 0.8, 5.0).check(measured) == ("83.3% at 6.00x vs beam", True)
+    assert recipes.BleuShare("NAT", 0.8, 5.0, over="greedy").check(measured) == ("83.3% at 4.00x vs greedy", False)

@@ -112,7 +112,7 @@ def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
     text = report.build_report(str(tmp_path), "cpu-long")
     verdicts = verdicts_of(text)
     assert len(verdicts) == len(recipes.targets("cpu-long"))  # every target checked
-    assert verdicts["SAT K=2, beam 4: BLEU >= 95% of the teacher's beam"] == ["95.3% at 1.67x", "yes |"]
+    assert verdicts["SAT K=2, beam 4: BLEU >= 95% of the teacher's beam"] == ["95.3% at 1.67x vs beam", "yes |"]
     assert verdicts["SAT K=4, greedy: BLEU >= 80% of the teacher's beam"][1] == "**no** |"
     frozen = next(v for k, v in verdicts.items() if k.startswith("Blockwise k=4 frozen"))
     assert frozen == ["identical to greedy, block 1.60, 1.33x vs greedy", "yes |"]

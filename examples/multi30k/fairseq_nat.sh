@@ -35,9 +35,8 @@ if [ "$PRESET" = gpu ]; then  # transformer_iwslt_de_en's sizes (fairseq registe
 else
   arch_args "$BASE_ARCH"
 fi
-# the budget of the plugin's NAT (fertility_nat.sh: 120 CPU updates); translation_lev's validation computes the loss
-# only (no BLEU), so on the GPU the best checkpoint is the lowest loss
-student_args 120 "$LR" 20 loss
+# the budget of the plugin's NAT (fertility_nat.sh: 120 CPU updates)
+student_args 120 "$LR" 20
 exec "${FAIRSEQ_TRAIN[@]}" "$KD_BIN" --task translation_lev "${DEVICE_ARGS[@]}" "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" --criterion nat_loss --label-smoothing 0.1 --length-loss-factor 0.1 --pred-length-offset \
   --apply-bert-init --save-dir "$SAVE_DIR" "$@"

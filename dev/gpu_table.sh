@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU table (PRESET=gpu, ~11 minutes on one H100/H200) on a machine whose commands may last 10 minutes each and
+# send back at most 8 small files. The first call installs (../shared/gpu/README.md: wheels in .gpu_wheels, Multi30k
+# in .data/multi30k), starts the CUDA-only tests and the quickstart in the background (setsid: they outlive the call)
+# and polls; a later call on the same machine only polls. Every call leaves in OUT what exists so far: report.md,
+# results.md and results.json once the run finished, and run.tar.gz (logs, plots, hypotheses, the tests' log).
+#   bash dev/gpu_table.sh OUT [SECONDS]   # exit 0: finished; 3: still running after SECONDS (call again); 1: failed
+# Smoke sizes (TEACHER_UPDATES, STUDENT_UPDATES, MAX_LINES, LATENCY_SENTENCES) pass through; GPU_PRESET_ON_CPU=1
+# rehearses the whole script on the CPU, with the python3 on the PATH (no install, no CUDA tests).
+set -uo pipefail
+OUT=${1:?usage: gpu_table.sh OUT [SECONDS]}; LIMIT=${2:-540}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export PRESET=gpu NAT_VENV=system MULTI30K_DIR=${MULTI30K_DIR:-$ROOT/.data/multi30k} WORK=${WORK:-$ROOT/work/multi30k-gpu}
+export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 PYTHONUNBUFFERED=1
+LOG=$WORK.log; TESTS_LOG=$WORK.pytest-gpu.log; INSTALL_LOG=$WORK.install.log
+mkdir -p "$OUT" "$(dirname "$WORK")"
+if [ ! -f "$LOG" ]; then  # the first call
+  if [ -z "${GPU_PRESET_ON_CPU:-}" ]; then
+    bash "$ROOT/.gpu_wheels/install.sh" "$ROOT/.gpu_wheels" > "$INSTALL_LOG" 2>&1 || { tail -n 30 "$INSTALL_LOG"; exit 1; }
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$INSTALL_LOG"
+    echo "cores: $(nproc)" >> "$INSTALL_LOG"
+    tail -n 8 "$INSTALL_LOG"
+    # the CUDA-only cases (skipped on a machine without CUDA), beside the pipeline's first, mostly CPU-bound steps
+    (cd "$ROOT" && setsid nohup nice timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
+      tests/test_half_precision.py -k cuda > "$TESTS_LOG" 2>&1 < /dev/null &)
+  fi
+  (cd "$ROOT" && setsid nohup bash run_scripts/quickstart.sh > "$LOG" 2>&1 < /dev/null &)
+  sleep 2
+fi
+bash "$ROOT/dev/wait_for_run.sh" "$LOG" "$WORK" "$LIMIT"
+status=$?
+[ -f "$TESTS_LOG" ] && tail -n 3 "$TESTS_LOG"
+cat "$WORK/logs/steps.tsv" 2>/dev/null
+# what comes back: the report's three files when the run finished, and one archive of everything else
+for f in "$WORK/report.md" "$WORK/bench/results.md" "$WORK/bench/results.json"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+(cd "$(dirname "$WORK")" && tar -czf "$OUT/run.tar.gz" --ignore-failed-read "$(basename "$LOG")" \
+  $(ls "$(basename "$TESTS_LOG")" "$(basename "$INSTALL_LOG")" 2>/dev/null) "$(basename "$WORK")/logs" \
+  $(cd "$WORK" 2>/dev/null && ls -d bench/*.png bench/hyp.*.txt 2>/dev/null | sed "s|^|$(basename "$WORK")/|"))
+ls -la "$OUT"
+exit $status
