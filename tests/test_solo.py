@@ -289,11 +289,23 @@ def test_solo_end_to_end(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
     assert statistics.median(rows["AR teacher, greedy"]["solo"]["latency_ratio_rounds"]) == 1.0
 
 
-def test_calibration_takes_every_timed_sentence_when_fewer_than_its_default(monkeypatch, tmp_path):
-    """Without --solo-calibration-sentences, a run timing fewer sentences than the default (a smoke run) calibrates on
-    all of them instead of refusing; a number above the timed sentences is refused."""
-    monkeypatch.setattr(solo, "DEFAULT_CALIBRATION_SENTENCES", len(LATENCY) + 5)
+def test_a_run_timing_fewer_sentences_than_the_calibration_is_not_calibrated(monkeypatch, tmp_path):
+    """Without --solo-calibration-sentences, a run timing fewer sentences than the default calibration (a smoke run)
+    starts no calibration process: every engine runs in the runtimes' default setting on every core, and the table
+    says so; a number above the timed sentences is refused."""
+    monkeypatch.setattr(solo, "DEFAULT_CALIBRATION_SENTENCES", len(LATENCY) + 1)
     result = fake_solo(monkeypatch, tmp_path, calibration_sentences=None)
-    assert result.summary["calibration"]["sentences"] == len(LATENCY)
+    assert [name for _, name, *_ in FakeChild.log if name.startswith("calibrate")] == []
+    assert result.summary["calibration"]["sentences"] == 0 and result.summary["processes"] == len(result.rows)
+    assert {(s["omp_wait_policy"], s["threads"]) for s in result.summary["chosen"].values()} == {(None, 2)}
+    rows = [
+        SimpleNamespace(name=name, latency_ratio_rounds=[1.0] * 3, throughput_ratio_rounds=[1.0] * 3)
+        for name in result.rows
+    ]
+    assert f"Solo calibration: none (fewer than {len(LATENCY) + 1} sentences timed)" in result.markdown(rows)
+    monkeypatch.setattr(solo, "DEFAULT_CALIBRATION_SENTENCES", len(LATENCY))
+    assert fake_solo(monkeypatch, tmp_path, calibration_sentences=None).summary["calibration"]["sentences"] == len(
+        LATENCY
+    )
     with pytest.raises(BenchmarkError, match="--solo-calibration-sentences"):
         fake_solo(monkeypatch, tmp_path, calibration_sentences=len(LATENCY) + 1)

@@ -15,7 +15,8 @@ process of its own, in the setting a short measurement picks for it:
   setting times every engine of the family on the first ``--solo-calibration-sentences`` timed sentences (after one
   untimed pass over them); each engine takes the setting of its least median time per sentence. The first torch
   process at a thread count also chooses the CPU linear layout there (:mod:`nat_plugins.modules.cpu_linear`), which
-  every later process at that thread count is given (``NAT_LINEAR_LAYOUT``);
+  every later process at that thread count is given (``NAT_LINEAR_LAYOUT``). A run timing fewer sentences than the
+  default calibration's 8 (a smoke run) is not calibrated: every engine runs in the runtimes' default setting;
 * rounds: one process per engine, loaded once in its setting, times the same batch-1 block of round ``r`` as every
   other engine (the round-robin pass's blocks; with ``--solo-batched`` also the ``--batch-size`` block), each round
   after the benchmark's warm-up sentences; the engines' order is shuffled every round with ``--seed``; the anchor
@@ -91,8 +92,8 @@ def add_solo_options(parser: argparse.ArgumentParser):
         type=int,
         default=None,
         metavar="N",
-        help="with --solo: timed sentences of the calibration of every engine in every setting (default: 8, or "
-        "every timed sentence when fewer are timed)",
+        help="with --solo: timed sentences of the calibration of every engine in every setting (default: 8; a run "
+        "timing fewer is not calibrated: every engine in the runtimes' default setting)",
     )
 
 
@@ -250,6 +251,13 @@ class Solo:
             lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
         calibration = summary["calibration"]
         labels = [Setting(**setting).label for setting in summary["settings"]]
+        if not calibration["sentences"]:
+            lines += [
+                "",
+                f"Solo calibration: none (fewer than {DEFAULT_CALIBRATION_SENTENCES} sentences timed): every "
+                f"engine in the runtimes' default setting ({labels[0]})",
+            ]
+            return "\n".join(lines)
         lines += [
             "",
             f"Solo calibration ({calibration['granularity']}): median ms per sentence over its "
@@ -281,8 +289,12 @@ def run_solo(args, specs: List[RowSpec], num_sentences: int, warmup_ids, latency
     if not hasattr(signal, "SIGSTOP"):
         raise BenchmarkError("--solo stops the processes it is not timing (SIGSTOP): not on this platform")
     timed = len(latency_ids)
-    calibration_sentences = args.solo_calibration_sentences or min(DEFAULT_CALIBRATION_SENTENCES, timed)
-    if not 1 <= calibration_sentences <= timed:
+    # a run timing fewer sentences than the default calibration (a smoke run) is not calibrated: a few sentences
+    # pick a setting by noise, and its processes would be most of the pass's time
+    calibration_sentences = args.solo_calibration_sentences or (
+        DEFAULT_CALIBRATION_SENTENCES if timed >= DEFAULT_CALIBRATION_SENTENCES else 0
+    )
+    if args.solo_calibration_sentences is not None and not 1 <= calibration_sentences <= timed:
         raise BenchmarkError(f"--solo-calibration-sentences must be between 1 and the {timed} timed sentences")
     engines = [spec for spec in specs if spec.role in SOLO_ROLES]
     anchor = next(k for k, spec in enumerate(engines) if spec.role == TEACHER_GREEDY)
@@ -294,8 +306,11 @@ def run_solo(args, specs: List[RowSpec], num_sentences: int, warmup_ids, latency
         batches = units_of(args.batch_size, length_order)
         passes.append(Pass(args.batch_size, batches[:1], interleaved_blocks(batches, args.rounds)))
     wall, cpu = time.perf_counter(), process_cpu_seconds()
-    calibration_units = units_of(1, latency_ids[:calibration_sentences])
-    calibration = calibrate(engines, settings(available_cores()), job, calibration_units, directory, args.seed)
+    if calibration_sentences:
+        calibration_units = units_of(1, latency_ids[:calibration_sentences])
+        calibration = calibrate(engines, settings(available_cores()), job, calibration_units, directory, args.seed)
+    else:
+        calibration = Calibration.default(engines, Setting(None, available_cores()))
     schedule = time_rounds(engines, anchor, calibration, job, passes, directory, args.seed)
     summary = {
         "protocol": "every engine alone in its own process, one process running at a time; per engine the "
@@ -347,6 +362,12 @@ class Calibration:
     chosen: Dict[str, Setting]
     layouts: Dict[int, dict]
     processes: List[dict]  # per calibration process: family, setting, pid and seconds to start
+
+    @classmethod
+    def default(cls, engines: Sequence[RowSpec], setting: Setting) -> "Calibration":
+        """No calibration: every engine in ``setting`` (the runtimes' default policy on every core), each torch
+        process choosing its linear layout itself."""
+        return cls([setting], 0, {}, {spec.name: setting for spec in engines}, {}, [])
 
     def environment(self, spec: RowSpec) -> Dict[str, str]:
         """The environment of ``spec``'s process: its setting, and the torch family's linear layout at its threads."""
