@@ -4,8 +4,10 @@ Shazeer & Uszkoreit, NeurIPS 2018, §3-§5) shares with speculative decoding (Xi
 Every step calls the verifier's decoder once on ``[ŷ_{j+1}, d_{j+2}, …, d_{j+k}]`` at positions j+1..j+k, where j is
 the last accepted position, ŷ_{j+1} is the verifier's own argmax from the previous call (accepted whatever happens)
 and the d are k-1 drafts. The call yields the verifier's distribution after each of them; the longest prefix of
-drafts the verifier agrees with is accepted (:func:`accepted_lengths`), the key/value cache is rolled back to the
-accepted tokens (:func:`~nat_plugins.modules.verify_accept.rollback_cache`), and the verifier's argmax after the last
+drafts the verifier agrees with is accepted (:func:`accepted_lengths`), the key/value cache keeps only the accepted
+tokens (:mod:`~nat_plugins.modules.static_cache`: slots indexed by position, so a rejected slot is simply overwritten
+later; fairseq's cache, for decoders the static step does not run, is rolled back:
+:func:`~nat_plugins.modules.verify_accept.rollback_cache`), and the verifier's argmax after the last
 accepted token is the next ŷ_{j+1}. With exact acceptance the output is exactly the verifier's greedy output, whatever
 the drafts: at every position the argmax of its logits.
 
@@ -21,9 +23,9 @@ verified row) would not remove the difference, the logits themselves being round
 Cost of a step beyond the decoder call (so that it stays close to one greedy step, Stern et al.'s premise): the
 verifier's k rows are reduced to an argmax and a logsumexp (scores of emitted tokens = logit - logsumexp, no
 log-softmax over the vocabulary; top-M compares logits); one device-to-host copy per step (finished sentences and the
-longest prefix); the cache rollback slices each layer's keys and values (batch 1) or gathers each row's kept slots to
-the front (batch > 1). Decoder calls (:func:`~nat_plugins.modules.verify_accept.decoder_block_features`) run the
-layers' lean forward (:mod:`~nat_plugins.modules.lean_decoder`) where it supports them.
+longest prefix); with the static cache no rollback (with fairseq's, a slice per layer at batch 1, a gather of each
+row's kept slots at batch > 1). Decoder calls run the layers' lean forward (:mod:`~nat_plugins.modules.lean_decoder`)
+where it supports them.
 
 A call over k tokens of every sentence costs about k greedy steps once the batch keeps the device busy (on a 2-core
 CPU with the quickstart's models: from 2 sentences on), so drafts that get rejected stop paying for themselves there:
@@ -48,7 +50,9 @@ import math
 
 import torch
 
-from ..modules.verify_accept import decoder_block_features, rollback_cache
+from ..modules.lean_decoder import lean_unsupported
+from ..modules.static_cache import StaticCache, static_unsupported
+from ..modules.verify_accept import IncrementalCache, decoder_block_features, inexact_verifier
 from .base import UNSUPPORTED_OPTIONS, PluginGenerator
 
 # the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone. On 2 cores with the
@@ -194,6 +198,15 @@ class VerifyAcceptLoop(PluginGenerator):
         best, greedy = logits.max(dim=-1)
         return greedy, best - logsumexp, logits, logsumexp
 
+    def new_cache(self, encoder_out, length):
+        """The verifier's cache for a batch: the static step (:mod:`~nat_plugins.modules.static_cache`, ``length``
+        slots per sentence) where it runs the verifier's decoder, else fairseq's ``incremental_state`` rolled back
+        after every call."""
+        decoder = self.verifier.decoder
+        if static_unsupported(decoder, encoder_out) is None:
+            return StaticCache(decoder, encoder_out, length)
+        return IncrementalCache(decoder)
+
     def recompute_block(self, tokens, proposals, index, encoder_out, max_len, width):
         """Cache-off step: run the decoder on the whole prefix (``width`` positions) with the proposals at ``index``,
         return the states of the proposals."""
@@ -223,7 +236,7 @@ class VerifyAcceptLoop(PluginGenerator):
             self.drafting_limit = CPU_MAX_DRAFTING_SENTENCES if self.exact and device.type == "cpu" else None
         encoder_out = verifier.encoder.forward_torchscript(net_input)
         self.start(sample, encoder_out)
-        cache = {} if self.use_cache else None
+        cache = self.new_cache(encoder_out, max_len + k + 2) if self.use_cache else None
         offsets = torch.arange(1, k + 1, device=device)
         # rows of the sentences still decoding: tokens[:, t] = y_t (t = 0: BOS; pad after the next token),
         # scores[:, t] = log p(y_t | y_<t)
@@ -246,7 +259,10 @@ class VerifyAcceptLoop(PluginGenerator):
             steps = out_steps.clone()
             steps[:, 0] = 1
             self.may_reach_max_len = k >= max_len
-            features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, cache)[:, 0]
+            if cache is None:
+                features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, None)[:, 0]
+            else:
+                features = cache.step(tokens[:, :1], last.unsqueeze(1), last.unsqueeze(1), 1, encoder_out)[:, 0]
             first, first_score, _, _ = self.verify(features, last, max_len)
         finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # the last block ended with EOS
         accepted, width = None, k  # tokens accepted per sentence by the last call, tokens per sentence it read
@@ -256,8 +272,8 @@ class VerifyAcceptLoop(PluginGenerator):
             scores.scatter_(1, (last + 1).unsqueeze(1), first_score.unsqueeze(1))
             done = finished if bos_block else finished | first.eq(self.eos)
             num_done, max_last = torch.stack([done.sum(), last.max()]).tolist()  # the step's one host sync
-            if accepted is not None and cache is not None and width > 1:  # a one-token call accepts its token
-                rollback_cache(decoder, cache, width, accepted, kept_length=max_last + 1)
+            if accepted is not None and cache is not None:
+                cache.accept(width, accepted, max_last + 1)
             if num_done:
                 remaining = last.size(0) - num_done
                 order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
@@ -271,7 +287,7 @@ class VerifyAcceptLoop(PluginGenerator):
                 tokens, scores, steps, features = tokens[keep], scores[keep], steps[keep], features[keep]
                 encoder_out = verifier.encoder.reorder_encoder_out(encoder_out, keep)
                 if cache is not None:
-                    decoder.reorder_incremental_state_scripting(cache, keep)
+                    cache.reorder(keep)
                 self.reorder(keep)
 
             # the block [ŷ_{j+1}, drafts] (or ŷ_{j+1} alone: a greedy step); one call scores it and holds the states
@@ -286,7 +302,7 @@ class VerifyAcceptLoop(PluginGenerator):
             index = last.unsqueeze(1) + block_offsets
             if cache is not None:
                 positions = index.clamp(max=max_len) if self.may_reach_max_len else index
-                x = decoder_block_features(decoder, proposals, positions, encoder_out, cache)
+                x = cache.step(proposals, positions, index, max_last + width + 1, encoder_out)
             else:
                 x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + width + 1)
             steps[:, 0] += 1
@@ -322,3 +338,40 @@ class VerifyAcceptLoop(PluginGenerator):
             ]
             for row, (length, (num_steps, drafting_steps)) in enumerate(zip(lengths.tolist(), steps.tolist()))
         ]
+
+
+class GreedyLoop(VerifyAcceptLoop):
+    """An autoregressive model's greedy search as the loop without drafts (block size 1): fairseq's
+    ``SequenceGenerator`` with beam 1 token for token, up to floating-point near-ties (see the module), each step
+    one static decoder step (:mod:`~nat_plugins.modules.static_cache`) and an argmax, no per-sentence Python work.
+    ``TranslationNATTask.build_generator`` decodes a plain AR model at ``--beam 1`` with it where
+    :func:`greedy_loop_refusal` finds nothing against it."""
+
+    name = "greedy search (the plugin's loop)"
+
+    def __init__(self, models, task, gen_args):
+        super().__init__(models, task, gen_args, verifier=models[0], block_size=1)
+
+
+def greedy_loop_refusal(models, gen_args, **build_kwargs):
+    """Why :class:`GreedyLoop` does not decode ``models`` with ``gen_args`` (a string: fairseq's generator does), or
+    None: one model of fairseq's Transformer decoder that the static step runs, ``--beam 1``, no option of fairseq's
+    generator the loop does not implement (sampling, n-best, ``--score-reference``, ...) and no other generator
+    class or argument asked for (``build_kwargs``)."""
+    if len(models) != 1:
+        return "an ensemble"
+    if getattr(gen_args, "beam", None) != 1:
+        return "beam search"
+    for name, off in GreedyLoop.unsupported_options.items():
+        if getattr(gen_args, name, off) not in (off, None):
+            return f"--{name.replace('_', '-')}"
+    extra = dict(build_kwargs.pop("extra_gen_cls_kwargs", None) or {})
+    if extra.get("lm_model") is None:  # fairseq-generate always passes lm_model and lm_weight
+        extra.pop("lm_weight", None)
+    asked = sorted(name for name, value in {**build_kwargs, **extra}.items() if value is not None)
+    if asked:
+        return f"build_generator arguments {asked}"
+    decoder = getattr(models[0], "decoder", None)
+    if decoder is None or getattr(models[0], "encoder", None) is None:
+        return "not an encoder-decoder model"
+    return inexact_verifier(decoder) or lean_unsupported(decoder)

@@ -189,3 +189,25 @@ def rollback_cache(decoder, incremental_state, num_new, accepted, kept_length=No
             saved["prev_key"] = saved["prev_key"].gather(2, index)
             saved["prev_value"] = saved["prev_value"].gather(2, index)
         saved["prev_key_padding_mask"] = new_mask
+
+
+class IncrementalCache:
+    """fairseq's ``incremental_state`` behind the interface of :class:`~nat_plugins.modules.static_cache.StaticCache`
+    (for the decoders the static step does not run): :func:`decoder_block_features` calls, :func:`rollback_cache`
+    after a call on several tokens, and fairseq's reorder."""
+
+    def __init__(self, decoder):
+        self.decoder, self.state = decoder, {}
+
+    def step(self, tokens, positions, slots, used, encoder_out):
+        """:func:`decoder_block_features` (the cache is compact: ``slots`` and ``used`` are not needed)."""
+        return decoder_block_features(self.decoder, tokens, positions, encoder_out, self.state)
+
+    def accept(self, width, accepted, kept_length):
+        """After a call on ``width`` tokens per sentence, keep ``accepted`` (B,) of them (``kept_length``: the
+        longest kept prefix)."""
+        if width > 1:  # a one-token call accepts its token
+            rollback_cache(self.decoder, self.state, width, accepted, kept_length=kept_length)
+
+    def reorder(self, keep):
+        self.decoder.reorder_incremental_state_scripting(self.state, keep)

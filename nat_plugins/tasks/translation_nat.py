@@ -42,7 +42,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..compat import PluginCheckpointMarker
-from ..generators.verify_accept_loop import CPU_MAX_DRAFTING_SENTENCES
+from ..generators.verify_accept_loop import CPU_MAX_DRAFTING_SENTENCES, GreedyLoop, greedy_loop_refusal
 from ..modules.cpu_linear import use_weight_first_linears
 from ..modules.teacher import stored_dictionaries
 
@@ -440,8 +440,10 @@ class TranslationNATTask(TranslationTask):
         return criterion
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
-        """``generator_class(models, task, args)`` of the model; fairseq's generator for models that declare none
-        (AR teachers) and fairseq's scorer for ``--score-reference`` where the model declares ``scored_by_fairseq``.
+        """``generator_class(models, task, args)`` of the model; for models that declare none (AR teachers) the
+        plugin's greedy loop at ``--beam 1`` (:class:`~nat_plugins.generators.verify_accept_loop.GreedyLoop`, where
+        :func:`~nat_plugins.generators.verify_accept_loop.greedy_loop_refusal` allows) or fairseq's generator, and
+        fairseq's scorer for ``--score-reference`` where the model declares ``scored_by_fairseq``.
         Every model's linear layers become :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (CPU decoding).
         A declared generator takes no ``prefix_allowed_tokens_fn`` (the hub's ``generate``): refused."""
         self.check_decoding_options(models[0])
@@ -449,6 +451,9 @@ class TranslationNATTask(TranslationTask):
         if generator_class is None or (getattr(args, "score_reference", False) and models[0].scored_by_fairseq):
             for model in models:  # CPU decoding: faster few-row products, as in the plugin's own generators
                 use_weight_first_linears(model)
+            extra = dict(seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
+            if generator_class is None and greedy_loop_refusal(models, args, **extra) is None:
+                return GreedyLoop(models, self, args)  # fairseq's greedy output, a static decoder step per token
             return super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             )

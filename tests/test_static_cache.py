@@ -1,0 +1,99 @@
+"""The static-shape decoder step (nat_plugins/modules/static_cache.py): its features equal a full recomputation by
+fairseq's decoder of the prefixes each sentence accepted, whatever was rejected before, after sentences leave the
+batch, pre- and post-norm; verify-accept decoding uses it wherever it runs the verifier, fairseq's cache elsewhere."""
+
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
+from nat_plugins.modules.static_cache import StaticCache, static_unsupported
+from nat_plugins.modules.verify_accept import IncrementalCache
+
+from .test_blockwise import MAX_LEN_B, build_model, greedy
+from .test_verify_accept import random_transformer
+from .utils import TINY_TRANSFORMER, random_batch
+
+
+def full_features(model, encoder_out, tokens, rows, lengths):
+    """fairseq's decoder (no cache) on the first ``lengths[i]`` tokens of sentence ``rows[i]``: a (length, C) each."""
+    out = []
+    for row, length in zip(rows, lengths):
+        row_encoder_out = model.encoder.reorder_encoder_out(encoder_out, torch.tensor([row]))
+        features, _ = model.decoder(tokens[row : row + 1, :length], encoder_out=row_encoder_out, features_only=True)
+        out.append(features[0])
+    return out
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
+    """Blocks of 3 new tokens per sentence, of which each sentence keeps a different number: every call's features
+    equal fairseq's decoder on the accepted prefix + the block, the rejected slots (left in the buffers, overwritten
+    later) never seen; then a sentence leaves the batch and the others go on."""
+    if pre_norm:
+        arch = [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"]
+        model = build_model(toy_task, None, 0, ["--decoder-normalize-before", "--encoder-normalize-before"], arch)
+    else:
+        model = random_transformer(toy_task, seed=0)
+    model.eval()
+    sample = random_batch(toy_task.target_dictionary, 3, seed=0)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    tokens = torch.randint(4, 28, (3, 14), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = toy_task.target_dictionary.eos()  # BOS
+    cache = StaticCache(model.decoder, encoder_out, 16)
+    first = cache.step(tokens[:, :1], torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long), 1)
+    for row, full in enumerate(full_features(model, encoder_out, tokens, range(3), [1] * 3)):
+        torch.testing.assert_close(first[row], full, rtol=1e-5, atol=1e-5)
+    lengths, rows = torch.ones(3, dtype=torch.long), [0, 1, 2]  # slots each sentence keeps: BOS, accepted tokens
+    for step, accepted in enumerate(([1, 3, 2], [2, 1, 3], [3, 3, 1], [2, 2])):
+        if step == 3:  # sentence 1 ends: the batch keeps sentences 0 and 2
+            keep = torch.tensor([0, 2])
+            cache.reorder(keep)
+            lengths, rows = lengths[keep], [0, 2]
+        slots = lengths.unsqueeze(1) + torch.arange(3)
+        block = tokens[rows].gather(1, slots)
+        features = cache.step(block, slots, slots, int(slots.max()) + 1)
+        expected = full_features(model, encoder_out, tokens, rows, (lengths + 3).tolist())
+        for i, full in enumerate(expected):
+            torch.testing.assert_close(features[i], full[-3:], rtol=1e-5, atol=1e-5)
+        lengths = lengths + torch.tensor(accepted)
+
+
+def test_the_static_step_is_used_where_it_runs_the_verifier(toy_task):
+    model = random_transformer(toy_task, seed=0)
+    model.eval()
+    sample = random_batch(toy_task.target_dictionary, 2, seed=0)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    loop = VerifyAcceptLoop([model], toy_task, Namespace(beam=1), verifier=model, block_size=2)
+    assert isinstance(loop.new_cache(encoder_out, 8), StaticCache)
+    model.decoder.train()
+    assert static_unsupported(model.decoder, encoder_out) == "the decoder is in training mode (dropout)"
+    assert isinstance(loop.new_cache(encoder_out, 8), IncrementalCache)
+    with pytest.raises(ValueError, match="cannot run this decoder: the decoder is in training mode"):
+        StaticCache(model.decoder, encoder_out, 8)
+    model.decoder.eval()
+    assert static_unsupported(model.decoder, {"encoder_out": []}) == "no encoder output"
+
+
+def test_translation_nat_decodes_a_plain_transformer_greedily_with_the_plugins_loop(toy_task):
+    """``--task translation_nat --beam 1`` on an AR checkpoint: the plugin's greedy loop (what fairseq-generate
+    passes to build_generator included), fairseq's greedy output token for token; fairseq's generator for what the
+    loop does not implement."""
+    model = random_transformer(toy_task, seed=2)
+    model.eval()
+    sample = random_batch(toy_task.target_dictionary, 6, seed=2)
+    fairseq_generate_kwargs = {"extra_gen_cls_kwargs": {"lm_model": None, "lm_weight": 0.0}}
+    generator = toy_task.build_generator([model], Namespace(beam=1, max_len_b=MAX_LEN_B), **fairseq_generate_kwargs)
+    assert isinstance(generator, GreedyLoop)
+    hypos = generator.generate([model], sample)
+    for hypo, reference in zip(hypos, greedy(model, toy_task, sample)):
+        assert hypo[0]["tokens"].tolist() == reference[0]["tokens"].tolist()
+        torch.testing.assert_close(
+            hypo[0]["positional_scores"], reference[0]["positional_scores"], rtol=1e-4, atol=1e-4
+        )
+    for other in (dict(beam=4), dict(beam=1, sampling=True), dict(beam=1, nbest=2)):
+        assert isinstance(toy_task.build_generator([model], Namespace(**other)), SequenceGenerator), other
+    assert greedy_loop_refusal([model, model], Namespace(beam=1)) == "an ensemble"
+    assert greedy_loop_refusal([model], Namespace(beam=1), extra_gen_cls_kwargs={"lm_model": model, "lm_weight": 1})
