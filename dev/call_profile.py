@@ -1,0 +1,271 @@
+"""What one decoder call costs at batch 1 on the CPU, for several ways of decoding: decoder calls per sentence, ms per
+call, aten ops per call and the share of the wall time spent inside aten ops (the rest is Python between them:
+dispatch and the generator's bookkeeping). The plugin's greedy loop is shown with its static decoder step and with
+fairseq's incremental cache, the path it replaced.
+
+    python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md]
+
+WORK is a quickstart work directory: ``data-bin/`` (split ``test``), ``ckpt/teacher/checkpoint_best.pt`` and the
+students' ``ckpt/<run>/checkpoint_last.pt`` that exist (a missing one skips its row, with a note).
+
+Every row is loaded and decoded by the benchmark's own objects (:func:`nat_plugins.cli.bench.measure.generation_cfg`,
+:class:`~nat_plugins.cli.bench.measure.FairseqRunner`): fairseq-generate's command line with ``--cpu``, float32 and
+``--max-len-a 1.2 --max-len-b 10`` for every row, the sentence collated off the clock, ``task.inference_step`` on
+it, under ``torch.no_grad()``. Per row, one sentence at a time:
+
+* warm-up: the first 5 test sentences, not counted;
+* timed pass: the next N sentences. ms / sentence is their median; decoder calls / sentence the mean of the
+  benchmark's count (:class:`~nat_plugins.cli.bench.measure.DecoderPassCounter`: runs of any decoder layer stack,
+  speculative decoding's teacher calls included); ms / call their total time over their total calls (the encoder and
+  the generator's per-sentence work spread over the calls, as the benchmark's ``ms_per_decoder_call``);
+* profiled pass: the first 10 timed sentences again under ``torch.profiler`` (CPU activity), each
+  ``task.inference_step`` in a ``record_function`` range. Counted are the top-level aten ops of those ranges: events
+  named ``aten::*`` with no ``aten::*`` event above them (``aten::linear`` counts once, not with its
+  ``aten::addmm``). aten ops / call is their number over the pass's decoder calls; % wall in aten ops the sum of
+  their CPU time (their inner ops included) over the pass's wall time. The profiler's own cost per op lengthens both,
+  so the share is an estimate of the split, not a timing;
+* same tokens as fairseq greedy: the timed sentences whose best hypothesis has the first row's token ids, for the
+  rows that print the teacher's greedy output (:func:`~nat_plugins.cli.bench.measure.prints_teacher_greedy`, as the
+  benchmark's exact check decides); "–" for the others.
+"""
+
+import argparse
+import logging
+import os
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import nat_plugins
+from nat_plugins.cli.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
+from nat_plugins.cli.bench.rows import RowSpec, plugin_layout_spec, teacher_specs
+from nat_plugins.generators.verify_accept_loop import GreedyLoop
+from nat_plugins.modules.verify_accept import IncrementalCache
+
+WARMUP = 5
+PROFILED = 10
+LENGTH_LIMIT = "--max-len-a 1.2 --max-len-b 10"
+DECODE_RANGE = "call_profile.decode"  # the profiler range around one task.inference_step
+
+
+@dataclass
+class Way:
+    """One way of decoding: the benchmark's row specification and, where the row changes the generator the task
+    builds, that change."""
+
+    spec: RowSpec
+    adapt: Optional[Callable[[object], None]] = None
+
+
+@dataclass
+class Profile:
+    """A row's measurements (seconds; ``calls`` None where decoder calls are not observable)."""
+
+    name: str
+    seconds: List[float]  # per timed sentence
+    calls: Optional[int]  # over the timed pass
+    ids: Dict[int, Tuple[int, ...]]  # best hypothesis' token ids of each timed sentence
+    aten_ops: int  # top-level aten ops of the profiled pass
+    aten_seconds: float
+    profiled_seconds: float
+    profiled_calls: Optional[int]
+    claims_greedy: bool
+
+
+def use_incremental_cache(generator):
+    """The plugin's greedy loop with fairseq's ``incremental_state`` instead of the static step."""
+    if not isinstance(generator, GreedyLoop):
+        raise SystemExit(f"call_profile.py: expected the plugin's GreedyLoop, got {type(generator).__name__}")
+
+    def new_cache(encoder_out, length):
+        return IncrementalCache(generator.verifier.decoder)
+
+    generator.new_cache = new_cache
+
+
+def ways_of(work: str) -> Tuple[List[Way], List[str]]:
+    """The rows whose checkpoints are in ``work`` and a note for each one skipped."""
+    teacher = os.path.join(work, "ckpt", "teacher", "checkpoint_best.pt")
+    if not os.path.isfile(teacher):
+        raise SystemExit(f"call_profile.py: no teacher checkpoint {teacher}")
+    plugin = plugin_layout_spec(teacher)
+    ways = [
+        Way(replace(teacher_specs(teacher, 1)[1], name="fairseq greedy (SequenceGenerator)")),
+        Way(replace(plugin, name="plugin greedy, static step")),
+        Way(replace(plugin, name="plugin greedy, fairseq's incremental cache"), use_incremental_cache),
+    ]
+    students = [
+        ("speculative k=3, exact", "spec-drafter-3", ["--speculative-teacher", teacher, "--beam", "1"]),
+        ("blockwise k=4 frozen, exact", "blockwise-4-frozen", ["--beam", "1", "--block-accept", "exact"]),
+        ("NAT argmax", "fertility-nat", ["--beam", "1", "--fertility-decoding", "argmax"]),
+        ("SAT K=2 greedy", "sat-2", ["--beam", "1"]),
+    ]
+    skipped = []
+    for name, run, args in students:
+        checkpoint = os.path.join(work, "ckpt", run, "checkpoint_last.pt")
+        if os.path.isfile(checkpoint):
+            ways.append(Way(RowSpec(name, checkpoint, args)))
+        else:
+            skipped.append(f"{name}: no ckpt/{run}/checkpoint_last.pt")
+    return ways, skipped
+
+
+def benchmark_args(work: str) -> SimpleNamespace:
+    """The benchmark options :func:`generation_cfg` reads, as a CPU run at batch 1 with the common length limit."""
+    return SimpleNamespace(
+        data_bin=os.path.join(work, "data-bin"),
+        user_dir=os.path.dirname(os.path.abspath(nat_plugins.__file__)),
+        gen_subset="test",
+        batch_size=1,
+        seed=1,
+        post_process="sentencepiece",
+        source_lang=None,
+        target_lang=None,
+        fp16=False,
+        generate_args=LENGTH_LIMIT,
+    )
+
+
+def decode_one(runner: FairseqRunner, index: int) -> Tuple[float, Optional[int]]:
+    """Decode sentence ``index`` as the benchmark times it: seconds of ``task.inference_step`` and decoder calls."""
+    sample = runner.inputs([index])
+    with record_function(DECODE_RANGE):
+        start = time.perf_counter()
+        best = runner.decode(sample)
+        seconds = time.perf_counter() - start
+    runner.record(sample, best)
+    return seconds, runner.outputs[index].passes
+
+
+def top_level_aten(events) -> list:
+    """The ``aten::*`` events inside a :data:`DECODE_RANGE` range with no ``aten::*`` event above them."""
+    found = []
+    for event in events:
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and parent.name != DECODE_RANGE and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is not None and parent.name == DECODE_RANGE:
+            found.append(event)
+    return found
+
+
+def total_calls(calls: List[Optional[int]]) -> Optional[int]:
+    return None if None in calls else sum(calls)
+
+
+@torch.no_grad()
+def measure(runner: FairseqRunner, timed: range, teacher: Optional[FairseqRunner]) -> Profile:
+    """Warm-up, the timed pass over ``timed`` and the profiled pass over its first :data:`PROFILED` sentences."""
+    for index in range(WARMUP):
+        decode_one(runner, index)
+    seconds, calls = zip(*(decode_one(runner, index) for index in timed))
+    ids = {index: runner.outputs[index].ids for index in timed}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        profiled = [decode_one(runner, index) for index in timed[:PROFILED]]
+    aten = top_level_aten(prof.events())
+    return Profile(
+        name=runner.spec.name,
+        seconds=list(seconds),
+        calls=total_calls(list(calls)),
+        ids=ids,
+        aten_ops=len(aten),
+        aten_seconds=sum(event.cpu_time_total for event in aten) / 1e6,
+        profiled_seconds=sum(s for s, _ in profiled),
+        profiled_calls=total_calls([c for _, c in profiled]),
+        claims_greedy=teacher is None or prints_teacher_greedy(runner, teacher),
+    )
+
+
+def same_tokens(row: Profile, greedy: Profile) -> str:
+    if row is greedy:
+        return "reference"
+    if not row.claims_greedy:
+        return "–"
+    return f"{sum(ids == greedy.ids[index] for index, ids in row.ids.items())}/{len(row.ids)}"
+
+
+def table_row(row: Profile, greedy: Profile) -> str:
+    n = len(row.seconds)
+    cells = [row.name, f"{1000 * statistics.median(row.seconds):.2f}"]
+    if row.calls:
+        cells += [f"{row.calls / n:.1f}", f"{1000 * sum(row.seconds) / row.calls:.3f}"]
+    else:
+        cells += ["–", "–"]
+    cells.append(f"{row.aten_ops / row.profiled_calls:.0f}" if row.profiled_calls else "–")
+    cells.append(f"{100 * row.aten_seconds / row.profiled_seconds:.0f}%")
+    cells.append(same_tokens(row, greedy))
+    return "| " + " | ".join(cells) + " |"
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+
+
+def report(rows: List[Profile], skipped: List[str], sentences: int, command: str) -> str:
+    lines = [
+        f"Decoder calls at batch 1: {cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"{sentences} sentences after {WARMUP} warm-up, aten ops profiled on the first {min(PROFILED, sentences)}, "
+        f"length limit {LENGTH_LIMIT}",
+        "",
+        f"`{command}`",
+        "",
+        "| way | ms / sentence (median) | decoder calls / sentence | ms / call | aten ops / call "
+        "| % wall in aten ops | same tokens as fairseq greedy |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [table_row(row, rows[0]) for row in rows]
+    if skipped:
+        lines += [""] + [f"Skipped {note}" for note in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("work", help="quickstart work directory (data-bin/, ckpt/)")
+    parser.add_argument("--sentences", type=int, default=100, help="timed test sentences (default: 100)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    parser.add_argument("--out", default=None, metavar="FILE.md", help="also write the table to FILE.md")
+    args = parser.parse_args()
+    # force: importing fairseq_cli.generate (measure.py) already configured the root logger at INFO
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING").upper(), stream=sys.stderr, force=True)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    ways, skipped = ways_of(args.work)
+    for note in skipped:
+        print(f"call_profile.py: skipping {note}", file=sys.stderr)
+    options = benchmark_args(args.work)
+    cfgs = [generation_cfg(options, way.spec, use_cuda=False) for way in ways]
+    _, dataset = load_split(cfgs[0], ways[0].spec.name)
+    if not 0 < args.sentences <= len(dataset) - WARMUP:
+        raise SystemExit(f"call_profile.py: --sentences {args.sentences}: the split has {len(dataset)} sentences")
+    timed = range(WARMUP, WARMUP + args.sentences)
+    rows, teacher = [], None
+    for way, cfg in zip(ways, cfgs):
+        runner = FairseqRunner(way.spec, cfg, options.seed, len(dataset))
+        if way.adapt is not None:
+            way.adapt(runner.decoder.generation.generator)
+        rows.append(measure(runner, timed, teacher))
+        print(f"call_profile.py: {way.spec.name} done", file=sys.stderr)
+        if teacher is None:
+            teacher = runner  # the first row, fairseq's greedy teacher, is the reference of the others
+        else:
+            runner.counter.__exit__()  # its hooks go with it
+    text = report(rows, skipped, args.sentences, "python " + shlex.join(sys.argv))
+    print(text, end="")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
