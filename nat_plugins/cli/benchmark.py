@@ -19,7 +19,7 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
   per-round ratio (the reference row's seconds on the round's block / the row's on the same block), shown with its
   range over the rounds; a ``flag`` where the median is no further from 1 than that spread (no settled win);
 * the rows that print the teacher's greedy output (:func:`.bench.measure.prints_teacher_greedy`: the teacher
-  decoded greedily through the plugin layout, exact blockwise and speculative decoding, greedy steps only) checked
+  decoded greedily by the plugin's greedy loop, exact blockwise and speculative decoding, greedy steps only) checked
   against the greedy teacher row token for token in every timed pass (batch 1 and every batch size): the sentences
   that differ, and how many of them are floating-point near-ties (at the first differing token the teacher's
   log-probabilities of the two tokens differ by less than :data:`.bench.measure.NEAR_TIE_TOLERANCE`); a divergence
@@ -331,7 +331,7 @@ def parse_batch_sizes(text: Optional[str], batch_size: int) -> List[int]:
 
 
 def row_specs(args) -> List[RowSpec]:
-    """The fairseq rows: the teacher's, the greedy teacher with the plugin layout, the ``--system`` rows and the
+    """The fairseq rows: the teacher's, the greedy teacher through the plugin's loop, the ``--system`` rows and the
     ``--npd-checkpoint`` rows, in that order."""
     specs = teacher_specs(args.teacher, args.teacher_beam) + [plugin_layout_spec(args.teacher)]
     specs += [parse_system_spec(spec) for spec in args.system]

@@ -132,8 +132,9 @@ def teacher_specs(teacher: str, beam: int) -> List[RowSpec]:
 
 
 def plugin_layout_spec(teacher: str) -> RowSpec:
-    """The teacher decoded greedily by fairseq's SequenceGenerator through ``--task translation_nat``, which gives a
-    plain AR model's linear layers the plugin rows' layout: the AR baseline without a layout gain."""
+    """The teacher decoded greedily through ``--task translation_nat``: the plugin's greedy loop
+    (:class:`~nat_plugins.generators.verify_accept_loop.GreedyLoop`, a static decoder step per token) with the plugin
+    rows' linear layout; fairseq's greedy output, at the cost of a decoder call the plugin's rows pay."""
     return RowSpec(
         "AR teacher, greedy (plugin layout)",
         teacher,
