@@ -10,7 +10,7 @@
 #   train.sh sat|recover_sat DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
 #   train.sh blockwise DATA_BIN INIT_CKPT SAVE_DIR K frozen|finetuned [fairseq-train args]
 #   train.sh fertility_nat|nad_ad|ar_baseline DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]
-export PRESET=gpu STUDENT_UPDATES
+export PRESET=gpu STUDENT_UPDATES STUDENT_VALIDATE=1
 RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$RECIPES")
 usage="usage: $0 teacher|sat|recover_sat|blockwise|fertility_nat|nad_ad|ar_baseline DATA_BIN ... (see $0)"

@@ -46,7 +46,8 @@ GPU_VALIDATION=(--validate-interval 1000 --save-interval 1000 --validate-interva
 # fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4.
 # cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's); cpu-long: CPU_UPDATE_FACTOR times the updates
 # and warm-up; gpu: STUDENT_UPDATES (default 600, the ~11-minute plan of examples/multi30k/README.md) updates of
-# 8,192 tokens, a tenth of them warm-up. No preset validates a student: its last checkpoint is decoded.
+# 8,192 tokens, a tenth of them warm-up. No preset validates a student (STUDENT_VALIDATE=1 does): its last checkpoint
+# is decoded.
 student_args() {
   local lr=$2
   if [ "$PRESET" = gpu ]; then
@@ -60,7 +61,9 @@ student_args() {
   fi
   # the learning rate decays linearly to 0 over the run (a student's last updates count: with a constant rate its
   # BLEU swings by many points from one checkpoint to the next, tests/test_sat.py)
-  STUDENT_ARGS+=(--disable-validation --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)'
+  # no validation in the quickstart's presets; the long recipes (examples/benchmark_recipe.sh) set STUDENT_VALIDATE=1
+  [ -n "${STUDENT_VALIDATE:-}" ] || STUDENT_ARGS+=(--disable-validation)
+  STUDENT_ARGS+=(--share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)'
     --lr-scheduler polynomial_decay --total-num-update "$STUDENT_UPDATES" --weight-decay 0.0001
     --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
 }

@@ -14,7 +14,9 @@ if [ "$PRESET" = gpu ]; then
   # TEACHER_UPDATES changes it; a beam-4 validation every 500 updates (GPU_VALIDATION) selects the checkpoint
   TEACHER_UPDATES=${TEACHER_UPDATES:-1500}
   SIZE=(--max-tokens 8192 --max-update "$TEACHER_UPDATES" --lr 8e-4 --warmup-updates "$(( TEACHER_UPDATES / 5 ))"
-        --dropout 0.3 --lr-scheduler polynomial_decay --total-num-update "$TEACHER_UPDATES" "${GPU_VALIDATION[@]}")
+        --dropout 0.3 "${GPU_VALIDATION[@]}")
+  # a schedule among the caller's options (examples/*/train.sh: the paper's inverse_sqrt) replaces the linear decay
+  case " $* " in *" --lr-scheduler "*) ;; *) SIZE+=(--lr-scheduler polynomial_decay --total-num-update "$TEACHER_UPDATES") ;; esac
   BLEU_SELECTION=(--eval-bleu --eval-bleu-args '{"beam": 4, "max_len_a": 1.2, "max_len_b": 10}' --eval-bleu-detok space
     --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 else

@@ -463,12 +463,14 @@ def test_system_row_matches_greedy_teacher(fixture):
 
 def test_decoder_passes_of_fairseqs_iterative_refinement(fixture):
     """fairseq's CMLM row: IterativeRefinementGenerator forced to 5 passes (its hypo["steps"] counts from 0);
-    the AR rows: SequenceGenerator reports no steps."""
+    the AR rows by fairseq's SequenceGenerator report no steps, the plugin's greedy loop one per decoder call."""
     rows = {row["name"]: row for row in fixture["results"]["rows"]}
     cmlm = rows["fairseq CMLM"]
     assert cmlm["decoder_calls_per_sentence"] == 5 and cmlm["mean_steps"] == 4
     assert cmlm["tokens_per_call"] > 0 and cmlm["generator"] == "IterativeRefinementGenerator"
-    assert all(rows[name]["mean_steps"] is None for name in NAMES if name != "fairseq CMLM")
+    plugin = rows["AR teacher, greedy (plugin layout)"]
+    assert plugin["generator"] == "GreedyLoop" and plugin["mean_steps"] == plugin["decoder_calls_per_sentence"]
+    assert all(rows[name]["mean_steps"] is None for name in NAMES if name not in ("fairseq CMLM", plugin["name"]))
 
 
 def test_length_limit_policy_is_stated(fixture):

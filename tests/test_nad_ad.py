@@ -192,10 +192,10 @@ def test_zeroed_nad_ad_attention_is_the_ar_transformer(task):
         logits = model(**net_input)[0]
         ar_logits = ar(**net_input)[0]
     assert torch.equal(logits, ar_logits)
-    for beam in (4, 1):  # both through the task: the same (CPU) linear layout
-        gen_args = Namespace(beam=beam, max_len_b=12)
-        ours = task.build_generator([model], gen_args).generate([model], sample)
-        theirs = task.build_generator([ar], gen_args).generate([ar], sample)
+    task.build_generator([ar], Namespace(beam=4))  # the task's (CPU) linear layout, as Encoder-NAD-AD's generator's
+    for beam in (4, 1):  # both by fairseq's beam search (at beam 1 the task would decode ``ar`` with its greedy loop)
+        ours = task.build_generator([model], Namespace(beam=beam, max_len_b=12)).generate([model], sample)
+        theirs = SequenceGenerator([ar], task.target_dictionary, beam_size=beam, max_len_b=12).generate([ar], sample)
         assert tokens_of(ours) == tokens_of(theirs)
         assert all(torch.equal(a[0]["positional_scores"], b[0]["positional_scores"]) for a, b in zip(ours, theirs))
 
