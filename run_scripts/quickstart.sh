@@ -20,7 +20,7 @@ mkdir -p "$WORK"
 START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
-  log "(~37 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs the full-size recipe."
+  log "(~37 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
 elif [ "$PRESET" = gpu ] && [ -z "${GPU_PRESET_ON_CPU:-}" ] &&
     ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
   log "PRESET=gpu needs a CUDA GPU (torch sees none); GPU_PRESET_ON_CPU=1 rehearses it on the CPU" >&2
