@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job of the README, on Multi30k en->de: set-up, data, AR teacher, sequence-level distillation,
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
-#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~37 min on 2 cores)
+#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~52 min on 2 cores)
 #   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~2 h 20 min)
 #   PRESET=gpu bash run_scripts/quickstart.sh     # transformer_iwslt_de_en-sized, fp16, ~11 min on one GPU
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
@@ -20,7 +20,7 @@ mkdir -p "$WORK"
 START=$(date +%s)
 if [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
-  log "(~37 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
+  log "(~52 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
 elif [ "$PRESET" = gpu ] && [ -z "${GPU_PRESET_ON_CPU:-}" ] &&
     ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
   log "PRESET=gpu needs a CUDA GPU (torch sees none); GPU_PRESET_ON_CPU=1 rehearses it on the CPU" >&2
