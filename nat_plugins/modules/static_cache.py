@@ -17,7 +17,7 @@ those :func:`~nat_plugins.modules.lean_decoder.lean_unsupported` accepts, in eva
 import torch
 
 from .lean_decoder import attend, feed_forward, lean_unsupported, padding_bias, project_qkv, residual_block, split_heads
-from .verify_accept import target_position_embeddings
+from .verify_accept import layer_inputs, layer_outputs
 
 
 def static_unsupported(decoder, encoder_out):
@@ -72,10 +72,6 @@ class StaticCache:
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
 
-    @property
-    def length(self):
-        return self.keys[0].size(2)
-
     def step(self, tokens, positions, slots, used, encoder_out=None):
         """Decoder features (B, T, C; after the final layer norm and ``project_out_dim``) of the new ``tokens``
         (B, T) at target ``positions`` (B, T; their positional embeddings), written into cache ``slots`` (B, T),
@@ -83,13 +79,7 @@ class StaticCache:
         the host, so the step needs no device-to-host copy). ``encoder_out`` is not read: the encoder's keys and
         values were computed once."""
         decoder = self.decoder
-        x = decoder.embed_scale * decoder.embed_tokens(tokens)
-        if decoder.project_in_dim is not None:
-            x = decoder.project_in_dim(x)
-        if decoder.embed_positions is not None:
-            x = x + target_position_embeddings(decoder, positions).to(x)
-        if decoder.layernorm_embedding is not None:
-            x = decoder.layernorm_embedding(x)
+        x = layer_inputs(decoder, decoder.embed_scale * decoder.embed_tokens(tokens), positions)
         bsz, width = tokens.shape
         bias = None
         if bsz > 1 or width > 1:  # one sentence's single new slot is the last used one: it sees them all
@@ -112,11 +102,7 @@ class StaticCache:
                     self.encoder_bias,
                 )
             x = residual_block(layer, layer.final_layer_norm, x, feed_forward)
-        if decoder.layer_norm is not None:
-            x = decoder.layer_norm(x)
-        if decoder.project_out_dim is not None:
-            x = decoder.project_out_dim(x)
-        return x
+        return layer_outputs(decoder, x)
 
     def accept(self, width, accepted, kept_length):
         """Nothing to roll back: a rejected slot is overwritten when its position is decoded again."""

@@ -121,14 +121,7 @@ def decoder_stack_features(
     enc_padding_mask = None
     if encoder_out is not None and encoder_out["encoder_padding_mask"]:
         enc_padding_mask = encoder_out["encoder_padding_mask"][0]
-    x = embedded
-    if decoder.project_in_dim is not None:
-        x = decoder.project_in_dim(x)
-    if decoder.embed_positions is not None:
-        x = x + target_position_embeddings(decoder, positions).to(x)
-    if decoder.layernorm_embedding is not None:
-        x = decoder.layernorm_embedding(x)
-    x = decoder.dropout_module(x)
+    x = decoder.dropout_module(layer_inputs(decoder, embedded, positions))
     if lean and not decoder.training and lean_unsupported(decoder) is None:
         x = lean_layer_stack(
             decoder, x, enc, enc_padding_mask, incremental_state, self_attn_mask, self_attn_padding_mask
@@ -145,6 +138,25 @@ def decoder_stack_features(
                 self_attn_padding_mask=self_attn_padding_mask,
             )
         x = x.transpose(0, 1)
+    return layer_outputs(decoder, x)
+
+
+def layer_inputs(decoder, embedded, positions):
+    """A fairseq ``TransformerDecoder``'s layer input (before dropout) from scaled token embeddings (B, T, C) at
+    target ``positions`` (B, T): ``project_in_dim``, positional embeddings, ``layernorm_embedding``."""
+    x = embedded
+    if decoder.project_in_dim is not None:
+        x = decoder.project_in_dim(x)
+    if decoder.embed_positions is not None:
+        x = x + target_position_embeddings(decoder, positions).to(x)
+    if decoder.layernorm_embedding is not None:
+        x = decoder.layernorm_embedding(x)
+    return x
+
+
+def layer_outputs(decoder, x):
+    """A fairseq ``TransformerDecoder``'s features from its last layer's output ``x``: the final layer norm and
+    ``project_out_dim``."""
     if decoder.layer_norm is not None:
         x = decoder.layer_norm(x)
     if decoder.project_out_dim is not None:
