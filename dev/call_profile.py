@@ -1,20 +1,22 @@
 """What one decoder call costs at batch 1 on the CPU, for several ways of decoding: decoder calls per sentence, ms per
 call, aten ops per call and the share of the wall time spent inside aten ops (the rest is Python between them:
-dispatch and the generator's bookkeeping). The plugin's greedy loop is shown with its static decoder step and with
-fairseq's incremental cache, the path it replaced.
+dispatch and the generator's bookkeeping). The plugin's greedy loop, SAT and RecoverSAT are shown with their static
+decoder step and with fairseq's incremental cache, the path it replaced.
 
     python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md]
 
 WORK is a quickstart work directory: ``data-bin/`` (split ``test``), ``ckpt/teacher/checkpoint_best.pt`` and the
-students' ``ckpt/<run>/checkpoint_last.pt`` that exist (a missing one skips its row, with a note).
+students' ``ckpt/<step>/checkpoint_last.pt`` that exist (a missing one skips its row, with a note); the students' rows
+are the quickstart's (:data:`CATALOGUE_ROWS`, with the catalogue's arguments).
 
 Every row is loaded and decoded by the benchmark's own objects (:func:`nat_plugins.cli.bench.measure.generation_cfg`,
 :class:`~nat_plugins.cli.bench.measure.FairseqRunner`): fairseq-generate's command line with ``--cpu``, float32 and
 ``--max-len-a 1.2 --max-len-b 10`` for every row, the sentence collated off the clock, ``task.inference_step`` on
-it, under ``torch.no_grad()``. Per row, one sentence at a time:
+it, under ``torch.no_grad()``. One sentence at a time:
 
-* warm-up: the first 5 test sentences, not counted;
-* timed pass: the next N sentences. ms / sentence is their median; decoder calls / sentence the mean of the
+* warm-up: each row on the first 5 test sentences, not counted;
+* timed pass: the next N sentences, the rows taking turns on each sentence (interleaved, as the benchmark times its
+  rows, so that a slower spell of the machine falls on every row). ms / sentence is their median; decoder calls / sentence the mean of the
   benchmark's count (:class:`~nat_plugins.cli.bench.measure.DecoderPassCounter`: runs of any decoder layer stack,
   speculative decoding's teacher calls included); ms / call their total time over their total calls (the encoder and
   the generator's per-sentence work spread over the calls, as the benchmark's ``ms_per_decoder_call``);
@@ -44,6 +46,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import nat_plugins
+from nat_plugins import recipes
 from nat_plugins.cli.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
 from nat_plugins.cli.bench.rows import RowSpec, plugin_layout_spec, teacher_specs
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
@@ -52,7 +55,15 @@ from nat_plugins.modules.verify_accept import IncrementalCache
 WARMUP = 5
 PROFILED = 10
 LENGTH_LIMIT = "--max-len-a 1.2 --max-len-b 10"
-DECODE_RANGE = "call_profile.decode"  # the profiler range around one task.inference_step
+DECODE_RANGE = "call_profile.decode"
+# the quickstart's rows profiled after the teacher's (their arguments: nat_plugins/recipes.py, PRESET=cpu)
+CATALOGUE_ROWS = (
+    "Speculative k=3, exact",
+    "Blockwise k=4 frozen, exact",
+    "NAT, argmax fertility",
+    "SAT K=2, greedy",
+    "RecoverSAT K=2",
+)  # the profiler range around one task.inference_step
 
 
 @dataclass
@@ -90,6 +101,11 @@ def use_incremental_cache(generator):
     generator.new_cache = new_cache
 
 
+def use_fairseq_group_cache(generator):
+    """SAT's or RecoverSAT's greedy decoding with fairseq's ``incremental_state`` instead of the static step."""
+    generator.model.decoder.new_cache = lambda encoder_out, length: {}
+
+
 def ways_of(work: str) -> Tuple[List[Way], List[str]]:
     """The rows whose checkpoints are in ``work`` and a note for each one skipped."""
     teacher = os.path.join(work, "ckpt", "teacher", "checkpoint_best.pt")
@@ -101,19 +117,20 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
         Way(replace(plugin, name="plugin greedy, static step")),
         Way(replace(plugin, name="plugin greedy, fairseq's incremental cache"), use_incremental_cache),
     ]
-    students = [
-        ("speculative k=3, exact", "spec-drafter-3", ["--speculative-teacher", teacher, "--beam", "1"]),
-        ("blockwise k=4 frozen, exact", "blockwise-4-frozen", ["--beam", "1", "--block-accept", "exact"]),
-        ("NAT argmax", "fertility-nat", ["--beam", "1", "--fertility-decoding", "argmax"]),
-        ("SAT K=2 greedy", "sat-2", ["--beam", "1"]),
-    ]
+    run = recipes.Run(work, os.path.join(work, "data-bin"), teacher, "checkpoint_last.pt")
     skipped = []
-    for name, run, args in students:
-        checkpoint = os.path.join(work, "ckpt", run, "checkpoint_last.pt")
-        if os.path.isfile(checkpoint):
-            ways.append(Way(RowSpec(name, checkpoint, args)))
+    for row in recipes.rows("cpu"):
+        if row.name not in CATALOGUE_ROWS:
+            continue
+        spec = row.spec(run, recipes.PRESETS["cpu"])  # the quickstart's arguments (int8 drafts included)
+        if os.path.isfile(spec.checkpoint):
+            ways.append(Way(spec))
+            if row.step in ("sat-2", "recover-sat-2"):
+                ways.append(
+                    Way(replace(spec, name=f"{row.name}, fairseq's incremental cache"), use_fairseq_group_cache)
+                )
         else:
-            skipped.append(f"{name}: no ckpt/{run}/checkpoint_last.pt")
+            skipped.append(f"{row.name}: no {os.path.relpath(spec.checkpoint, work)}")
     return ways, skipped
 
 
@@ -163,26 +180,37 @@ def total_calls(calls: List[Optional[int]]) -> Optional[int]:
 
 
 @torch.no_grad()
-def measure(runner: FairseqRunner, timed: range, teacher: Optional[FairseqRunner]) -> Profile:
-    """Warm-up, the timed pass over ``timed`` and the profiled pass over its first :data:`PROFILED` sentences."""
-    for index in range(WARMUP):
-        decode_one(runner, index)
-    seconds, calls = zip(*(decode_one(runner, index) for index in timed))
-    ids = {index: runner.outputs[index].ids for index in timed}
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        profiled = [decode_one(runner, index) for index in timed[:PROFILED]]
-    aten = top_level_aten(prof.events())
-    return Profile(
-        name=runner.spec.name,
-        seconds=list(seconds),
-        calls=total_calls(list(calls)),
-        ids=ids,
-        aten_ops=len(aten),
-        aten_seconds=sum(event.cpu_time_total for event in aten) / 1e6,
-        profiled_seconds=sum(s for s, _ in profiled),
-        profiled_calls=total_calls([c for _, c in profiled]),
-        claims_greedy=teacher is None or prints_teacher_greedy(runner, teacher),
-    )
+def measure(runners: List[FairseqRunner], timed: range) -> List[Profile]:
+    """Each row's warm-up; the timed pass over ``timed``, the rows taking turns sentence by sentence (a slower spell
+    of the machine falls on all of them); then each row's profiled pass over the first :data:`PROFILED` sentences."""
+    for runner in runners:
+        for index in range(WARMUP):
+            decode_one(runner, index)
+    timings = {runner.spec.name: [] for runner in runners}
+    for index in timed:
+        for runner in runners:
+            timings[runner.spec.name].append(decode_one(runner, index))
+    profiles = []
+    for runner in runners:
+        seconds, calls = zip(*timings[runner.spec.name])
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            profiled = [decode_one(runner, index) for index in timed[:PROFILED]]
+        aten = top_level_aten(prof.events())
+        profiles.append(
+            Profile(
+                name=runner.spec.name,
+                seconds=list(seconds),
+                calls=total_calls(list(calls)),
+                ids={index: runner.outputs[index].ids for index in timed},
+                aten_ops=len(aten),
+                aten_seconds=sum(event.cpu_time_total for event in aten) / 1e6,
+                profiled_seconds=sum(s for s, _ in profiled),
+                profiled_calls=total_calls([c for _, c in profiled]),
+                claims_greedy=runner is runners[0] or prints_teacher_greedy(runner, runners[0]),
+            )
+        )
+        print(f"call_profile.py: {runner.spec.name} profiled", file=sys.stderr)
+    return profiles
 
 
 def same_tokens(row: Profile, greedy: Profile) -> str:
@@ -249,17 +277,13 @@ def main():
     if not 0 < args.sentences <= len(dataset) - WARMUP:
         raise SystemExit(f"call_profile.py: --sentences {args.sentences}: the split has {len(dataset)} sentences")
     timed = range(WARMUP, WARMUP + args.sentences)
-    rows, teacher = [], None
+    runners = []
     for way, cfg in zip(ways, cfgs):
         runner = FairseqRunner(way.spec, cfg, options.seed, len(dataset))
         if way.adapt is not None:
             way.adapt(runner.decoder.generation.generator)
-        rows.append(measure(runner, timed, teacher))
-        print(f"call_profile.py: {way.spec.name} done", file=sys.stderr)
-        if teacher is None:
-            teacher = runner  # the first row, fairseq's greedy teacher, is the reference of the others
-        else:
-            runner.counter.__exit__()  # its hooks go with it
+        runners.append(runner)
+    rows = measure(runners, timed)
     text = report(rows, skipped, args.sentences, "python " + shlex.join(sys.argv))
     print(text, end="")
     if args.out:

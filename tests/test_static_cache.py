@@ -6,13 +6,20 @@ from argparse import Namespace
 
 import pytest
 import torch
+from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
+from nat_plugins.modules.segments import DEL_SYMBOL
 from nat_plugins.modules.static_cache import StaticCache, static_unsupported
 from nat_plugins.modules.verify_accept import IncrementalCache
 
 from .test_blockwise import MAX_LEN_B, build_model, greedy
+from .test_recover_sat import build_recover_sat
+from .test_recover_sat import decode as recover_sat_decode
+from .test_sat import batch as sat_batch
+from .test_sat import build_sat
+from .test_sat import decode as sat_decode
 from .test_verify_accept import random_transformer
 from .utils import TINY_TRANSFORMER, random_batch
 
@@ -97,3 +104,64 @@ def test_translation_nat_decodes_a_plain_transformer_greedily_with_the_plugins_l
         assert isinstance(toy_task.build_generator([model], Namespace(**other)), SequenceGenerator), other
     assert greedy_loop_refusal([model, model], Namespace(beam=1)) == "an ensemble"
     assert greedy_loop_refusal([model], Namespace(beam=1), extra_gen_cls_kwargs={"lm_model": model, "lm_weight": 1})
+
+
+@pytest.fixture(scope="module")
+def sat_task(dummy_data_bin):
+    """translation_nat over the dummy data, its test split loaded."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), [dummy_data_bin, "--task", "translation_nat", "--arch", "transformer"]
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset("test")
+    return task
+
+
+def ending_at_random(decoder, ends):
+    """Make ``decoder``'s output layer emit token ``ends[i]`` where feature i of a row is more than a standard
+    deviation above its mean over the call's rows (a random model's outputs hardly depend on the source): sentences
+    (and segments) end at different steps, the same on any path that computes the same features."""
+    output_layer = decoder.output_layer
+
+    def layer(features, *args):
+        logits = output_layer(features, *args)
+        best = logits.max(dim=-1).values
+        for i, end in enumerate(ends):
+            feature = features[..., i]
+            logits[..., end] = best + 10.0 * (feature - feature.mean() - feature.std())
+        return logits
+
+    decoder.output_layer = layer
+
+
+@pytest.mark.parametrize("kind, group_size", [("sat", 2), ("sat", 3), ("recover_sat", 2), ("recover_sat", 3)])
+def test_grouped_decoding_prints_the_same_on_the_static_cache_as_on_fairseqs(
+    dummy_data_bin, sat_task, monkeypatch, kind, group_size
+):
+    """SAT group decoding and RecoverSAT segment decoding on the static cache print what they print on fairseq's
+    incremental cache (same tokens, scores up to rounding) in a batch whose sentences leave it at different steps
+    and, for RecoverSAT, whose ended segments feed padding (hidden from the later steps)."""
+    task = sat_task
+    torch.manual_seed(0)
+    model = (build_sat if kind == "sat" else build_recover_sat)(dummy_data_bin, task, group_size)
+    ends = [task.target_dictionary.eos()]
+    if kind == "recover_sat":
+        ends.append(task.target_dictionary.index(DEL_SYMBOL))
+    ending_at_random(model.decoder, ends)
+    sample = sat_batch(task, range(12))
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    assert isinstance(model.decoder.new_cache(encoder_out, 8), StaticCache)
+    decode = sat_decode if kind == "sat" else recover_sat_decode
+    static = decode(model, task, sample, max_len_b=20)
+    monkeypatch.setattr(model.decoder, "new_cache", lambda encoder_out, length: {})
+    incremental = decode(model, task, sample, max_len_b=20)
+    steps = {hyps[0]["steps"] for hyps in static}
+    assert len(steps) > 1, "every sentence left the batch at the same step: the test does not reorder the cache"
+    if kind == "recover_sat":
+        assert any(min(map(len, h[0]["segments"])) < h[0]["steps"] - 1 for h in static), "no segment ended early"
+    for fast, reference in zip(static, incremental):
+        assert fast[0]["tokens"].tolist() == reference[0]["tokens"].tolist()
+        assert fast[0]["steps"] == reference[0]["steps"]
+        torch.testing.assert_close(
+            fast[0]["positional_scores"], reference[0]["positional_scores"], rtol=1e-4, atol=1e-4
+        )

@@ -9,6 +9,7 @@ import torch
 from fairseq.dataclass.configs import GenerationConfig
 
 from ..modules.cpu_linear import use_weight_first_linears
+from ..modules.static_cache import StaticCache
 
 # fairseq generation options no plugin decoder implements, with their "off" values
 UNSUPPORTED_OPTIONS = {
@@ -146,6 +147,15 @@ class PluginGenerator:
     def normalized(self, total, length):
         """fairseq's length normalisation of a score: ``total / length ** --lenpen`` (length with EOS)."""
         return total / length**self.len_penalty
+
+    def keep_grouped(self, cache, encoder_out, keep):
+        """Keep the sentences ``keep`` (indices into the batch) of a grouped decoder's ``cache``
+        (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`) and return their
+        ``encoder_out`` (unchanged where the static cache holds the encoder's keys and values: no longer read)."""
+        self.model.decoder.reorder_cache(cache, keep)
+        if isinstance(cache, StaticCache):
+            return encoder_out
+        return self.model.encoder.reorder_encoder_out(encoder_out, keep)
 
     def hypothesis(self, tokens, positional_scores, steps, score=None, **extra):
         """One hypothesis in fairseq's format; ``tokens`` end with EOS, ``score`` defaults to the sum of

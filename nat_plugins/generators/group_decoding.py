@@ -2,7 +2,8 @@
 
 One decoder call per group of K target positions: the call feeds the K inputs of the group (the previous
 group's outputs; K start symbols first) and returns K distributions, one per position of the group. The
-decoder's incremental key/value cache (fairseq's ``incremental_state``) grows by K positions per call.
+decoder's key/value cache grows by K positions per call (greedy: the static step's buffers, beam search: fairseq's
+``incremental_state``; :mod:`~nat_plugins.modules.grouped_decoder`).
 
 * greedy (``--beam 1``): the argmax of each of the K distributions; a sentence stops at the first group that
   contains EOS and is cut after it (positions after EOS are padding, as in training).
@@ -71,7 +72,7 @@ class GroupEnsembleModel(EnsembleModel):
             decoder.reorder_incremental_state_scripting(incremental_states[0], self.rows)
             inputs = decoder.group_inputs(tokens)
             if generator.repeat_bias:
-                self.features = generator.group_features(inputs, self.encoder_out, incremental_states[0])
+                self.features = decoder.group_features(inputs, self.encoder_out, incremental_states[0])
             else:
                 self.lprobs = generator.group_lprobs(inputs, self.encoder_out, incremental_states[0], temperature)
             self.rows = torch.arange(tokens.size(0), device=tokens.device)
@@ -131,22 +132,16 @@ class SATGenerator(PluginGenerator):
                 h["steps"] = steps
         return hypos
 
-    def group_lprobs(self, inputs, encoder_out, incremental_state, temperature):
+    def group_lprobs(self, inputs, encoder_out, cache, temperature):
         """One decoder call: log-probabilities (N x K x V) of the group whose K inputs end ``inputs`` (the SAT
-        decoder inputs so far: K start symbols, then the outputs of every earlier group)."""
-        logits, _ = self.model.decoder(inputs, encoder_out=encoder_out, incremental_state=incremental_state)
+        decoder inputs so far: K start symbols, then the outputs of every earlier group); ``cache``: the decoder's
+        (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`)."""
+        decoder = self.model.decoder
+        logits = decoder.output_layer(decoder.group_features(inputs, encoder_out, cache))
         if temperature != 1.0:
             logits = logits.div_(temperature)
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-
-    def group_features(self, inputs, encoder_out, incremental_state):
-        """One decoder call without the output layer: the features (N x K x C) of the group whose K inputs end
-        ``inputs`` (``--group-repeat-bias``: the slots' distributions follow, :meth:`slot_lprobs`)."""
-        features, _ = self.model.decoder(
-            inputs, encoder_out=encoder_out, incremental_state=incremental_state, features_only=True
-        )
-        return features
 
     def slot_lprobs(self, features, slot, previous, temperature):
         """Log-probabilities (N x V) of slot ``slot`` of a group from its features (N x C) and, for slot >= 1, the
@@ -157,15 +152,15 @@ class SATGenerator(PluginGenerator):
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
-    def greedy_group(self, inputs, start, encoder_out, incremental_state, max_len):
+    def greedy_group(self, inputs, start, encoder_out, cache, max_len):
         """The argmax tokens (N x K) of the group at output positions ``start``.. and their scores, under the
         length and ``--min-len`` rules (:meth:`constrain`, ``max_len``: the batch's); one decoder call."""
         K, device = self.group_size, inputs.device
         if not self.repeat_bias:
-            lprobs = self.group_lprobs(inputs, encoder_out, incremental_state, self.temperature)
+            lprobs = self.group_lprobs(inputs, encoder_out, cache, self.temperature)
             self.constrain(lprobs, torch.arange(start, start + K, device=device), max_len)
             return lprobs.max(dim=2)
-        features = self.group_features(inputs, encoder_out, incremental_state)
+        features = self.model.decoder.group_features(inputs, encoder_out, cache)
         scores, predictions = [], []
         for slot in range(K):
             previous = predictions[-1] if predictions else None
@@ -188,12 +183,10 @@ class SATGenerator(PluginGenerator):
         lengths = torch.zeros(bsz, dtype=torch.long, device=device)
         steps = torch.zeros_like(lengths)
         sentence = torch.arange(bsz, device=device)  # sentence of each active row
-        incremental_state = {}
+        cache = self.model.decoder.new_cache(encoder_out, K + width)
         for group in range(width // K):
             start = group * K
-            scores, predictions = self.greedy_group(
-                tokens[:, : start + K], start, encoder_out, incremental_state, max_len
-            )
+            scores, predictions = self.greedy_group(tokens[:, : start + K], start, encoder_out, cache, max_len)
             tokens[:, K + start : 2 * K + start] = predictions
             pos_scores[:, start : start + K] = scores
             is_eos = predictions.eq(self.eos)
@@ -210,8 +203,7 @@ class SATGenerator(PluginGenerator):
                 break
             keep = (~done).nonzero().squeeze(1)
             sentence, tokens, pos_scores = sentence[keep], tokens[keep], pos_scores[keep]
-            self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
-            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
+            encoder_out = self.keep_grouped(cache, encoder_out, keep)
         return [
             [self.hypothesis(out_tokens[i, :length], out_scores[i, :length], step)]
             for i, (length, step) in enumerate(zip(lengths.tolist(), steps.tolist()))

@@ -1,8 +1,9 @@
 """Segment decoding for RecoverSAT (Ran et al., ACL 2020, §3.1 and §3.4).
 
 All K segments of a sentence advance one token per decoder call (greedy, the argmax of each segment's
-distribution), against the decoder's incremental key/value cache (fairseq's ``incremental_state``), which grows by
-K positions per call. A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length
+distribution), against the decoder's key/value cache, which grows by K positions per call (the static step's buffers
+where it runs the decoder, :mod:`~nat_plugins.modules.grouped_decoder`).
+A segment stops when it emits EOS or DEL, or is forced to EOS at its maximum length
 (:meth:`RecoverSATGenerator.segment_max_len`): fairseq's length rule on the segment's even share,
 int(a * ceil(|x| / K) + min(b, ceil(b / K) + 10)) tokens for ``--max-len-a`` a and ``--max-len-b`` b, where |x| is
 the batch's padded source length as in fairseq's ``SequenceGenerator`` (one limit for the batch), also capped by the
@@ -72,13 +73,15 @@ class RecoverSATGenerator(PluginGenerator):
         encoder_out = self.model.encoder.forward_torchscript(net_input)
         return self._decode(encoder_out, net_input["src_tokens"], max_len)
 
-    def _step_lprobs(self, tokens, encoder_out, incremental_state, step, max_len, first_segment):
+    def _step_lprobs(self, tokens, encoder_out, cache, step, max_len, first_segment):
         """One decoder call: log-probabilities (rows x K x V) of every segment's next token, under fairseq's rules
-        except that only the first segment (``first_segment``: K bools) is held to ``--min-len``."""
-        logits, extra = self.model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
+        except that only the first segment (``first_segment``: K bools) is held to ``--min-len``; ``cache``: the
+        decoder's (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`)."""
+        decoder = self.model.decoder
+        logits = decoder.output_layer(decoder.group_features(tokens, encoder_out, cache))
         logits = logits / self.temperature if self.temperature != 1.0 else logits
         logits[:, 0, self.del_index] = -math.inf  # the first segment has no predecessor to repeat
-        lprobs = self.model.get_normalized_probs((logits, extra), log_probs=True)
+        lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         position = torch.tensor(step, device=lprobs.device)
         return self.constrain(lprobs, position, max_len, eos_too_early=first_segment & (step < self.min_len))
 
@@ -95,11 +98,9 @@ class RecoverSATGenerator(PluginGenerator):
         alive = torch.ones(bsz, K, dtype=torch.bool, device=device)
         sentence = torch.arange(bsz, device=device)  # sentence of each active row
         first_segment = torch.arange(K, device=device).eq(0)
-        incremental_state = {}
+        cache = self.model.decoder.new_cache(encoder_out, tokens.size(1))
         for step in range(num_steps):
-            lprobs = self._step_lprobs(
-                tokens[:, : (step + 1) * K], encoder_out, incremental_state, step, max_len, first_segment
-            )
+            lprobs = self._step_lprobs(tokens[:, : (step + 1) * K], encoder_out, cache, step, max_len, first_segment)
             step_scores, predictions = lprobs.max(dim=2)
             predictions.masked_fill_(~alive, self.pad)
             outputs[:, step] = predictions
@@ -117,8 +118,7 @@ class RecoverSATGenerator(PluginGenerator):
             keep = (~done).nonzero().squeeze(1)
             sentence, tokens, outputs, scores = sentence[keep], tokens[keep], outputs[keep], scores[keep]
             alive = alive[keep]
-            self.model.decoder.reorder_incremental_state_scripting(incremental_state, keep)
-            encoder_out = self.model.encoder.reorder_encoder_out(encoder_out, keep)
+            encoder_out = self.keep_grouped(cache, encoder_out, keep)
         return [
             [self._postprocess(out_outputs[i, : steps[i]], out_scores[i, : steps[i]], int(steps[i]))]
             for i in range(bsz)

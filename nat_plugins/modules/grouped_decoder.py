@@ -3,11 +3,20 @@ Semi-Autoregressive Transformer (Wang et al., EMNLP 2018, §3) and the steps of 
 step-major layout (Ran et al., ACL 2020, §3.1). Both attend under the relaxed causal mask (a query of group g sees
 every position of groups 0..g, :func:`~nat_plugins.modules.sat_masks.relaxed_causal_mask`) and, in incremental
 decoding, add one whole group (the last K positions) to the key/value cache per call; they differ only in the
-positional part of the input embedding (:meth:`GroupedTransformerDecoder.add_positions`)."""
+positional part of the input embedding (:meth:`GroupedTransformerDecoder.add_positions`).
 
+Decoding keeps that cache in a :class:`~nat_plugins.modules.static_cache.StaticCache` where the static step runs the
+decoder (:meth:`GroupedTransformerDecoder.new_cache`): a group's K slots are written in place and see every slot
+written so far (the relaxed causal mask needs no mask in a step), padded inputs (RecoverSAT's ended segments) hidden as
+fairseq's key padding mask hides them; else in fairseq's ``incremental_state``.
+"""
+
+import torch
 from fairseq.models.transformer import TransformerDecoderBase
 
+from .lean_decoder import padding_bias
 from .sat_masks import relaxed_causal_mask
+from .static_cache import StaticCache, static_unsupported
 
 
 class GroupedTransformerDecoder(TransformerDecoderBase):
@@ -22,6 +31,46 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         """``x`` (B x T x C: the scaled token embeddings of the new positions, the last K of
         ``prev_output_tokens`` with an ``incremental_state``, else all of them) plus their positional input."""
         raise NotImplementedError
+
+    def layer_inputs(self, prev_output_tokens, incremental_state):
+        """The first layer's input (B x T x C, before dropout) of the new positions: all of ``prev_output_tokens``,
+        or its last K with an ``incremental_state`` (any non-None value: a dict or a :class:`StaticCache`)."""
+        tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size :]
+        x = self.embed_scale * self.embed_tokens(tokens.contiguous())
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        x = self.add_positions(x, prev_output_tokens, incremental_state)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return x
+
+    def new_cache(self, encoder_out, length):
+        """The decoding cache of a batch: a :class:`StaticCache` of ``length`` slots where the static step runs this
+        decoder (in evaluation, fairseq's layers), else fairseq's ``incremental_state`` (a dict)."""
+        if static_unsupported(self, encoder_out) is None:
+            return StaticCache(self, encoder_out, length)
+        return {}
+
+    def group_features(self, prev_output_tokens, encoder_out, cache):
+        """Features (B x K x C) of the last group of ``prev_output_tokens`` (whole groups), the earlier ones being in
+        ``cache`` (:meth:`new_cache`), which this call extends by the group."""
+        if not isinstance(cache, StaticCache):
+            return self.extract_features(prev_output_tokens, encoder_out=encoder_out, incremental_state=cache)[0]
+        used = prev_output_tokens.size(1)
+        slots = torch.arange(used - self.group_size, used, device=prev_output_tokens.device)
+        padded = prev_output_tokens.eq(self.padding_idx)
+        x = self.layer_inputs(prev_output_tokens, cache)
+        bias = padding_bias(padded, x) if padded.any() else None
+        return cache.run(x, slots.expand(x.size(0), -1), used, bias)
+
+    def reorder_cache(self, cache, keep):
+        """Keep the sentences ``keep`` (indices into the batch) of ``cache`` (:meth:`new_cache`)."""
+        if isinstance(cache, StaticCache):
+            cache.reorder(keep)
+        else:
+            self.reorder_incremental_state_scripting(cache, keep)
 
     def buffered_future_mask(self, tensor):
         """The relaxed causal mask (built once for the longest length seen, then sliced)."""
@@ -51,14 +100,7 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
             padding_mask = encoder_out["encoder_padding_mask"][0]
 
         tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size :]
-        x = self.embed_scale * self.embed_tokens(tokens.contiguous())
-        if self.quant_noise is not None:
-            x = self.quant_noise(x)
-        if self.project_in_dim is not None:
-            x = self.project_in_dim(x)
-        x = self.add_positions(x, prev_output_tokens, incremental_state)
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
+        x = self.layer_inputs(prev_output_tokens, incremental_state)
         x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C
 
         self_attn_padding_mask = None

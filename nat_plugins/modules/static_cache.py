@@ -80,14 +80,22 @@ class StaticCache:
         values were computed once."""
         decoder = self.decoder
         x = layer_inputs(decoder, decoder.embed_scale * decoder.embed_tokens(tokens), positions)
-        bsz, width = tokens.shape
         bias = None
-        if bsz > 1 or width > 1:  # one sentence's single new slot is the last used one: it sees them all
+        if (
+            tokens.size(0) > 1 or tokens.size(1) > 1
+        ):  # one sentence's single new slot is the last used one: it sees them all
             hidden = torch.arange(used, device=slots.device) > slots.unsqueeze(-1)  # (B, T, used)
             bias = torch.zeros(hidden.shape, dtype=x.dtype, device=x.device).masked_fill_(hidden, float("-inf"))
             bias = bias.unsqueeze(1)
+        return self.run(x, slots, used, bias)
+
+    def run(self, x, slots, used, bias=None):
+        """The decoder's layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T), which
+        attend to the first ``used`` slots under the additive ``bias`` (broadcast to (B, heads, T, used); None:
+        every one of them visible). Returns features as :meth:`step`."""
+        bsz, width = slots.shape
         index = slots[:, None, :, None].expand(bsz, self.keys[0].size(1), width, self.keys[0].size(3))
-        for i, layer in enumerate(decoder.layers):
+        for i, layer in enumerate(self.decoder.layers):
             x = residual_block(
                 layer, layer.self_attn_layer_norm, x, self_attention, self.keys[i], self.values[i], index, used, bias
             )
@@ -102,7 +110,7 @@ class StaticCache:
                     self.encoder_bias,
                 )
             x = residual_block(layer, layer.final_layer_norm, x, feed_forward)
-        return layer_outputs(decoder, x)
+        return layer_outputs(self.decoder, x)
 
     def accept(self, width, accepted, kept_length):
         """Nothing to roll back: a rejected slot is overwritten when its position is decoded again."""
