@@ -1,7 +1,8 @@
 """What one decoder call costs at batch 1 on the CPU, for several ways of decoding: decoder calls per sentence, ms per
 call, aten ops per call and the share of the wall time spent inside aten ops (the rest is Python between them:
 dispatch and the generator's bookkeeping). The plugin's greedy loop, SAT and RecoverSAT are shown with their static
-decoder step and with fairseq's incremental cache, the path it replaced.
+decoder step and with fairseq's incremental cache, the path it replaced; the greedy loop also with an int8 copy of
+the teacher's decoder (``--int8-decoder``).
 
     python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md]
 
@@ -16,10 +17,11 @@ it, under ``torch.no_grad()``. One sentence at a time:
 
 * warm-up: each row on the first 5 test sentences, not counted;
 * timed pass: the next N sentences, the rows taking turns on each sentence (interleaved, as the benchmark times its
-  rows, so that a slower spell of the machine falls on every row). ms / sentence is their median; decoder calls / sentence the mean of the
-  benchmark's count (:class:`~nat_plugins.cli.bench.measure.DecoderPassCounter`: runs of any decoder layer stack,
-  speculative decoding's teacher calls included); ms / call their total time over their total calls (the encoder and
-  the generator's per-sentence work spread over the calls, as the benchmark's ``ms_per_decoder_call``);
+  rows, so that a slower spell of the machine falls on every row). ms / sentence is their median; decoder calls /
+  sentence the mean of the benchmark's count (:class:`~nat_plugins.cli.bench.measure.DecoderPassCounter`: runs of any
+  decoder layer stack, speculative decoding's teacher calls included); ms / call their total time over their total
+  calls (the encoder and the generator's per-sentence work spread over the calls, as the benchmark's
+  ``ms_per_decoder_call``);
 * profiled pass: the first 10 timed sentences again under ``torch.profiler`` (CPU activity), each
   ``task.inference_step`` in a ``record_function`` range. Counted are the top-level aten ops of those ranges: events
   named ``aten::*`` with no ``aten::*`` event above them (``aten::linear`` counts once, not with its
@@ -48,7 +50,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import nat_plugins
 from nat_plugins import recipes
 from nat_plugins.cli.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
-from nat_plugins.cli.bench.rows import RowSpec, plugin_layout_spec, teacher_specs
+from nat_plugins.cli.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 from nat_plugins.modules.verify_accept import IncrementalCache
 
@@ -116,6 +118,7 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
         Way(replace(teacher_specs(teacher, 1)[1], name="fairseq greedy (SequenceGenerator)")),
         Way(replace(plugin, name="plugin greedy, static step")),
         Way(replace(plugin, name="plugin greedy, fairseq's incremental cache"), use_incremental_cache),
+        Way(replace(plugin_int8_spec(teacher), name="plugin greedy, int8 decoder (--int8-decoder)")),
     ]
     run = recipes.Run(work, os.path.join(work, "data-bin"), teacher, "checkpoint_last.pt")
     skipped = []

@@ -34,6 +34,7 @@ from .cli.bench.rows import (
     ctranslate2_specs,
     npd_args,
     npd_name,
+    plugin_int8_spec,
     plugin_layout_spec,
     teacher_specs,
 )
@@ -43,8 +44,12 @@ EXAMPLES = "examples/multi30k"
 TEACHER_ON_DISTILLED = "teacher-on-distilled"
 LENGTH_LIMIT = ("--generate-args", "--max-len-a 1.2 --max-len-b 10")
 # the rows every benchmark of the presets makes besides the catalogue's: the teacher by fairseq (beam 4, greedy), by the
-# plugin's greedy loop and, on the CPU presets, by CTranslate2 (float32 and int8)
-REFERENCE_SPECS = teacher_specs("", 4) + [plugin_layout_spec("")] + ctranslate2_specs("", 4, ["float32", "int8"])
+# plugin's greedy loop and, on the CPU presets, its int8 decoder and CTranslate2 (float32 and int8)
+REFERENCE_SPECS = (
+    teacher_specs("", 4)
+    + [plugin_layout_spec(""), plugin_int8_spec("")]
+    + ctranslate2_specs("", 4, ["float32", "int8"])
+)
 REFERENCE_ROWS = tuple(spec.name for spec in REFERENCE_SPECS)
 TEACHER_BEAM_ROW, TEACHER_GREEDY_ROW, TEACHER_GREEDY_PLUGIN_ROW = REFERENCE_ROWS[:3]
 CT2_INT8_GREEDY_ROW = REFERENCE_ROWS[-1]
@@ -82,7 +87,16 @@ class Preset:
 # The CPU presets time batch 1, 8, 32 and 64 (and their --batch-size): the speed-against-batch-size table and plot.
 BATCH_SIZES = ("--batch-sizes", "1,8,32,64")
 # --solo: every greedy engine also timed alone in its own process, at its best OpenMP setting (cli/bench/solo.py)
-CPU_DEVICE_OPTIONS = ("--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--solo") + BATCH_SIZES
+CPU_DEVICE_OPTIONS = (
+    "--cpu",
+    "--warmup",
+    "10",
+    "--batch-size",
+    "64",
+    "--ctranslate2",
+    "--int8-decoder-row",
+    "--solo",
+) + BATCH_SIZES
 GPU_DEVICE_OPTIONS = ("--fp16", "--warmup", "20", "--batch-size", "128", "--batch-sizes", "1,64")
 PRESETS = {
     "cpu": Preset(CPU_DEVICE_OPTIONS, 110, ("--int8-drafts",)),
@@ -775,12 +789,22 @@ README_CLAIMS: Dict[str, Tuple[Claim, ...]] = {
 }
 
 
-def configs(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Config]:
-    """The configurations a run of ``preset`` trains and decodes, system by system (``only``: that system's, and with
+Only = Union[None, str, Sequence[str]]  # a system's key, several, or None: every system
+
+
+def selected_systems(only: Only) -> List[System]:
+    """The systems ``only`` names (every one for None), in the catalogue's order."""
+    keys = [only] if isinstance(only, str) else only
+    unknown = [key for key in keys or () if key not in [s.key for s in SYSTEMS]]
+    if unknown:
+        raise CatalogueError(f"no system {unknown[0]!r} in the catalogue (systems: {[s.key for s in SYSTEMS]})")
+    return [system for system in SYSTEMS if keys is None or system.key in keys]
+
+
+def configs(preset: str, only: Only = None, values: Optional[Sequence] = None) -> List[Config]:
+    """The configurations a run of ``preset`` trains and decodes, system by system (``only``: those systems', and with
     ``values`` instead of the preset's when given)."""
-    systems = [system for system in SYSTEMS if only in (None, system.key)]
-    if not systems:
-        raise CatalogueError(f"no system {only!r} in the catalogue (systems: {[s.key for s in SYSTEMS]})")
+    systems = selected_systems(only)
     return [
         system.configure(value)
         for system in systems
@@ -798,31 +822,32 @@ def unique(items: list, what: str) -> list:
     return list(kept.values())
 
 
-def jobs(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Job]:
+def jobs(preset: str, only: Only = None, values: Optional[Sequence] = None) -> List[Job]:
     """The training jobs of a run, in order."""
     return unique([job for config in configs(preset, only, values) for job in config.jobs], "jobs")
 
 
-def rows(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Row]:
+def rows(preset: str, only: Only = None, values: Optional[Sequence] = None) -> List[Row]:
     """The benchmark rows of a run, in order."""
     return unique([row for config in configs(preset, only, values) for row in config.rows], "rows")
 
 
-def paired_tests(preset: str, only: Optional[str] = None, values: Optional[Sequence] = None) -> List[Tuple[str, str]]:
+def paired_tests(preset: str, only: Only = None, values: Optional[Sequence] = None) -> List[Tuple[str, str]]:
     """The paired bootstrap tests (baseline row, system row) of a run."""
     tests = [test for config in configs(preset, only, values) for test in config.paired_tests]
     return list(dict.fromkeys(tests))
 
 
-def targets(preset: str) -> List[Target]:
-    """The quality bars of a run of ``preset``, system by system, then the README's claims on it."""
-    bars = [target for system in SYSTEMS for target in system.targets.get(preset, ())]
-    return bars + list(README_CLAIMS.get(preset, ()))
+def targets(preset: str, only: Only = None) -> List[Target]:
+    """The quality bars of a run of ``preset``, system by system, then the README's claims on it (``only``: the bars
+    of those systems, no claims: the README's numbers are the quickstart's own teacher's)."""
+    bars = [target for system in selected_systems(only) for target in system.targets.get(preset, ())]
+    return bars + (list(README_CLAIMS.get(preset, ())) if only is None else [])
 
 
-def made_notes(preset: str) -> List[Tuple[str, str]]:
-    """(row name, how it was made) of the rows of ``preset`` that carry a note."""
-    return [(row.name, row.made) for row in rows(preset) if row.made]
+def made_notes(preset: str, only: Only = None) -> List[Tuple[str, str]]:
+    """(row name, how it was made) of the rows of ``preset`` (``only``: of those systems) that carry a note."""
+    return [(row.name, row.made) for row in rows(preset, only) if row.made]
 
 
 def plugin_rows(preset: str) -> Tuple[str, ...]:
@@ -881,7 +906,12 @@ def main(argv: Optional[List[str]] = None):
         required=True,
         help="the file a student's training leaves for decoding (run_scripts/common.sh STUDENT_CHECKPOINT)",
     )
-    run.add_argument("--only", choices=[s.key for s in SYSTEMS], help="this system's steps or rows only")
+    run.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        metavar="SYSTEM[,SYSTEM...]",
+        help=f"these systems' steps or rows only (of {', '.join(s.key for s in SYSTEMS)})",
+    )
     run.add_argument(
         "--values",
         type=lambda text: [int(value) for value in text.split(",")],
@@ -909,8 +939,12 @@ def main(argv: Optional[List[str]] = None):
     if args.command == "options":
         emit([[word] for word in PRESETS[args.preset].benchmark_options(args.latency_sentences)])
         return
-    if args.values is not None and args.only is None:
-        parser.error("--values needs --only SYSTEM")
+    try:
+        selected_systems(args.only)
+    except CatalogueError as err:
+        parser.error(f"--only: {err}")
+    if args.values is not None and len(args.only or ()) != 1:
+        parser.error("--values needs --only SYSTEM (one system)")
     selection = (args.preset, args.only, args.values)
     context = Run(args.work, args.data_bin, args.teacher, args.checkpoint_name, getattr(args, "save_dir", None))
     if args.command == "steps":

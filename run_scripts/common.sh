@@ -26,11 +26,16 @@ else
   DEVICE_ARGS=(--cpu)
 fi
 # model sizes: the GPU preset uses the registered *_iwslt_de_en architectures (transformer_iwslt_de_en for the
-# teacher); the CPU preset a 2-layer 256-d model. Students initialised from the teacher must match its size.
+# teacher); the CPU preset a 2-layer 256-d model. Students initialised from the teacher must match its size: with
+# your own teacher (quickstart.sh's TEACHER=...), TEACHER_SHAPE holds its sizes and embedding sharing
+# (python -m nat_plugins.cli.own_teacher shape), which replace the preset's.
 CPU_MODEL_SIZE=(--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256
-  --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4)
+  --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4
+  --share-all-embeddings)
 arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the preset, in ARCH_ARGS
-  if [ "$PRESET" = gpu ]; then ARCH_ARGS=(--arch "${1}_iwslt_de_en"); else ARCH_ARGS=(--arch "$1" "${CPU_MODEL_SIZE[@]}"); fi
+  if [ -n "${TEACHER_SHAPE:-}" ]; then read -r -a ARCH_ARGS <<< "--arch $1 $TEACHER_SHAPE"
+  elif [ "$PRESET" = gpu ]; then ARCH_ARGS=(--arch "${1}_iwslt_de_en" --share-all-embeddings)
+  else ARCH_ARGS=(--arch "$1" "${CPU_MODEL_SIZE[@]}"); fi
 }
 # Encoder-NAD-AD and its same-updates AR baseline (examples/multi30k/{nad_ad,ar_baseline}.sh) train with one budget:
 # CPU updates, learning rate, CPU warm-up
@@ -63,7 +68,7 @@ student_args() {
   # BLEU swings by many points from one checkpoint to the next, tests/test_sat.py)
   # no validation in the quickstart's presets; the long recipes (examples/benchmark_recipe.sh) set STUDENT_VALIDATE=1
   [ -n "${STUDENT_VALIDATE:-}" ] || STUDENT_ARGS+=(--disable-validation)
-  STUDENT_ARGS+=(--share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)'
+  STUDENT_ARGS+=(--optimizer adam --adam-betas '(0.9, 0.98)'
     --lr-scheduler polynomial_decay --total-num-update "$STUDENT_UPDATES" --weight-decay 0.0001
     --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
 }

@@ -4,6 +4,13 @@
 #   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~52 min on 2 cores)
 #   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~2 h 20 min)
 #   PRESET=gpu bash run_scripts/quickstart.sh     # transformer_iwslt_de_en-sized, fp16, ~11 min on one GPU
+# Bring your own teacher: a fairseq translation Transformer you trained, and the data-bin it was trained on (any size,
+# shared embeddings or not, pre- or post-norm; sentencepiece, fastBPE or no BPE):
+#   TEACHER=path/checkpoint.pt DATA_BIN=path/data-bin bash run_scripts/quickstart.sh
+# distils it, trains the lossless systems on it (SYSTEMS=speculative,blockwise by default; any of the catalogue's
+# systems, comma-separated: sat, recover-sat, fertility-nat, nad-ad) and benchmarks them against it on the data-bin's
+# test split (REFERENCE=raw test targets, else the split's targets as text; POST_PROCESS=sentencepiece|subword_nmt|none,
+# else read off the dictionary). WORK defaults to work/own-teacher-$PRESET; DATA_BIN is only read.
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
 # each step's output goes to WORK/logs/STEP.log; the terminal gets a line per step, the last lines of a failed
@@ -14,31 +21,56 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bash "$ROOT/run_scripts/setup_env.sh"
 source "$ROOT/run_scripts/common.sh"
-WORK=${WORK:-$ROOT/work/multi30k-$PRESET}
+if [ -n "${TEACHER:-}" ]; then  # bring your own teacher (above)
+  [ -n "${DATA_BIN:-}" ] || { log "TEACHER=$TEACHER needs DATA_BIN=the data-bin it was trained on" >&2; exit 2; }
+  TEACHER=$(realpath "$TEACHER")
+  OWN_DATA_BIN=$(realpath "$DATA_BIN")
+  # checks the teacher (a clear error for what it cannot take) and gives every student its shape (common.sh)
+  TEACHER_SHAPE=$(python -m nat_plugins.cli.own_teacher shape "$TEACHER" "$OWN_DATA_BIN") || exit 2
+  export TEACHER_SHAPE
+  POST_PROCESS=${POST_PROCESS:-$(python -m nat_plugins.cli.own_teacher post-process "$OWN_DATA_BIN")}
+  WORK=${WORK:-$ROOT/work/own-teacher-$PRESET}
+  REFERENCE=${REFERENCE:+$(realpath "$REFERENCE")}
+  REFERENCE=${REFERENCE:-$WORK/reference.test.txt}
+  ONLY=(--only "${SYSTEMS:-speculative,blockwise}")
+  REPORT_ARGS=("${ONLY[@]}" --command "TEACHER=$TEACHER DATA_BIN=$OWN_DATA_BIN ${SYSTEMS:+SYSTEMS=$SYSTEMS }PRESET=$PRESET bash run_scripts/quickstart.sh")
+  TITLE="$(basename "$OWN_DATA_BIN") test, own teacher $(basename "$(dirname "$TEACHER")")/$(basename "$TEACHER") (PRESET=$PRESET)"
+else
+  WORK=${WORK:-$ROOT/work/multi30k-$PRESET}
+  TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
+  unset TEACHER_SHAPE  # the students take the preset's size (common.sh)
+  POST_PROCESS=sentencepiece
+  REFERENCE=$WORK/raw/test.de
+  ONLY=()
+  REPORT_ARGS=()
+  TITLE="Multi30k en-de test2016 (PRESET=$PRESET)"
+fi
 DATA_BIN=$WORK/data-bin
 mkdir -p "$WORK"
 START=$(date +%s)
-if [ "$PRESET" = cpu ]; then
-  log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
-  log "(~52 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
-elif [ "$PRESET" = gpu ] && [ -z "${GPU_PRESET_ON_CPU:-}" ] &&
+if [ "$PRESET" = gpu ] && [ -z "${GPU_PRESET_ON_CPU:-}" ] &&
     ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
   log "PRESET=gpu needs a CUDA GPU (torch sees none); GPU_PRESET_ON_CPU=1 rehearses it on the CPU" >&2
   exit 2
+fi
+if [ -n "${OWN_DATA_BIN:-}" ]; then
+  log "TEACHER=$TEACHER: its shape for the students: $TEACHER_SHAPE; systems: ${ONLY[1]}; subwords: $POST_PROCESS"
+elif [ "$PRESET" = cpu ]; then
+  log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
+  log "(~52 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
 elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
   log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~2 h 20 min on 2 cores)."
 fi
 # the systems of the preset, their benchmark rows and the benchmark's options: nat_plugins/recipes.py
-TEACHER=$WORK/ckpt/teacher/checkpoint_best.pt
 RECIPES=(--preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" --teacher "$TEACHER"
-  --checkpoint-name "$STUDENT_CHECKPOINT")
+  --checkpoint-name "$STUDENT_CHECKPOINT" "${ONLY[@]}")
 PLAN=$(python -m nat_plugins.recipes steps "${RECIPES[@]}")  # one training step a line: JOB STEP SCRIPT ARGS...
 ROWS=$(python -m nat_plugins.recipes rows "${RECIPES[@]}")  # --system and --paired-test options, a word a line
 OPTIONS=$(python -m nat_plugins.recipes options --preset "$PRESET" \
   ${LATENCY_SENTENCES:+--latency-sentences "$LATENCY_SENTENCES"})
 mapfile -t STEPS <<< "$PLAN"
-mapfile -t SYSTEMS <<< "$ROWS"
+mapfile -t ROW_ARGS <<< "$ROWS"
 mapfile -t BENCH_ARGS <<< "$OPTIONS"
 [ -n "${GPU_PRESET_ON_CPU:-}" ] && BENCH_ARGS=("${BENCH_ARGS[@]/#--fp16/--cpu}")  # the GPU preset rehearsed on the CPU
 
@@ -62,8 +94,19 @@ step() {  # step NAME COMMAND...: run once; a marker file records success; the o
 PREP_ARGS=(--vocab-size "${VOCAB_SIZE:-8000}")
 [ -n "${MAX_LINES:-}" ] && PREP_ARGS+=(--max-lines "$MAX_LINES")
 
-step data bash "$ROOT/run_scripts/prepare_data.sh" "$WORK" "${PREP_ARGS[@]}"
-step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$(dirname "$TEACHER")" --no-progress-bar
+own_data() {  # WORK/data-bin: links to OWN_DATA_BIN's files (distillation writes beside them); the test targets as text
+  mkdir -p "$DATA_BIN" "$(dirname "$REFERENCE")"
+  ln -sf "$OWN_DATA_BIN"/* "$DATA_BIN"/
+  if [ ! -f "$REFERENCE" ]; then
+    python -m nat_plugins.cli.own_teacher reference "$OWN_DATA_BIN" "$REFERENCE" --post-process "$POST_PROCESS"
+  fi
+}
+if [ -n "${OWN_DATA_BIN:-}" ]; then
+  step data own_data
+else
+  step data bash "$ROOT/run_scripts/prepare_data.sh" "$WORK" "${PREP_ARGS[@]}"
+  step teacher bash "$ROOT/run_scripts/train_teacher.sh" "$DATA_BIN" "$(dirname "$TEACHER")" --no-progress-bar
+fi
 step distill bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER"
 # a teacher that stutters teaches its students to stutter: the log and the report say how much it does
 KD_TARGETS=$(find "$DATA_BIN" -maxdepth 1 -name 'train.kd.*.txt' | head -n 1)
@@ -107,13 +150,13 @@ if [ "$STUDENT_JOBS" -gt 1 ]; then
 fi
 
 # the benchmark re-runs whenever its rows or options change
-BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${SYSTEMS[*]}" | sha1sum | cut -c1-8)
+BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${ROW_ARGS[*]}" | sha1sum | cut -c1-8)
 step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \
-  --reference "$WORK/raw/test.de" --out-dir "$WORK/bench" --work-dir "$WORK" \
-  --title "Multi30k en-de test2016 (PRESET=$PRESET)" "${BENCH_ARGS[@]}" "${SYSTEMS[@]}"
+  --reference "$REFERENCE" --post-process "$POST_PROCESS" --out-dir "$WORK/bench" --work-dir "$WORK" \
+  --title "$TITLE" "${BENCH_ARGS[@]}" "${ROW_ARGS[@]}"
 
 # the report: the preset's targets, the teacher's validation curve, step times, the benchmark's tables
-python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" > /dev/null
+python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
 log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (report: $WORK/report.md, benchmark tables and plots: $WORK/bench)"
 echo
 cat "$WORK/report.md"

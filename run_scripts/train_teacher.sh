@@ -34,7 +34,7 @@ else
   # (fairseq validates, i.e. decodes the validation set, at each interval save and at the end)
 fi
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
-  "${ARCH_ARGS[@]}" "${SIZE[@]}" --share-all-embeddings --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
+  "${ARCH_ARGS[@]}" "${SIZE[@]}" --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 0.0 \
   --weight-decay 0.0001 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
   "${BLEU_SELECTION[@]}" --no-epoch-checkpoints \

@@ -197,9 +197,25 @@ def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path)
         recipes.main(["rows", *options, "--values", "4"])  # --values needs --only
 
 
+def test_several_systems_own_their_steps_rows_and_targets_without_the_readmes_claims(capsys):
+    """What a run on your own teacher selects (quickstart.sh's SYSTEMS=...): those systems' steps and rows, their
+    targets, not the README's claims (numbers of the quickstart's own teacher)."""
+    options = run_options("cpu-long")
+    steps = cli(capsys, "steps", *options, "--only", "speculative,blockwise").splitlines()
+    assert [line.split("\t")[1] for line in steps] == ["blockwise-4-frozen", "blockwise-4-finetuned", "spec-drafter-3"]
+    assert {t.what for t in recipes.targets("cpu-long", ["speculative"])} == {
+        t.what for t in recipes.targets("cpu-long") if set(t.rows) <= {"Speculative k=3, exact"}
+    }
+    assert recipes.targets("cpu", ["speculative", "blockwise"]) == []
+    assert recipes.targets("cpu")[-len(recipes.README_CLAIMS["cpu"]) :] == list(recipes.README_CLAIMS["cpu"])
+    for bad in (["--only", "specul"], ["--only", "speculative,blockwise", "--values", "4"]):
+        with pytest.raises(SystemExit):
+            recipes.main(["rows", *options, *bad])
+
+
 def test_benchmark_options_of_the_presets(capsys):
     cpu = cli(capsys, "options", "--preset", "cpu", "--latency-sentences", "15").splitlines()
-    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--solo"] + [
+    assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--int8-decoder-row", "--solo"] + [
         "--batch-sizes",
         "1,8,32,64",
         "--latency-sentences",

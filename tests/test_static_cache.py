@@ -2,6 +2,7 @@
 fairseq's decoder of the prefixes each sentence accepted, whatever was rejected before, after sentences leave the
 batch, pre- and post-norm; verify-accept decoding uses it wherever it runs the verifier, fairseq's cache elsewhere."""
 
+import copy
 from argparse import Namespace
 
 import pytest
@@ -21,7 +22,7 @@ from .test_sat import batch as sat_batch
 from .test_sat import build_sat
 from .test_sat import decode as sat_decode
 from .test_verify_accept import random_transformer
-from .utils import TINY_TRANSFORMER, random_batch
+from .utils import TINY_TRANSFORMER, random_batch, sub_batch, with_task_options
 
 
 def full_features(model, encoder_out, tokens, rows, lengths):
@@ -104,6 +105,35 @@ def test_translation_nat_decodes_a_plain_transformer_greedily_with_the_plugins_l
         assert isinstance(toy_task.build_generator([model], Namespace(**other)), SequenceGenerator), other
     assert greedy_loop_refusal([model, model], Namespace(beam=1)) == "an ensemble"
     assert greedy_loop_refusal([model], Namespace(beam=1), extra_gen_cls_kwargs={"lm_model": model, "lm_weight": 1})
+
+
+def test_an_int8_decoder_decodes_greedily_in_the_plugins_loop(toy_task):
+    """``--int8-decoder``: the plugin's greedy loop over an int8 copy of the decoder; at batch 1 (activations
+    quantized over one row per call) the static step prints what fairseq's cache path prints on that copy, close to
+    the float32 model's output; the model itself keeps its float32 decoder. Refused where the loop would not run."""
+    model = random_transformer(toy_task, seed=2)
+    model.eval()
+    sample = random_batch(toy_task.target_dictionary, 6, seed=2)
+    task = with_task_options(toy_task, int8_decoder=True)
+    float32_decoder = model.decoder
+    generator = task.build_generator([model], Namespace(beam=1, max_len_b=MAX_LEN_B))
+    assert isinstance(generator, GreedyLoop) and model.decoder is float32_decoder
+    assert type(generator.verifier.decoder.layers[0].fc1) is not type(float32_decoder.layers[0].fc1)
+    incremental = GreedyLoop([model], task, Namespace(beam=1, max_len_b=MAX_LEN_B))
+    incremental.new_cache = lambda encoder_out, length: IncrementalCache(incremental.verifier.decoder)
+    float32 = greedy(model, toy_task, sample)
+    agree = 0
+    for i in range(6):
+        one = sub_batch(sample, i)
+        static_hypo, cache_hypo = generator.generate([model], one)[0][0], incremental.generate([model], one)[0][0]
+        assert static_hypo["tokens"].tolist() == cache_hypo["tokens"].tolist()
+        torch.testing.assert_close(static_hypo["positional_scores"], cache_hypo["positional_scores"])
+        agree += static_hypo["tokens"].tolist() == float32[i][0]["tokens"].tolist()
+    assert agree >= 3, f"only {agree}/6 outputs of the int8 decoder are the float32 model's"
+    with pytest.raises(ValueError, match="--int8-decoder decodes with the plugin's greedy loop.*beam search"):
+        task.build_generator([model], Namespace(beam=4))
+    with pytest.raises(ValueError, match="--int8-decoder runs the decoder on the CPU in float32"):
+        GreedyLoop([copy.deepcopy(model).half()], task, Namespace(beam=1))
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,11 @@ for f in "$DATA_BIN"/dict.*.txt "$DATA_BIN"/valid.* "$DATA_BIN"/test.* "$DATA_BI
   ln -sfn "$(realpath "$f")" "$KD_BIN/$(basename "$f")"
 done
 for ext in bin idx; do ln -sfn "$(realpath "$DATA_BIN/train.kd.$TGT.$ext")" "$KD_BIN/$PAIR.$TGT.$ext"; done
-if [ "$PRESET" = gpu ]; then  # transformer_iwslt_de_en's sizes (fairseq registers no *_iwslt_de_en NAT architecture)
+if [ "$PRESET" = gpu ] && [ -z "${TEACHER_SHAPE:-}" ]; then
+  # transformer_iwslt_de_en's sizes (fairseq registers no *_iwslt_de_en NAT architecture)
   ARCH_ARGS=(--arch "$BASE_ARCH" --encoder-layers 6 --decoder-layers 6 --encoder-embed-dim 512 --decoder-embed-dim 512
-    --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4)
+    --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4
+    --share-all-embeddings)
 else
   arch_args "$BASE_ARCH"
 fi

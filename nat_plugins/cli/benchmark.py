@@ -45,6 +45,9 @@ rows' BLEU difference: p-value and 95% confidence intervals, in ``results.md`` a
 CPU, float16/int8_float16 on GPU; :mod:`.ctranslate2_rows`), the production baseline a fast decoder has to beat,
 and counts the sentences where its float32 greedy output differs from fairseq's.
 
+``--int8-decoder-row`` adds the teacher decoded by the plugin's greedy loop with an int8 copy of its decoder
+(``--int8-decoder``, CPU): the plugin's row at CTranslate2 int8's precision (not the float32 teacher's output).
+
 ``--solo`` also times every greedy engine (fairseq greedy, the plugin rows, CTranslate2 greedy) alone in its own
 process, at the OpenMP wait policy and thread count a short calibration picks for it on this machine
 (:mod:`.bench.solo`): a table beside the round-robin one in ``results.md``, ``solo`` in ``results.json``.
@@ -109,6 +112,7 @@ from nat_plugins.cli.bench.rows import (
     npd_specs,
     parse_paired_tests,
     parse_system_spec,
+    plugin_int8_spec,
     plugin_layout_spec,
     run_cli,
     teacher_specs,
@@ -235,6 +239,12 @@ def get_parser() -> argparse.ArgumentParser:
         "OUT_DIR/ctranslate2-teacher, same device, threads, precision and length limit",
     )
     parser.add_argument(
+        "--int8-decoder-row",
+        action="store_true",
+        help="add the teacher decoded by the plugin's greedy loop with an int8 decoder (--int8-decoder; CPU): the "
+        "plugin's row at CTranslate2 int8's precision",
+    )
+    parser.add_argument(
         "--distilled-targets",
         default=None,
         metavar="FILE",
@@ -331,9 +341,11 @@ def parse_batch_sizes(text: Optional[str], batch_size: int) -> List[int]:
 
 
 def row_specs(args) -> List[RowSpec]:
-    """The fairseq rows: the teacher's, the greedy teacher through the plugin's loop, the ``--system`` rows and the
-    ``--npd-checkpoint`` rows, in that order."""
+    """The fairseq rows: the teacher's, the greedy teacher through the plugin's loop (and with ``--int8-decoder-row``
+    with an int8 decoder), the ``--system`` rows and the ``--npd-checkpoint`` rows, in that order."""
     specs = teacher_specs(args.teacher, args.teacher_beam) + [plugin_layout_spec(args.teacher)]
+    if args.int8_decoder_row:
+        specs.append(plugin_int8_spec(args.teacher))
     specs += [parse_system_spec(spec) for spec in args.system]
     if args.npd_checkpoint:
         specs += npd_specs(args.npd_checkpoint, args.teacher, args.npd_samples or "1,5,10,25,100")

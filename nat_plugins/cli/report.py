@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import re
-from typing import List
+from typing import List, Optional
 
 from .. import recipes
 
@@ -44,9 +44,13 @@ def step_times(path: str) -> List[tuple]:
     return list(times.items())
 
 
-def build_report(work: str, preset: str, image_prefix: str = "") -> str:
-    """The report's markdown; plots are referenced as ``image_prefix + file name``. Raises
-    :class:`~nat_plugins.recipes.MissingRow` when a target's row is not among the benchmark's."""
+def build_report(
+    work: str, preset: str, image_prefix: str = "", only: recipes.Only = None, command: Optional[str] = None
+) -> str:
+    """The report's markdown; plots are referenced as ``image_prefix + file name``; ``only``: the run's systems (its
+    targets only, no README claims: a run on your own teacher); ``command``: the run's command (default: the
+    quickstart's for ``preset``). Raises :class:`~nat_plugins.recipes.MissingRow` when a target's row is not among the
+    benchmark's."""
     bench = os.path.join(work, "bench")
     with open(os.path.join(bench, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
@@ -57,7 +61,7 @@ def build_report(work: str, preset: str, image_prefix: str = "") -> str:
         {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
     )
     lines = [
-        f"Command: `PRESET={preset} bash run_scripts/quickstart.sh`; {meta['date']}; "
+        f"Command: `{command or f'PRESET={preset} bash run_scripts/quickstart.sh'}`; {meta['date']}; "
         f"{meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, nat_plugins {meta['nat_plugins']}; "
         f"{meta['precision']}.",
         "",
@@ -70,11 +74,11 @@ def build_report(work: str, preset: str, image_prefix: str = "") -> str:
             + ".",
             "",
         ]
-    checked = [(target.what, *target.check(measured)) for target in recipes.targets(preset)]
+    checked = [(target.what, *target.check(measured)) for target in recipes.targets(preset, only)]
     if checked:
         lines += ["| target | measured | met |", "|---|---|---|"]
         lines += [f"| {what} | {text} | {'yes' if met else '**no**'} |" for what, text, met in checked]
-    notes = recipes.made_notes(preset)
+    notes = recipes.made_notes(preset, only)
     if notes:
         lines += ["", "How each row was made, where it departs from or chooses within its paper:", ""]
         lines += ["| row | made |", "|---|---|"] + [f"| {name} | {made} |" for name, made in notes]
@@ -96,12 +100,19 @@ def main(argv=None):
     parser.add_argument(
         "--preset", required=True, choices=list(recipes.PRESETS), help="the run's preset: its targets are checked"
     )
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        metavar="SYSTEM[,SYSTEM...]",
+        help="the systems the run trained (a run on your own teacher): their targets, not the README's claims",
+    )
+    parser.add_argument("--command", help="the run's command, as the report states it (default: the quickstart's)")
     args = parser.parse_args(argv)
     if not os.path.exists(os.path.join(args.work, "bench", "results.json")):
         parser.error(f"{args.work}/bench/results.json does not exist: run the benchmark step first")
     try:
-        report = build_report(args.work, args.preset)
-    except recipes.MissingRow as err:
+        report = build_report(args.work, args.preset, only=args.only, command=args.command)
+    except (recipes.MissingRow, recipes.CatalogueError) as err:
         parser.error(str(err))
     with open(os.path.join(args.work, "report.md"), "w", encoding="utf-8") as f:
         f.write(report)

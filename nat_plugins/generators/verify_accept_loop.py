@@ -50,6 +50,7 @@ import math
 
 import torch
 
+from ..modules.cpu_linear import int8_decoder_copy
 from ..modules.lean_decoder import lean_unsupported
 from ..modules.static_cache import StaticCache, static_unsupported
 from ..modules.verify_accept import IncrementalCache, decoder_block_features, inexact_verifier
@@ -345,12 +346,16 @@ class GreedyLoop(VerifyAcceptLoop):
     ``SequenceGenerator`` with beam 1 token for token, up to floating-point near-ties (see the module), each step
     one static decoder step (:mod:`~nat_plugins.modules.static_cache`) and an argmax, no per-sentence Python work.
     ``TranslationNATTask.build_generator`` decodes a plain AR model at ``--beam 1`` with it where
-    :func:`greedy_loop_refusal` finds nothing against it."""
+    :func:`greedy_loop_refusal` finds nothing against it. ``--int8-decoder``: the greedy output of the model with an
+    int8 copy of its decoder (:func:`~nat_plugins.modules.cpu_linear.int8_decoder_copy`)."""
 
     name = "greedy search (the plugin's loop)"
 
     def __init__(self, models, task, gen_args):
-        super().__init__(models, task, gen_args, verifier=models[0], block_size=1)
+        verifier = models[0]
+        if task.cfg.int8_decoder:
+            verifier = int8_decoder_copy(verifier, "the decoder", "--int8-decoder")
+        super().__init__(models, task, gen_args, verifier=verifier, block_size=1)
 
 
 def greedy_loop_refusal(models, gen_args, **build_kwargs):

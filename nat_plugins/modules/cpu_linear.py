@@ -9,7 +9,8 @@ from memory, not from the cache.
   ran 0.74× fairseq's own, hence the measurement. Every output is the same dot product, so results change by rounding
   only. Training (gradients enabled), other devices and dtypes keep ``F.linear``. Plugin generators, frozen teachers
   and models decoded through ``translation_nat`` use it (:func:`use_weight_first_linears`).
-* :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft.
+* :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft;
+  :func:`int8_decoder_copy` (``--int8-decoder``): a model whose decoder is such a copy.
 
 The layout (environment variable ``NAT_LINEAR_LAYOUT``): ``auto`` (the default) measures both at the first product on
 the CPU, at torch's thread count then: one pass over every linear layer of each model given to
@@ -253,19 +254,29 @@ def use_weight_first_linears(module):
     return module
 
 
-def int8_copy(module, owner):
+def int8_copy(module, owner, option="--int8-drafts"):
     """A copy of ``module`` whose linear layers hold int8 weights (torch's dynamic quantization: activations
-    quantized per call, int8 matrix products on the CPU), for layers that only draft (``--int8-drafts``): on a CPU a
-    small model's decoding step is bound by reading weights, and these weights are read in every call. ``owner``
-    names the layers in the error raised when ``module`` is not on the CPU in float32."""
+    quantized per call, int8 matrix products on the CPU), for layers that only draft (``--int8-drafts``) or a
+    decoder decoded in int8 (``--int8-decoder``): on a CPU a small model's decoding step is bound by reading weights,
+    and these weights are read in every call. ``owner`` names the layers in the error raised when ``module`` is not on
+    the CPU in float32."""
     weight = next(module.parameters())
     if weight.device.type != "cpu" or weight.dtype != torch.float32:
         raise ValueError(
-            f"--int8-drafts runs {owner} on the CPU in float32 (torch's dynamic int8 quantization); this model is "
-            f"on {weight.device} in {weight.dtype}: drop --int8-drafts"
+            f"{option} runs {owner} on the CPU in float32 (torch's dynamic int8 quantization); this model is "
+            f"on {weight.device} in {weight.dtype}: drop {option}"
         )
     module = copy.deepcopy(module)
     for layer in module.modules():
         if type(layer) is WeightFirstLinear:
             layer.__class__ = nn.Linear  # torch quantizes nn.Linear itself only
     return torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def int8_decoder_copy(model, owner, option):
+    """``model`` with an int8 copy of its decoder (:func:`int8_copy`), everything else shared: the model of
+    ``--int8-decoder``, whose output is the int8 decoder's greedy output, not the float32 model's."""
+    copied = copy.copy(model)
+    copied._modules = dict(model._modules)  # a shallow copy shares the submodule dict: the original keeps its decoder
+    copied.decoder = int8_copy(model.decoder, owner, option)
+    return copied

@@ -69,6 +69,7 @@ DECODING_OPTIONS = {
     "npd_teacher": "fertility_nat",
     "npd_length_normalize": "fertility_nat",
     "int8_drafts": ("blockwise_transformer", "spec_drafter"),
+    "int8_decoder": "transformer",
     "max_drafting_sentences": ("blockwise_transformer", "spec_drafter"),
     "speculative_teacher": "spec_drafter",
     "speculative_verify": "spec_drafter",
@@ -183,6 +184,15 @@ class TranslationNATConfig(TranslationConfig):
             "2..k: their feed-forward layer and output projection; the drafter's decoder) with int8 weights "
             "(torch's dynamic quantization), so each call reads a quarter of their bytes. Exact acceptance keeps "
             "its output (every draft is verified); top-k or relaxed acceptance and --min-block-size may change it"
+        },
+    )
+    int8_decoder: bool = field(
+        default=False,
+        metadata={
+            "help": "transformer at --beam 1 (the plugin's greedy loop), CPU fp32 only: the decoder with int8 weights "
+            "(torch's dynamic quantization): a quarter of the bytes per call. The output is the int8 decoder's "
+            "greedy output, not the float32 model's; activations are quantized per call over the batch's rows, so "
+            "at batch > 1 a sentence's output may depend on the others (at batch 1 it does not)"
         },
     )
     max_drafting_sentences: Optional[int] = field(
@@ -452,8 +462,14 @@ class TranslationNATTask(TranslationTask):
             for model in models:  # CPU decoding: faster few-row products, as in the plugin's own generators
                 use_weight_first_linears(model)
             extra = dict(seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
-            if generator_class is None and greedy_loop_refusal(models, args, **extra) is None:
+            refusal = greedy_loop_refusal(models, args, **extra) if generator_class is None else "a declared generator"
+            if refusal is None:
                 return GreedyLoop(models, self, args)  # fairseq's greedy output, a static decoder step per token
+            if self.cfg.int8_decoder:
+                raise ValueError(
+                    f"--int8-decoder decodes with the plugin's greedy loop, which does not decode this ({refusal}): "
+                    "use --beam 1 and no option of fairseq's generator beyond it, or drop --int8-decoder"
+                )
             return super().build_generator(
                 models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs
             )

@@ -143,6 +143,16 @@ def plugin_layout_spec(teacher: str) -> RowSpec:
     )
 
 
+def plugin_int8_spec(teacher: str) -> RowSpec:
+    """The teacher decoded greedily by the plugin's loop with an int8 copy of its decoder (``--int8-decoder``, CPU):
+    the plugin's row at CTranslate2 int8's precision; not the float32 teacher's output."""
+    return RowSpec(
+        "AR teacher, greedy, int8 decoder (plugin)",
+        teacher,
+        ["--task", "translation_nat", "--beam", "1", "--int8-decoder"],
+    )
+
+
 def ctranslate2_specs(teacher: str, beam: int, compute_types: List[str]) -> List[RowSpec]:
     """The teacher decoded by CTranslate2 (:mod:`nat_plugins.cli.ctranslate2_rows`), beam and greedy, for every
     compute type; the first (the run's precision) is named without it."""

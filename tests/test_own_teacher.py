@@ -1,0 +1,176 @@
+"""Bring your own teacher (``TEACHER=... DATA_BIN=... bash run_scripts/quickstart.sh``, nat_plugins/cli/own_teacher.py):
+a fairseq Transformer of a shape the quickstart never makes (3 layers, 64-d, pre-norm, all embeddings shared, words
+without BPE, trained by plain ``fairseq-train --task translation``) is accelerated end to end, its exact rows print its
+greedy output; what the command cannot take is refused with the file and what to do."""
+
+import os
+import subprocess
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from nat_plugins.cli import own_teacher
+
+from .utils import REPO_ROOT, binarize, console_script, write_dummy_parallel
+
+OWN_SHAPE = [
+    "--arch",
+    "transformer",
+    "--encoder-layers",
+    "3",
+    "--decoder-layers",
+    "3",
+    "--encoder-embed-dim",
+    "64",
+    "--decoder-embed-dim",
+    "64",
+    "--encoder-ffn-embed-dim",
+    "128",
+    "--decoder-ffn-embed-dim",
+    "128",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--encoder-normalize-before",
+    "--decoder-normalize-before",
+    "--share-all-embeddings",
+]
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory):
+    """A data-bin (word-level toy pair) and a teacher trained on it by plain fairseq (no --user-dir, task
+    translation) in the shape of :data:`OWN_SHAPE`."""
+    root = tmp_path_factory.mktemp("own-teacher")
+    data_bin = binarize(write_dummy_parallel(str(root / "raw")), str(root / "data-bin"))
+    save_dir = str(root / "teacher")
+    train = subprocess.run(
+        [console_script("fairseq-train"), data_bin, "--task", "translation", *OWN_SHAPE, "--cpu", "--optimizer", "adam"]
+        + ["--lr", "5e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "20", "--max-tokens", "1000"]
+        + ["--max-update", "300", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]
+        + ["--dropout", "0.1", "--save-dir", save_dir, "--no-epoch-checkpoints", "--no-progress-bar", "--seed", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    return {"root": root, "data_bin": data_bin, "teacher": os.path.join(save_dir, "checkpoint_best.pt")}
+
+
+def edited_checkpoint(own, name, edit):
+    """A copy of the own teacher's checkpoint with ``edit(state)`` applied."""
+    state = torch.load(own["teacher"], weights_only=False)
+    edit(state)
+    path = str(own["root"] / f"{name}.pt")
+    torch.save(state, path)
+    return path
+
+
+def test_the_shape_gives_students_the_teachers_sizes_and_sharing(own):
+    words = own_teacher.shape_options(own_teacher.checked_model_cfg(own["teacher"], own["data_bin"]))
+    text = " ".join(words)
+    for option in ("--encoder-layers 3", "--decoder-layers 3", "--decoder-embed-dim 64", "--decoder-ffn-embed-dim 128"):
+        assert option in text
+    for flag in ("--encoder-normalize-before", "--decoder-normalize-before", "--share-all-embeddings"):
+        assert flag in words
+    assert own_teacher.detect_post_process(own["data_bin"]) == "none"
+
+
+def set_model(field, value):
+    def edit(state):
+        setattr(state["cfg"]["model"], field, value)
+        if field == "arch":
+            state["cfg"]["model"]._name = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "name, edit, message",
+    [
+        ("language-model", set_model("arch", "transformer_lm"), "is a language model"),
+        ("lstm", set_model("arch", "lstm"), "not fairseq's Transformer"),
+        ("sat", set_model("arch", "sat_transformer"), "not an autoregressive teacher"),
+        ("cross-self", set_model("cross_self_attention", True), "was trained with --cross-self-attention"),
+    ],
+)
+def test_checkpoints_it_cannot_take_are_refused_with_what_to_do(own, name, edit, message):
+    path = edited_checkpoint(own, name, edit)
+    with pytest.raises(own_teacher.TeacherError, match=message) as caught:
+        own_teacher.checked_model_cfg(path, own["data_bin"])
+    assert path in str(caught.value) and "checkpoint of fairseq's transformer architecture" in str(caught.value)
+
+
+def test_a_data_bin_with_other_dictionaries_is_refused(own):
+    other = binarize(write_dummy_parallel(str(own["root"] / "raw-other"), seed=1), str(own["root"] / "other-bin"))
+    with pytest.raises(own_teacher.TeacherError, match="was trained with the source dictionary"):
+        own_teacher.checked_model_cfg(own["teacher"], other)
+    with pytest.raises(own_teacher.TeacherError, match="does not exist"):
+        own_teacher.checked_model_cfg(str(own["root"] / "missing.pt"), own["data_bin"])
+    with pytest.raises(own_teacher.TeacherError, match="is not a directory"):
+        own_teacher.checked_model_cfg(own["teacher"], str(own["root"] / "no-such-bin"))
+
+
+@pytest.mark.parametrize(
+    "symbols, expected",
+    [
+        (["▁Ein", "▁Mann", "er", "▁Hut"], "sentencepiece"),
+        (["Ein", "Man@@", "n", "Hut"], "subword_nmt"),
+        (["a", "b"], "none"),
+    ],
+)
+def test_the_subword_scheme_is_read_off_the_dictionary(tmp_path, symbols, expected):
+    data_bin = tmp_path / "bin"
+    data_bin.mkdir()
+    dictionary = Dictionary()
+    for symbol in symbols:
+        dictionary.add_symbol(symbol)
+    for lang in ("en", "de"):
+        dictionary.save(str(data_bin / f"dict.{lang}.txt"))
+    (data_bin / "train.en-de.en.idx").touch()
+    assert own_teacher.detect_post_process(str(data_bin)) == expected
+
+
+def quickstart(env, timeout=1200):
+    return subprocess.run(
+        ["bash", os.path.join(REPO_ROOT, "run_scripts", "quickstart.sh")],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_quickstart_refuses_a_teacher_without_its_data_bin_and_a_bad_teacher(own):
+    run = quickstart({"TEACHER": own["teacher"], "DATA_BIN": ""}, timeout=300)
+    assert run.returncode == 2 and "needs DATA_BIN=the data-bin it was trained on" in run.stderr
+    lstm = edited_checkpoint(own, "lstm-2", set_model("arch", "lstm"))
+    run = quickstart({"TEACHER": lstm, "DATA_BIN": own["data_bin"], "WORK": str(own["root"] / "w")}, timeout=300)
+    assert run.returncode == 2 and "not fairseq's Transformer" in run.stderr
+    assert not os.path.exists(own["root"] / "w"), "nothing is written for a teacher it refuses"
+
+
+@pytest.mark.slow
+def test_quickstart_accelerates_a_teacher_it_did_not_train(own):
+    """The drafter and the blockwise heads are trained on the own teacher (2 updates each: exactness does not depend
+    on them) and benchmarked against it; the exact rows print its greedy output, the report names the command."""
+    work = str(own["root"] / "work")
+    env = {"TEACHER": own["teacher"], "DATA_BIN": own["data_bin"], "WORK": work, "PRESET": "cpu"}
+    run = quickstart({**env, "STUDENT_UPDATES": "2", "LATENCY_SENTENCES": "15"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "--encoder-layers 3" in run.stdout and "--share-all-embeddings" in run.stdout
+    report = open(os.path.join(work, "report.md"), encoding="utf-8").read()
+    assert f"TEACHER={own['teacher']} DATA_BIN={own['data_bin']} PRESET=cpu" in report
+    bench = os.path.join(work, "bench")
+
+    def hyps(slug):
+        with open(os.path.join(bench, f"hyp.{slug}.txt"), encoding="utf-8") as f:
+            return f.read()
+
+    greedy = hyps("ar-teacher-greedy")
+    assert greedy.strip()
+    for slug in ("speculative-k-3-exact", "blockwise-k-4-frozen-exact"):
+        assert hyps(slug) == greedy
+    assert not os.path.exists(os.path.join(own["data_bin"], "train.kd.tgt.txt")), "the own data-bin is only read"
