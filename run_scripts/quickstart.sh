@@ -94,9 +94,13 @@ step() {  # step NAME COMMAND...: run once; a marker file records success; the o
 PREP_ARGS=(--vocab-size "${VOCAB_SIZE:-8000}")
 [ -n "${MAX_LINES:-}" ] && PREP_ARGS+=(--max-lines "$MAX_LINES")
 
-own_data() {  # WORK/data-bin: links to OWN_DATA_BIN's files (distillation writes beside them); the test targets as text
+own_data() {  # WORK/data-bin: links to OWN_DATA_BIN's dictionaries and splits (distilled and fertility files are
+  # written beside them, never through a link into OWN_DATA_BIN); the test targets as text
+  local file
   mkdir -p "$DATA_BIN" "$(dirname "$REFERENCE")"
-  ln -sf "$OWN_DATA_BIN"/* "$DATA_BIN"/
+  for file in "$OWN_DATA_BIN"/dict.*.txt "$OWN_DATA_BIN"/*.*-*.*.bin "$OWN_DATA_BIN"/*.*-*.*.idx; do
+    [ -e "$file" ] && ln -sf "$file" "$DATA_BIN/"
+  done
   if [ ! -f "$REFERENCE" ]; then
     python -m nat_plugins.cli.own_teacher reference "$OWN_DATA_BIN" "$REFERENCE" --post-process "$POST_PROCESS"
   fi

@@ -157,6 +157,9 @@ def test_quickstart_accelerates_a_teacher_it_did_not_train(own):
     """The drafter and the blockwise heads are trained on the own teacher (2 updates each: exactness does not depend
     on them) and benchmarked against it; the exact rows print its greedy output, the report names the command."""
     work = str(own["root"] / "work")
+    mine = os.path.join(own["data_bin"], "train.kd.tgt.txt")  # a user's own distillation, never overwritten
+    with open(mine, "w", encoding="utf-8") as f:
+        f.write("mine\n")
     env = {"TEACHER": own["teacher"], "DATA_BIN": own["data_bin"], "WORK": work, "PRESET": "cpu"}
     run = quickstart({**env, "STUDENT_UPDATES": "2", "LATENCY_SENTENCES": "15"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -173,4 +176,6 @@ def test_quickstart_accelerates_a_teacher_it_did_not_train(own):
     assert greedy.strip()
     for slug in ("speculative-k-3-exact", "blockwise-k-4-frozen-exact"):
         assert hyps(slug) == greedy
-    assert not os.path.exists(os.path.join(own["data_bin"], "train.kd.tgt.txt")), "the own data-bin is only read"
+    with open(mine, encoding="utf-8") as f:
+        assert f.read() == "mine\n", "the own data-bin is only read"
+    assert not os.path.islink(os.path.join(work, "data-bin", "train.kd.tgt.txt"))
