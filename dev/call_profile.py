@@ -10,15 +10,15 @@ WORK is a quickstart work directory: ``data-bin/`` (split ``test``), ``ckpt/teac
 students' ``ckpt/<step>/checkpoint_last.pt`` that exist (a missing one skips its row, with a note); the students' rows
 are the quickstart's (:data:`CATALOGUE_ROWS`, with the catalogue's arguments).
 
-Every row is loaded and decoded by the benchmark's own objects (:func:`nat_plugins.cli.bench.measure.generation_cfg`,
-:class:`~nat_plugins.cli.bench.measure.FairseqRunner`): fairseq-generate's command line with ``--cpu``, float32 and
+Every row is loaded and decoded by the benchmark's own objects (:func:`nat_plugins.bench.measure.generation_cfg`,
+:class:`~nat_plugins.bench.measure.FairseqRunner`): fairseq-generate's command line with ``--cpu``, float32 and
 ``--max-len-a 1.2 --max-len-b 10`` for every row, the sentence collated off the clock, ``task.inference_step`` on
 it, under ``torch.no_grad()``. One sentence at a time:
 
 * warm-up: each row on the first 5 test sentences, not counted;
 * timed pass: the next N sentences, the rows taking turns on each sentence (interleaved, as the benchmark times its
   rows, so that a slower spell of the machine falls on every row). ms / sentence is their median; decoder calls /
-  sentence the mean of the benchmark's count (:class:`~nat_plugins.cli.bench.measure.DecoderPassCounter`: runs of any
+  sentence the mean of the benchmark's count (:class:`~nat_plugins.bench.measure.DecoderPassCounter`: runs of any
   decoder layer stack, speculative decoding's teacher calls included); ms / call their total time over their total
   calls (the encoder and the generator's per-sentence work spread over the calls, as the benchmark's
   ``ms_per_decoder_call``);
@@ -29,7 +29,7 @@ it, under ``torch.no_grad()``. One sentence at a time:
   their CPU time (their inner ops included) over the pass's wall time. The profiler's own cost per op lengthens both,
   so the share is an estimate of the split, not a timing;
 * same tokens as fairseq greedy: the timed sentences whose best hypothesis has the first row's token ids, for the
-  rows that print the teacher's greedy output (:func:`~nat_plugins.cli.bench.measure.prints_teacher_greedy`, as the
+  rows that print the teacher's greedy output (:func:`~nat_plugins.bench.measure.prints_teacher_greedy`, as the
   benchmark's exact check decides); "–" for the others.
 """
 
@@ -48,9 +48,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import nat_plugins
-from nat_plugins import recipes
-from nat_plugins.cli.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
-from nat_plugins.cli.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
+from nat_plugins.bench import recipes
+from nat_plugins.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
+from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 from nat_plugins.modules.verify_accept import IncrementalCache
 
@@ -58,7 +58,7 @@ WARMUP = 5
 PROFILED = 10
 LENGTH_LIMIT = "--max-len-a 1.2 --max-len-b 10"
 DECODE_RANGE = "call_profile.decode"
-# the quickstart's rows profiled after the teacher's (their arguments: nat_plugins/recipes.py, PRESET=cpu)
+# the quickstart's rows profiled after the teacher's (their arguments: nat_plugins/bench/recipes.py, PRESET=cpu)
 CATALOGUE_ROWS = (
     "Speculative k=3, exact",
     "Blockwise k=4 frozen, exact",

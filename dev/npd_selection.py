@@ -37,8 +37,8 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 import nat_plugins
-from nat_plugins.cli.bench.measure import generation_cfg, load_row, seed_everything
-from nat_plugins.cli.bench.rows import RowSpec
+from nat_plugins.bench.measure import generation_cfg, load_row, seed_everything
+from nat_plugins.bench.rows import RowSpec
 from nat_plugins.generators import fertility_decoding
 from nat_plugins.generators.fertility_decoding import FertilityNATGenerator, first_occurrences
 

@@ -9,8 +9,8 @@ import argparse
 import os
 import shutil
 
-from nat_plugins import recipes
-from nat_plugins.cli.report import build_report
+from nat_plugins.bench import recipes
+from nat_plugins.bench.run_report import build_report
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results.md")
 

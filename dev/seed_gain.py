@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 
-from nat_plugins.cli.bench.analysis import paired_bootstrap
+from nat_plugins.bench.analysis import paired_bootstrap
 
 
 def read_rows(out_dir: str, names: list) -> list:

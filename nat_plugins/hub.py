@@ -12,7 +12,9 @@ the plugin decoders' task options per call (``fertility_decoding="npd"``, ``npd_
 """
 
 import os
+from typing import Dict, List, Optional, Union
 
+import torch
 from fairseq import hub_utils
 
 from .tasks.translation_nat import DECODING_OPTIONS
@@ -23,7 +25,7 @@ USER_DIR = os.path.dirname(os.path.abspath(__file__))
 SUBWORD_FILES = (("spm.model", "sentencepiece", "sentencepiece_model"), ("bpe.codes", "subword_nmt", "bpe_codes"))
 
 
-def find_subword_model(*directories):
+def find_subword_model(*directories: str) -> Dict[str, str]:
     """``{"bpe": ..., <model option>: path}`` for the first subword model in ``directories``; {} when none."""
     for directory in directories:
         for file_name, bpe, option in SUBWORD_FILES:
@@ -37,13 +39,19 @@ class NATHubInterface(hub_utils.GeneratorHubInterface):
     """fairseq's hub interface; decoding options of ``task.cfg`` are per call and the default beam is the
     decoder's own (1 for the plugin decoders, which are greedy unless they say otherwise)."""
 
-    def translate(self, sentences, beam=None, verbose=False, **kwargs):
+    def translate(
+        self, sentences: Union[str, List[str]], beam: Optional[int] = None, verbose: bool = False, **kwargs
+    ) -> Union[str, List[str]]:
         return super().translate(sentences, beam, verbose, **kwargs)
 
-    def sample(self, sentences, beam=None, verbose=False, **kwargs):
+    def sample(
+        self, sentences: Union[str, List[str]], beam: Optional[int] = None, verbose: bool = False, **kwargs
+    ) -> Union[str, List[str]]:
         return super().sample(sentences, beam, verbose, **kwargs)
 
-    def generate(self, tokenized_sentences, beam=None, verbose=False, **kwargs):
+    def generate(
+        self, tokenized_sentences: List[torch.LongTensor], beam: Optional[int] = None, verbose: bool = False, **kwargs
+    ) -> List[List[dict]]:
         """fairseq's ``generate``; ``kwargs`` named in the task's table of decoding options
         (:data:`~nat_plugins.tasks.translation_nat.DECODING_OPTIONS`) go to ``task.cfg`` during the call, and the
         task refuses those the model's decoder does not read."""
@@ -60,7 +68,13 @@ class NATHubInterface(hub_utils.GeneratorHubInterface):
                 setattr(self.task.cfg, name, value)
 
 
-def from_pretrained(model_dir, checkpoint_file="checkpoint_best.pt", data_name_or_path=".", bpe="auto", **kwargs):
+def from_pretrained(
+    model_dir: str,
+    checkpoint_file: str = "checkpoint_best.pt",
+    data_name_or_path: str = ".",
+    bpe: Optional[str] = "auto",
+    **kwargs,
+) -> NATHubInterface:
     """Load a plugin checkpoint ``model_dir/checkpoint_file`` with the dictionaries of ``data_name_or_path``
     (relative to ``model_dir`` when it starts with "."). ``bpe="auto"`` applies the ``spm.model`` (sentencepiece)
     or ``bpe.codes`` (subword-nmt) found in ``model_dir``, the data directory or its parent (where prepare_data

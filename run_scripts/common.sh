@@ -73,7 +73,7 @@ student_args() {
     --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
 }
 # the training command of every recipe: fairseq-train, or a tool taking the same options (run_scripts/train_speed.sh
-# sets FAIRSEQ_TRAIN to nat_plugins.cli.train_speed to time the recipes on the same batches)
+# sets FAIRSEQ_TRAIN to nat_plugins.bench.train_speed to time the recipes on the same batches)
 read -r -a FAIRSEQ_TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
 log() { echo "[$(basename "$0") $(date +%H:%M:%S)] $*"; }
 distilled_target_lang() {  # distilled_target_lang DATA_BIN: TGT, the language of DATA_BIN/train.kd.TGT.{bin,idx}

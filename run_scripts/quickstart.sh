@@ -62,12 +62,12 @@ elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
   log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~2 h 20 min on 2 cores)."
 fi
-# the systems of the preset, their benchmark rows and the benchmark's options: nat_plugins/recipes.py
+# the systems of the preset, their benchmark rows and the benchmark's options: nat_plugins/bench/recipes.py
 RECIPES=(--preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" --teacher "$TEACHER"
   --checkpoint-name "$STUDENT_CHECKPOINT" "${ONLY[@]}")
-PLAN=$(python -m nat_plugins.recipes steps "${RECIPES[@]}")  # one training step a line: JOB STEP SCRIPT ARGS...
-ROWS=$(python -m nat_plugins.recipes rows "${RECIPES[@]}")  # --system and --paired-test options, a word a line
-OPTIONS=$(python -m nat_plugins.recipes options --preset "$PRESET" \
+PLAN=$(python -m nat_plugins.bench.recipes steps "${RECIPES[@]}")  # one training step a line: JOB STEP SCRIPT ARGS...
+ROWS=$(python -m nat_plugins.bench.recipes rows "${RECIPES[@]}")  # --system and --paired-test options, a word a line
+OPTIONS=$(python -m nat_plugins.bench.recipes options --preset "$PRESET" \
   ${LATENCY_SENTENCES:+--latency-sentences "$LATENCY_SENTENCES"})
 mapfile -t STEPS <<< "$PLAN"
 mapfile -t ROW_ARGS <<< "$ROWS"
@@ -160,7 +160,7 @@ step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --
   --title "$TITLE" "${BENCH_ARGS[@]}" "${ROW_ARGS[@]}"
 
 # the report: the preset's targets, the teacher's validation curve, step times, the benchmark's tables
-python -m nat_plugins.cli.report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
+python -m nat_plugins.bench.run_report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
 log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (report: $WORK/report.md, benchmark tables and plots: $WORK/bench)"
 echo
 cat "$WORK/report.md"

@@ -1,4 +1,4 @@
-"""Tests of the benchmark harness (nat_plugins/cli/benchmark.py and nat_plugins/cli/bench/).
+"""Tests of the benchmark harness (nat_plugins/bench/benchmark.py and nat_plugins/bench/).
 
 End to end on the session's tiny teacher (toy sN -> tN data, 40 test sentences), all in-process: the
 teacher rows, a ``--system`` row that is the same teacher decoded greedily through ``--task translation`` and one of
@@ -17,10 +17,10 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.cli import benchmark, rep_mis
-from nat_plugins.cli.bench import analysis, measure, paper_points, report, schedule
-from nat_plugins.cli.bench import rows as bench_rows
-from nat_plugins.cli.bench.rows import BenchmarkError
+from nat_plugins.bench import analysis, benchmark, measure, paper_points, report, schedule
+from nat_plugins.bench import rows as bench_rows
+from nat_plugins.bench.rows import BenchmarkError
+from nat_plugins.cli import rep_mis
 from nat_plugins.cli.decoding import Generation
 
 from .utils import TINY_TRANSFORMER, train_model

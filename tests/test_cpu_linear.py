@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-from nat_plugins.cli.bench import report
+from nat_plugins.bench import report
 from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
 from nat_plugins.modules import cpu_linear
 from nat_plugins.modules.cpu_linear import (

@@ -27,9 +27,9 @@ from fairseq import checkpoint_utils, options, tasks
 from fairseq.distributed import ModuleProxyWrapper
 from torch.nn.parallel import DistributedDataParallel
 
-from nat_plugins.cli import benchmark
+from nat_plugins.bench import benchmark
+from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import fertility as fert_cli
-from nat_plugins.cli.bench.rows import BenchmarkError
 from nat_plugins.criterions import nat_rkl_finetune
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune, NATRKLFinetuneConfig, rkl_loss, without_dropout

@@ -21,7 +21,7 @@ from fairseq.data import Dictionary, data_utils
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nat_plugins.cli.bench.measure import DecoderPassCounter, auxiliary_models
+from nat_plugins.bench.measure import DecoderPassCounter, auxiliary_models
 from nat_plugins.modules.segments import DEL_SYMBOL
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
@@ -159,7 +159,7 @@ def test_generators_on_random_models_and_batches(tmp_path_factory, system, beam,
     assert len(batched) == len(lengths)
     assert max(passes(hypos[0]) for hypos in batched) == counter.passes  # sentences leave the batch when done
     limit = max_len_b
-    if system == "recover_sat":  # each segment has its own limit (segment_decoding.py)
+    if system == "recover_sat":  # each segment has its own limit (recover_sat_decoding.py)
         limit = generator.num_segments * generator.segment_max_len(sample["net_input"]["src_tokens"].size(1))
     for hypos in batched:
         for hypo in hypos:

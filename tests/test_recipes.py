@@ -1,4 +1,4 @@
-"""The system catalogue (nat_plugins.recipes): consistent with itself (a target or paired test naming a row its
+"""The system catalogue (nat_plugins.bench.recipes): consistent with itself (a target or paired test naming a row its
 preset does not make fails), the quickstart's steps and rows as run_scripts/quickstart.sh ran them before the
 catalogue, and its command line as the run scripts read it."""
 
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from nat_plugins import recipes
-from nat_plugins.cli.bench.rows import parse_system_spec
+from nat_plugins.bench import recipes
+from nat_plugins.bench.rows import parse_system_spec
 
 RUN = dict(work="W", data_bin="W/data-bin", teacher="W/ckpt/teacher/checkpoint_best.pt")
 T = RUN["teacher"]

@@ -16,7 +16,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.cli import rep_mis
 from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
-from nat_plugins.generators.segment_decoding import RecoverSATGenerator
+from nat_plugins.generators.recover_sat_decoding import RecoverSATGenerator
 from nat_plugins.modules.segments import (
     DEL_SYMBOL,
     SegmentDraws,

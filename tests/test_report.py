@@ -1,4 +1,4 @@
-"""The quickstart's report: the preset's targets (nat_plugins.recipes) checked against the benchmark's rows, a
+"""The quickstart's report: the preset's targets (nat_plugins.bench.recipes) checked against the benchmark's rows, a
 target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders'
 tools: the one that puts a report into docs/results.md (dev/results_section.py), the one that pools seeds
 (dev/seed_gain.py) and the decoding counts (dev/decode_stats.py)."""
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from nat_plugins import recipes
-from nat_plugins.cli import report
-from nat_plugins.cli.bench.rows import TEACHER_BEAM, TEACHER_GREEDY
+from nat_plugins.bench import recipes
+from nat_plugins.bench import run_report as report
+from nat_plugins.bench.rows import TEACHER_BEAM, TEACHER_GREEDY
 
 from .utils import REPO_ROOT
 

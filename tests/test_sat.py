@@ -14,7 +14,7 @@ from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.sequence_scorer import SequenceScorer
 
-from nat_plugins.generators.group_decoding import SATGenerator
+from nat_plugins.generators.sat_decoding import SATGenerator
 from nat_plugins.modules.sat_masks import relaxed_causal_mask
 
 from .utils import (

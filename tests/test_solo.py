@@ -1,4 +1,4 @@
-"""``nat-benchmark --solo`` (nat_plugins/cli/bench/solo.py): every engine timed alone in its own process, in the
+"""``nat-benchmark --solo`` (nat_plugins/bench/solo.py): every engine timed alone in its own process, in the
 setting its calibration picks.
 
 The schedule and the statistics with fake processes (:class:`FakeChild` in place of :class:`solo.Child`, fake
@@ -15,10 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from nat_plugins.cli import benchmark
-from nat_plugins.cli.bench import solo
-from nat_plugins.cli.bench.rows import CT2_GREEDY, SYSTEM, BenchmarkError, RowSpec, teacher_specs
-from nat_plugins.cli.bench.schedule import interleaved_blocks, round_orders, units_of
+from nat_plugins.bench import benchmark, solo
+from nat_plugins.bench.rows import CT2_GREEDY, SYSTEM, BenchmarkError, RowSpec, teacher_specs
+from nat_plugins.bench.schedule import interleaved_blocks, round_orders, units_of
 
 ANCHOR, PLUGIN, INT8 = "AR teacher, greedy", "plugin row", "CTranslate2 int8 greedy"
 # ms per sentence of each engine in each setting (policy, threads): every engine is fastest in another one

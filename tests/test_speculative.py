@@ -17,7 +17,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
 from nat_plugins.generators.speculative_decoding import SpeculativeGenerator
-from nat_plugins.models.spec_drafter import HIDDEN, draft_attention_mask, every_cut_attention_mask
+from nat_plugins.modules.draft_masks import HIDDEN, draft_attention_mask, every_cut_attention_mask
 
 from .test_blockwise import (
     LENGTH_AND_SCORE_OPTIONS,

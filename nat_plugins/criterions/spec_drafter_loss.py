@@ -25,7 +25,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
-from ..models.spec_drafter import every_cut_slots
+from ..modules.draft_masks import every_cut_slots
 from ..modules.options import check_label_smoothing
 from ._metrics import log_loss_and_nll, summed
 

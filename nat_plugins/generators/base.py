@@ -4,9 +4,11 @@ rules of fairseq's ``SequenceGenerator`` for lengths, pad, unk and scores, so th
 for an AR Transformer in ``fairseq-generate``."""
 
 import math
+from typing import Any, Dict, List, Optional
 
 import torch
 from fairseq.dataclass.configs import GenerationConfig
+from torch import nn
 
 from ..modules.cpu_linear import use_weight_first_linears
 from ..modules.static_cache import StaticCache
@@ -63,14 +65,28 @@ class PluginGenerator:
             raise ValueError(f"--temperature must be > 0, got {self.temperature}")
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None):
-        """fairseq's generator interface (the arguments of ``SequenceGenerator.generate``): for each sentence of
-        ``sample`` a list of hypotheses, best first (:meth:`decode`); ``prefix_tokens``, ``constraints`` and
-        ``bos_token`` are refused (:meth:`refuse_search_inputs`) rather than dropped."""
+    def generate(
+        self,
+        models: List[nn.Module],
+        sample: Dict[str, Any],
+        prefix_tokens: Optional[torch.Tensor] = None,
+        constraints: Optional[torch.Tensor] = None,
+        bos_token: Optional[int] = None,
+    ) -> List[List[Dict[str, Any]]]:
+        """fairseq's generator interface (the arguments of ``SequenceGenerator.generate``).
+
+        Args:
+            models: the model (one: no ensembles), as fairseq passes it.
+            sample: a batch of fairseq's collater: ``net_input`` with ``src_tokens`` (B, S) and ``src_lengths`` (B,).
+            prefix_tokens, constraints, bos_token: refused (:meth:`refuse_search_inputs`) rather than dropped.
+
+        Returns:
+            For each sentence a list of hypotheses, best first (:meth:`decode`), each a dict with ``tokens`` (T,),
+            ``positional_scores`` (T,), ``score``, ``attention`` (None), ``alignment`` (None) and ``steps``."""
         self.refuse_search_inputs(prefix_tokens, constraints, bos_token)
         return self.decode(sample)
 
-    def decode(self, sample):
+    def decode(self, sample: Dict[str, Any]) -> List[List[Dict[str, Any]]]:
         """The hypotheses of ``sample`` (fairseq's format, one list per sentence): the subclass's decoding."""
         raise NotImplementedError
 

@@ -1,49 +1,24 @@
-"""Verify-accept decoding with an autoregressive verifier: the batched loop blockwise parallel decoding (Stern,
-Shazeer & Uszkoreit, NeurIPS 2018, §3-§5) shares with speculative decoding (Xia et al. 2023).
+"""Verify-accept decoding with an autoregressive verifier: the batched loop that blockwise parallel decoding (Stern,
+Shazeer & Uszkoreit, NeurIPS 2018, §3-§5) and speculative decoding (Xia et al., Findings of EMNLP 2023) share.
 
-Every step calls the verifier's decoder once on ``[ŷ_{j+1}, d_{j+2}, …, d_{j+k}]`` at positions j+1..j+k, where j is
-the last accepted position, ŷ_{j+1} is the verifier's own argmax from the previous call (accepted whatever happens)
-and the d are k-1 drafts. The call yields the verifier's distribution after each of them; the longest prefix of
-drafts the verifier agrees with is accepted (:func:`accepted_lengths`), the key/value cache keeps only the accepted
-tokens (:mod:`~nat_plugins.modules.static_cache`: slots indexed by position, so a rejected slot is simply overwritten
-later; fairseq's cache, for decoders the static step does not run, is rolled back:
-:func:`~nat_plugins.modules.verify_accept.rollback_cache`), and the verifier's argmax after the last
-accepted token is the next ŷ_{j+1}. With exact acceptance the output is exactly the verifier's greedy output, whatever
-the drafts: at every position the argmax of its logits.
+Each step calls the verifier's decoder once on [ŷ_{j+1}, d_{j+2}, …, d_{j+k}] at positions j+1..j+k (j: the last
+accepted position; ŷ_{j+1}: the verifier's argmax from the previous call; d: k-1 drafts), accepts the longest prefix of
+drafts the verifier agrees with (:func:`accepted_lengths`: exact, top-M, tolerance τ) and takes the verifier's argmax
+after it as the next ŷ. With exact acceptance the output is the verifier's greedy output whatever the drafts:
+fairseq's ``SequenceGenerator`` with beam 1, token for token, except at floating-point near-ties (two tokens whose
+log-probabilities differ by less than the rounding of fairseq's running score or of the verifier's logits).
 
-That is fairseq's ``SequenceGenerator`` with beam 1 token for token, except at floating-point near-ties. fairseq ranks
-log-probability + running score in fp32 and picks with ``topk``: where the two best tokens' log-probabilities are closer
-than the rounding of that sum (about |running score| × 1e-7: 1e-6 at a score of -8), their sums are equal and ``topk``'s
-tie order picks (in tests/test_verify_accept.py: the later index), whereas the verifier takes the larger logit. The
-verifier's logits also differ from fairseq's by rounding (measured up to 4e-6 on the tests' random models: several
-tokens per call, the lean forward), so such near-ties can go either way; from such a position on the two outputs differ.
-Positional scores agree to about 1e-5. Ranking as fairseq does (a log-softmax over the vocabulary and a running sum per
-verified row) would not remove the difference, the logits themselves being rounded differently.
+The key/value cache is the static step's (:mod:`~nat_plugins.modules.static_cache`: a rejected slot is overwritten
+later) or, for decoders it does not run, fairseq's, rolled back per sentence
+(:func:`~nat_plugins.modules.verify_accept.rollback_cache`). A call on k tokens of every sentence costs about k greedy
+steps once the batch keeps the device busy, so with exact acceptance the loop takes plain greedy steps while more than
+``--max-drafting-sentences`` sentences are decoding (:meth:`VerifyAcceptLoop.block_width`).
 
-Cost of a step beyond the decoder call (so that it stays close to one greedy step, Stern et al.'s premise): the
-verifier's k rows are reduced to an argmax and a logsumexp (scores of emitted tokens = logit - logsumexp, no
-log-softmax over the vocabulary; top-M compares logits); one device-to-host copy per step (finished sentences and the
-longest prefix); with the static cache no rollback (with fairseq's, a slice per layer at batch 1, a gather of each
-row's kept slots at batch > 1). Decoder calls run the layers' lean forward (:mod:`~nat_plugins.modules.lean_decoder`)
-where it supports them.
-
-A call over k tokens of every sentence costs about k greedy steps once the batch keeps the device busy (on a 2-core
-CPU with the quickstart's models: from 2 sentences on), so drafts that get rejected stop paying for themselves there:
-with exact acceptance the loop takes plain greedy steps (ŷ_{j+1} alone, no drafts, the same tokens) while more than
-``--max-drafting-sentences`` sentences are still decoding, and drafts for the tail of the batch
-(:meth:`VerifyAcceptLoop.block_width`).
-
-Usage: :class:`VerifyAcceptLoop` is the batched loop (sentences accept different numbers of tokens and leave the
-batch when they end); :func:`accepted_lengths` is the acceptance rule (exact, top-M, tolerance τ). A subclass passes
-``verifier`` (a fairseq encoder-decoder) and ``block_size`` k (tokens per verifier call) to its ``__init__`` and
-implements :meth:`~VerifyAcceptLoop.propose` (the k-1 drafts); it may override
-:meth:`~VerifyAcceptLoop.verifier_logits` (default: the decoder's output projection), :meth:`~VerifyAcceptLoop.start`
-(per batch, e.g. a drafter's encoder) and :meth:`~VerifyAcceptLoop.reorder` (sentences leaving the batch). Drafts
-should obey fairseq's length rules (never pad; EOS only where allowed), as forced acceptance (``min_block_size`` > 1)
-emits them unverified: :meth:`~VerifyAcceptLoop.constrain_logits` applies the rules. Blockwise parallel decoding
-(:class:`~nat_plugins.generators.blockwise_decoding.BlockwiseGenerator`) drafts with its k-1 extra heads at the
-state that predicted ŷ_{j+1}; speculative decoding (:class:`~nat_plugins.generators.speculative_decoding.
-SpeculativeGenerator`) drafts with a separate model given the accepted prefix.
+A subclass passes ``verifier`` and ``block_size`` k and implements :meth:`~VerifyAcceptLoop.propose` (the k-1 drafts,
+obeying fairseq's length rules: :meth:`~VerifyAcceptLoop.constrain_logits`); it may override
+:meth:`~VerifyAcceptLoop.verifier_logits`, :meth:`~VerifyAcceptLoop.start` and :meth:`~VerifyAcceptLoop.reorder`.
+Blockwise decoding drafts with its k-1 extra heads, speculative decoding with a separate drafter;
+:class:`GreedyLoop` is the loop without drafts (the plugin's greedy search of a plain Transformer).
 """
 
 import math

@@ -84,8 +84,7 @@ class NATPluginModel:
             "--init-from-ar-scope",
             choices=INIT_FROM_AR_SCOPES,
             help="with --init-from-ar: 'all' (default) copies every matching parameter, decoder layers "
-            "included (measured better for SAT, RecoverSAT, the NAT and Encoder-NAD-AD: docs/results.md); "
-            f"'paper' copies only {cls.ar_init_paper}",
+            f"included; 'paper' copies only {cls.ar_init_paper}",
         )
 
     @classmethod

@@ -16,7 +16,7 @@ The translation is generated as K segments in parallel, each left to right (§3.
   the keys at steps <= t of every segment, plus fairseq's key padding mask (ended segments are padding).
 
 With K = 1 this is fairseq's Transformer (plus the DEL row). Training: criterion ``recover_sat_loss`` (it builds
-the segmented inputs and targets from fairseq's batches); decoding: :mod:`..generators.segment_decoding`.
+the segmented inputs and targets from fairseq's batches); decoding: :mod:`..generators.recover_sat_decoding`.
 """
 
 from fairseq.models import register_model, register_model_architecture
@@ -29,7 +29,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.segment_decoding import RecoverSATGenerator
+from ..generators.recover_sat_decoding import RecoverSATGenerator
 from ..modules.grouped_decoder import GroupedTransformerDecoder
 from ..modules.segments import DEL_SYMBOL, add_segment_symbols, segment_ids
 from .plugin_model import NATPluginModel, logits_at_positions

@@ -30,7 +30,7 @@ times as often (docs/results.md, "SAT: a group's positions stop agreeing", with 
 
 With K = 1 (options off) this is fairseq's Transformer: same parameter names, same outputs. Training uses fairseq's
 criteria (``label_smoothed_cross_entropy``) on ordinary batches: :meth:`SATTransformerModel.forward` turns fairseq's
-``prev_output_tokens`` (targets shifted by one) into SAT's inputs. Decoding: :mod:`..generators.group_decoding`.
+``prev_output_tokens`` (targets shifted by one) into SAT's inputs. Decoding: :mod:`..generators.sat_decoding`.
 """
 
 import torch
@@ -45,7 +45,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.group_decoding import SATGenerator
+from ..generators.sat_decoding import SATGenerator
 from ..modules.grouped_decoder import GroupedTransformerDecoder
 from .plugin_model import NATPluginModel
 
@@ -225,15 +225,14 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
             action="store_true",
             help="beyond the paper: add a learned embedding of the position inside the group (0..K-1; zero at "
             "initialisation) to the decoder input, so that the K positions of a group, which see the same inputs, "
-            "know which word they predict (measured: less stutter; see the sat_transformer module docstring)",
+            "know which word they predict (against a group's positions repeating each other)",
         )
         parser.add_argument(
             "--group-repeat-bias",
             action="store_true",
             help="beyond the paper: position k >= 1 of a group adds a learned bias (zero at initialisation) to "
             "its logit of the word emitted at position k-1 (training: the reference word; decoding: the word "
-            "chosen), so the model learns how rarely a group repeats a word (measured: SAT K=2 then stutters about "
-            "as rarely as its training targets; one decoder call per group still)",
+            "chosen), so the model learns how rarely a group repeats a word (one decoder call per group still)",
         )
         cls.add_init_from_ar_args(parser)
 

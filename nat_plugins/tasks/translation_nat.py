@@ -202,7 +202,7 @@ class TranslationNATConfig(TranslationConfig):
             "sentences of a batch are still decoding; while more are, take plain greedy steps of the verifier "
             "(same output: one token per sentence and call, no drafts), because a call over k tokens of every "
             "sentence costs about k greedy steps once the batch keeps the device busy. Default: "
-            f"{CPU_MAX_DRAFTING_SENTENCES} on the CPU (measured: docs/results.md), no limit on a GPU; 0: greedy "
+            f"{CPU_MAX_DRAFTING_SENTENCES} on the CPU, no limit on a GPU; 0: greedy "
             "steps only; a number >= --batch-size: drafts at every step"
         },
     )

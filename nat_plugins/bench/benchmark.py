@@ -6,7 +6,7 @@ AR-teacher rows use plain ``--task translation`` (fairseq's ``SequenceGenerator`
 defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 
 * BLEU: sacreBLEU (13a) of the detokenized hypotheses of the throughput pass against the raw references;
-* speed, one protocol for every row (:mod:`.bench.schedule`): the same units of sentences for all rows (batch 1:
+* speed, one protocol for every row (:mod:`.schedule`): the same units of sentences for all rows (batch 1:
   the first ``--latency-sentences`` after ``--warmup``; batch B: the split's length-sorted batches), dealt into
   ``--rounds`` interleaved blocks and timed round-robin (each round every row on the same block, the rows in a
   random order per round drawn from ``--seed``), fairseq's greedy teacher re-timed at the end (its drift); the timed
@@ -18,14 +18,14 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
   ``--batch-sizes`` size; tables, plots and ``results.json``) is one statistic: the median over rounds of the paired
   per-round ratio (the reference row's seconds on the round's block / the row's on the same block), shown with its
   range over the rounds; a ``flag`` where the median is no further from 1 than that spread (no settled win);
-* the rows that print the teacher's greedy output (:func:`.bench.measure.prints_teacher_greedy`: the teacher
+* the rows that print the teacher's greedy output (:func:`.measure.prints_teacher_greedy`: the teacher
   decoded greedily by the plugin's greedy loop, exact blockwise and speculative decoding, greedy steps only) checked
   against the greedy teacher row token for token in every timed pass (batch 1 and every batch size): the sentences
   that differ, and how many of them are floating-point near-ties (at the first differing token the teacher's
-  log-probabilities of the two tokens differ by less than :data:`.bench.measure.NEAR_TIE_TOLERANCE`); a divergence
+  log-probabilities of the two tokens differ by less than :data:`.measure.NEAR_TIE_TOLERANCE`); a divergence
   that is no near-tie is flagged;
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
-  sentences as runs of any decoder layer stack (:class:`.bench.measure.DecoderPassCounter`: fairseq's
+  sentences as runs of any decoder layer stack (:class:`.measure.DecoderPassCounter`: fairseq's
   ``SequenceGenerator`` and ``IterativeRefinementGenerator`` and every plugin generator, auxiliary passes such
   as NPD's teacher rescoring and NAD-AD's NAD included), plus the mean of ``hypo["steps"]`` where the generator
   reports it;
@@ -50,7 +50,7 @@ and counts the sentences where its float32 greedy output differs from fairseq's.
 
 ``--solo`` also times every greedy engine (fairseq greedy, the plugin rows, CTranslate2 greedy) alone in its own
 process, at the OpenMP wait policy and thread count a short calibration picks for it on this machine
-(:mod:`.bench.solo`): a table beside the round-robin one in ``results.md``, ``solo`` in ``results.json``.
+(:mod:`.solo`): a table beside the round-robin one in ``results.md``, ``solo`` in ``results.json``.
 
 ``--npd-checkpoint CKPT --npd-samples 1,5,10,25,100`` adds one row per number of samples S of noisy parallel decoding
 (Gu et al. 2018 §4.1) of a ``fertility_nat`` checkpoint, rescored by the teacher (``NAT, NPD S=<S>``), and
@@ -63,7 +63,7 @@ the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 
 
 ``pareto.png``: every row's BLEU as % of the teacher beam row's against its batch-1 latency speedup over it (log
 scale), with this run's Pareto front and the papers' own claims (relative to their AR baselines;
-:mod:`.bench.paper_points`) as a grey reference.
+:mod:`.paper_points`) as a grey reference.
 
 Outputs in ``--out-dir``: ``results.md``, ``results.json``, ``pareto.png``, ``by_length.png``, ``by_batch_size.png``
 (``npd.png``) and
@@ -81,7 +81,7 @@ import torch
 from fairseq import utils
 
 import nat_plugins
-from nat_plugins.cli.bench.analysis import (
+from nat_plugins.bench.analysis import (
     add_length_buckets,
     add_rep_mis,
     bucket_counts,
@@ -90,7 +90,8 @@ from nat_plugins.cli.bench.analysis import (
     parse_length_buckets,
     speed_at,
 )
-from nat_plugins.cli.bench.measure import (
+from nat_plugins.bench.ctranslate2_rows import compute_types, ctranslate2_runners
+from nat_plugins.bench.measure import (
     NEAR_TIE_TOLERANCE,
     FairseqRunner,
     batch1_stats,
@@ -101,8 +102,8 @@ from nat_plugins.cli.bench.measure import (
     prints_teacher_greedy,
     source_lengths,
 )
-from nat_plugins.cli.bench.report import initial_environment, markdown_table, pyplot, run_metadata, write_report
-from nat_plugins.cli.bench.rows import (
+from nat_plugins.bench.report import initial_environment, markdown_table, pyplot, run_metadata, write_report
+from nat_plugins.bench.rows import (
     CTRANSLATE2_ROLES,
     SYSTEM,
     TEACHER_GREEDY,
@@ -117,9 +118,8 @@ from nat_plugins.cli.bench.rows import (
     run_cli,
     teacher_specs,
 )
-from nat_plugins.cli.bench.schedule import time_batch_sizes
-from nat_plugins.cli.bench.solo import add_solo_options, run_solo
-from nat_plugins.cli.ctranslate2_rows import compute_types, ctranslate2_runners
+from nat_plugins.bench.schedule import time_batch_sizes
+from nat_plugins.bench.solo import add_solo_options, run_solo
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -435,7 +435,7 @@ def main(args) -> dict:
 
 
 def row_of(k: int, runner, timings: dict, batch_size: int, references: List[str]):
-    """The :class:`.bench.rows.Row` of runner ``k`` from the timings of every batch size: latency (per sentence and
+    """The :class:`.rows.Row` of runner ``k`` from the timings of every batch size: latency (per sentence and
     per round's block) from batch 1, throughput and hypotheses from ``batch_size``, the speed at every size."""
     ones, ones_outputs = timings[1]
     batched, batched_outputs = timings[batch_size]
@@ -454,8 +454,8 @@ def row_of(k: int, runner, timings: dict, batch_size: int, references: List[str]
 
 def add_exact_checks(rows, runners, anchor: int, timings: dict, tolerance: float):
     """``exact_check`` of every row but the anchor's that prints the teacher's greedy output
-    (:func:`.bench.measure.prints_teacher_greedy`): its outputs against the anchor's (fairseq's greedy teacher) in
-    every timed pass, by batch size (:func:`.bench.measure.exact_check`, near-ties scored by the anchor's model)."""
+    (:func:`.measure.prints_teacher_greedy`): its outputs against the anchor's (fairseq's greedy teacher) in
+    every timed pass, by batch size (:func:`.measure.exact_check`, near-ties scored by the anchor's model)."""
     teacher = runners[anchor]
     for k, (row, runner) in enumerate(zip(rows, runners)):
         if k != anchor and prints_teacher_greedy(runner, teacher):
@@ -472,7 +472,7 @@ def active_openmp(argv: List[str]):
     "OpenMP wait policy"). The runtimes read the variable when they load, before this code runs, hence the exec."""
     if "--ctranslate2" in argv and "OMP_WAIT_POLICY" not in initial_environment():
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
-        os.execv(sys.executable, [sys.executable, "-m", "nat_plugins.cli.benchmark"] + argv)
+        os.execv(sys.executable, [sys.executable, "-m", "nat_plugins.bench.benchmark"] + argv)
 
 
 def cli_main(argv: Optional[List[str]] = None):

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 import sacrebleu
 
-from ..rep_mis import rep_mis
+from ..cli.rep_mis import rep_mis
 from .rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY, TEACHER_GREEDY_PLUGIN, BenchmarkError, Row, spread
 from .schedule import unsettled
 

@@ -29,7 +29,7 @@ Per engine: the median over rounds of the paired ratio (fairseq greedy's block s
 and round) with its min-max, ms per sentence, the setting and linear layout used, and the timed sentences whose output
 differs from the round-robin pass's (:meth:`Solo.check_outputs`). A child gets its job (the row specs, the benchmark's
 options, its thread count) as a JSON file, its commands as JSON lines on stdin, and answers in JSON files
-(``python -m nat_plugins.cli.bench.solo JOB``); its log is ``OUT_DIR/solo/<name>.log``.
+(``python -m nat_plugins.bench.solo JOB``); its log is ``OUT_DIR/solo/<name>.log``.
 """
 
 import argparse
@@ -48,8 +48,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ...modules import cpu_linear
-from ..ctranslate2_rows import ctranslate2_runners
+from ..modules import cpu_linear
+from .ctranslate2_rows import ctranslate2_runners
 from .measure import FairseqRunner, generation_cfg, load_split
 from .report import ratio_cell
 from .rows import (
@@ -64,7 +64,7 @@ from .rows import (
 )
 from .schedule import Rounds, interleaved_blocks, round_orders, time_unit, units_of, unsettled
 
-logger = logging.getLogger("nat_plugins.cli.benchmark")
+logger = logging.getLogger("nat_plugins.bench.benchmark")
 
 SOLO_ROLES = (TEACHER_GREEDY, TEACHER_GREEDY_PLUGIN, SYSTEM, CT2_GREEDY)
 TORCH_FAMILY, CT2_FAMILY = "torch", "ctranslate2"
@@ -132,7 +132,7 @@ def family(spec: RowSpec) -> str:
 
 
 class Child:
-    """A solo process (``python -m nat_plugins.cli.bench.solo JOB``) in the environment ``env``. It loads its engines
+    """A solo process (``python -m nat_plugins.bench.solo JOB``) in the environment ``env``. It loads its engines
     and stops itself; :meth:`run` hands it a command and waits until it has answered and stopped again."""
 
     def __init__(self, job: dict, env: Dict[str, str], directory: str, name: str):

@@ -1,5 +1,5 @@
-"""Decoding one fairseq row the way ``fairseq_cli/generate.py`` does (:mod:`..decoding`), as the timing protocol
-(:mod:`.schedule`) runs it, and the :class:`Row` of its measurements.
+"""Decoding one fairseq row the way ``fairseq_cli/generate.py`` does (:mod:`nat_plugins.cli.decoding`), as the timing
+protocol (:mod:`.schedule`) runs it, and the :class:`Row` of its measurements.
 
 Per decoded sentence a row keeps its best hypothesis (token ids and detokenized), the emitted tokens (EOS included), at
 batch 1 the decoder passes (:class:`DecoderPassCounter`), and ``hypo["steps"]`` where the generator reports it.
@@ -29,13 +29,13 @@ from fairseq.sequence_generator import SequenceGenerator
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 from torch import nn
 
-from ...generators.verify_accept_loop import VerifyAcceptLoop
-from ...modules.teacher import FrozenTeacher
-from ..decoding import Generation, load_generation
+from ..cli.decoding import Generation, load_generation
+from ..generators.verify_accept_loop import VerifyAcceptLoop
+from ..modules.teacher import FrozenTeacher
 from .analysis import corpus_bleu
 from .rows import BenchmarkError, Row, RowSpec, split_generate_args
 
-logger = logging.getLogger("nat_plugins.cli.benchmark")
+logger = logging.getLogger("nat_plugins.bench.benchmark")
 
 # the largest gap between the teacher's log-probabilities of two tokens that still counts as a floating-point near-tie,
 # by precision: fp32 rounding moves a logit by a few 1e-6 (generators/verify_accept_loop.py), fp16 by about 1e-3 of

@@ -15,8 +15,8 @@ import torch
 
 import nat_plugins
 
-from ...modules import cpu_linear
-from ..rep_mis import DEFAULT_WINDOW, repeated_ratio
+from ..cli.rep_mis import DEFAULT_WINDOW, repeated_ratio
+from ..modules import cpu_linear
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
 from .rows import CTRANSLATE2_ROLES, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path

@@ -154,7 +154,7 @@ def plugin_int8_spec(teacher: str) -> RowSpec:
 
 
 def ctranslate2_specs(teacher: str, beam: int, compute_types: List[str]) -> List[RowSpec]:
-    """The teacher decoded by CTranslate2 (:mod:`nat_plugins.cli.ctranslate2_rows`), beam and greedy, for every
+    """The teacher decoded by CTranslate2 (:mod:`nat_plugins.bench.ctranslate2_rows`), beam and greedy, for every
     compute type; the first (the run's precision) is named without it."""
     specs = []
     for i, compute_type in enumerate(compute_types):
@@ -216,7 +216,7 @@ def spread(ratios: List[float]) -> Optional[float]:
 
 @dataclass
 class Row:
-    """One row's measurements (:mod:`.measure`, :mod:`nat_plugins.cli.ctranslate2_rows`) and what is derived from
+    """One row's measurements (:mod:`.measure`, :mod:`nat_plugins.bench.ctranslate2_rows`) and what is derived from
     them against the other rows (:mod:`.analysis`). ``to_json`` gives the ``results.json`` row."""
 
     spec: RowSpec

@@ -3,19 +3,19 @@
 For every preset (``cpu``, ``cpu-long``, ``gpu``: run_scripts/common.sh) an entry says which configurations of the
 system the run trains (the recipe scripts of examples/multi30k and their arguments, step by step: each script sets
 its own updates, learning rate and warm-up per preset), the benchmark rows each configuration decodes (display name,
-checkpoint, fairseq-generate arguments) and the quality targets the report (:mod:`nat_plugins.cli.report`) checks on
-those rows. A target or paired test that names a row its preset does not make is an error (:func:`check`), and so
+checkpoint, fairseq-generate arguments) and the quality targets the report (:mod:`.run_report`) checks on those
+rows. A target or paired test that names a row its preset does not make is an error (:func:`check`), and so
 is a target whose row a finished benchmark lacks (:class:`MissingRow`). The scripts read the catalogue through its
 command line, one item per line:
 
-    python -m nat_plugins.recipes steps --preset P --work W --data-bin D --teacher T --checkpoint-name N
+    python -m nat_plugins.bench.recipes steps --preset P --work W --data-bin D --teacher T --checkpoint-name N
         one training step per line, tab-separated: JOB, STEP, SCRIPT (relative to the repository), its arguments
         (run_scripts/quickstart.sh runs the steps of a job in order, jobs side by side)
-    python -m nat_plugins.recipes speed-steps ... --save-dir DIR
+    python -m nat_plugins.bench.recipes speed-steps ... --save-dir DIR
         the fairseq-train steps, each with the recipe its speed is compared with (run_scripts/train_speed.sh)
-    python -m nat_plugins.recipes options --preset P [--latency-sentences N]
+    python -m nat_plugins.bench.recipes options --preset P [--latency-sentences N]
         the preset's benchmark options, one word per line
-    python -m nat_plugins.recipes rows --preset P --work W ... [--only SYSTEM] [--values K,...] [--existing]
+    python -m nat_plugins.bench.recipes rows --preset P --work W ... [--only SYSTEM] [--values K,...] [--existing]
         the benchmark options of the rows (--system, --paired-test), one word per line
 
 A new system is one :class:`System` in :data:`SYSTEMS`; a new preset one :class:`Preset` in :data:`PRESETS` and
@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .cli.bench.rows import (
+from .rows import (
     TEACHER_BEAM,
     TEACHER_GREEDY,
     RowSpec,
@@ -86,7 +86,7 @@ class Preset:
 # 4.8.5, is built against CUDA 12's cuBLAS, which the GPU machines here, CUDA 13, lack).
 # The CPU presets time batch 1, 8, 32 and 64 (and their --batch-size): the speed-against-batch-size table and plot.
 BATCH_SIZES = ("--batch-sizes", "1,8,32,64")
-# --solo: every greedy engine also timed alone in its own process, at its best OpenMP setting (cli/bench/solo.py)
+# --solo: every greedy engine also timed alone in its own process, at its best OpenMP setting (bench/solo.py)
 CPU_DEVICE_OPTIONS = (
     "--cpu",
     "--warmup",
@@ -893,7 +893,7 @@ def emit(lines: List[List[str]]):
 
 
 def main(argv: Optional[List[str]] = None):
-    parser = argparse.ArgumentParser(prog="python -m nat_plugins.recipes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nat_plugins.bench.recipes", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     preset = argparse.ArgumentParser(add_help=False)
     preset.add_argument("--preset", required=True, choices=list(PRESETS), help="the run's size preset")

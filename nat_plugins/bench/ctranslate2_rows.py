@@ -6,7 +6,7 @@ still lose to it. With ``nat-benchmark --ctranslate2`` the teacher is converted 
 (``ctranslate2.converters.FairseqConverter``, into ``OUT_DIR/ctranslate2-teacher``) and decoded on the same
 device, threads, sentences and length limit as the other rows, beam and greedy at every compute type of
 :func:`compute_types` (the run's precision and the production settings: int8 on CPU), timed by the same protocol
-(:mod:`.bench.schedule`); the rows are the benchmark's :class:`~.bench.rows.Row` s (decoder calls are not
+(:mod:`.schedule`); the rows are the benchmark's :class:`~.rows.Row` s (decoder calls are not
 observable inside CTranslate2, so those stay empty).
 
 Source subwords are the binarized test set's (EOS left to CTranslate2, which the converter configures to add it);
@@ -21,8 +21,8 @@ from typing import Dict, List
 
 import torch
 
-from .bench.measure import Output, length_limit
-from .bench.rows import BenchmarkError
+from .measure import Output, length_limit
+from .rows import BenchmarkError
 
 CONVERTED_DIR = "ctranslate2-teacher"
 
@@ -75,7 +75,7 @@ def compute_types(use_cuda: bool, fp16: bool) -> List[str]:
 
 
 class CTranslate2Runner:
-    """One CTranslate2 row (a compute type and beam size) timed by :func:`.bench.schedule.run_rounds` like the fairseq
+    """One CTranslate2 row (a compute type and beam size) timed by :func:`.schedule.run_rounds` like the fairseq
     rows: source subwords in off the clock, ``translate_batch`` and the best hypotheses' ids (target dictionary)
     out on it, detokenization off it."""
 
@@ -110,7 +110,7 @@ class CTranslate2Runner:
 
 
 def ctranslate2_runners(args, specs, task, dataset, use_cuda, threads) -> List[CTranslate2Runner]:
-    """The CTranslate2 rows ``specs`` (:func:`.bench.rows.ctranslate2_specs`) on the split ``dataset`` of the teacher's
+    """The CTranslate2 rows ``specs`` (:func:`.rows.ctranslate2_specs`) on the split ``dataset`` of the teacher's
     ``task``: one translator per compute type, ``inter_threads=1`` and ``intra_threads=threads`` (CPU)."""
     import ctranslate2
 

@@ -1,8 +1,8 @@
 """The report of a quickstart run (``run_scripts/quickstart.sh`` calls it last): the benchmark's tables, the teacher's
-validation curve, each step's wall time and the preset's quality targets (:mod:`nat_plugins.recipes`) checked
+validation curve, each step's wall time and the preset's quality targets (:mod:`nat_plugins.bench.recipes`) checked
 against the measured rows; a target whose row the benchmark lacks is an error.
 
-    python -m nat_plugins.cli.report WORK --preset cpu-long
+    python -m nat_plugins.bench.run_report WORK --preset cpu-long
 
 Writes ``WORK/report.md`` (and prints it).
 """
@@ -13,7 +13,7 @@ import os
 import re
 from typing import List, Optional
 
-from .. import recipes
+from . import recipes
 
 
 def teacher_curve(log_path: str) -> List[tuple]:
@@ -49,7 +49,7 @@ def build_report(
 ) -> str:
     """The report's markdown; plots are referenced as ``image_prefix + file name``; ``only``: the run's systems (its
     targets only, no README claims: a run on your own teacher); ``command``: the run's command (default: the
-    quickstart's for ``preset``). Raises :class:`~nat_plugins.recipes.MissingRow` when a target's row is not among the
+    quickstart's for ``preset``). Raises :class:`~.recipes.MissingRow` when a target's row is not among the
     benchmark's."""
     bench = os.path.join(work, "bench")
     with open(os.path.join(bench, "results.json"), encoding="utf-8") as f:
