@@ -12,13 +12,25 @@ source "$(dirname "${BASH_SOURCE[0]}")/../run_scripts/common.sh"
 WORK=$(cd "${1:-$ROOT/work/multi30k-cpu}" && pwd)
 OUT=${2:-$WORK/drafting-limit}
 TEACHER=ckpt/teacher/checkpoint_best.pt
-SPECULATIVE=("ckpt/spec-drafter-3/checkpoint_last.pt" "--beam 1 --speculative-teacher $TEACHER --int8-drafts")
-BLOCKWISE=("ckpt/blockwise-4-finetuned/checkpoint_last.pt" "--beam 1 --block-accept exact --int8-drafts")
-ROWS=()
-for limit in ${LIMITS:-100000 16 8 4 2 1 0}; do
-  ROWS+=(--system "speculative k=3, limit $limit=${SPECULATIVE[0]}::${SPECULATIVE[1]} --max-drafting-sentences $limit")
-  ROWS+=(--system "blockwise k=4, limit $limit=${BLOCKWISE[0]}::${BLOCKWISE[1]} --max-drafting-sentences $limit")
-done
+# the quickstart's exact rows (their checkpoints and arguments from the catalogue), at every limit
+mapfile -t ROWS < <(python - "$TEACHER" ${LIMITS:-100000 16 8 4 2 1 0} <<'PY'
+import dataclasses
+import sys
+
+from nat_plugins.bench import recipes
+
+run = recipes.Run(".", "data-bin", sys.argv[1], "checkpoint_last.pt")
+for limit in sys.argv[2:]:
+    for row in recipes.rows("cpu", ["speculative", "blockwise"]):
+        if row.name in ("Speculative k=3, exact", "Blockwise k=4 fine-tuned, exact"):
+            spec = row.spec(run, recipes.PRESETS["cpu"])
+            limited = dataclasses.replace(
+                spec, name=f"{row.name}, limit {limit}", args=spec.args + ["--max-drafting-sentences", limit]
+            )
+            print("--system")
+            print(limited.option())
+PY
+)
 cd "$WORK"
 # the quickstart's benchmark sets OMP_WAIT_POLICY=ACTIVE (with --ctranslate2); so does this run
 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-ACTIVE} nat-benchmark data-bin --teacher "$TEACHER" --reference raw/test.de \

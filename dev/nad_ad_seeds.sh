@@ -13,19 +13,24 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WORK=$(cd "${1:-$ROOT/work/multi30k-$PRESET}" && pwd)
 OUT=${2:-$WORK/nad-ad-seeds}
 run_dir "$WORK" nad_ad_seeds.sh "ckpt/nad-ad/$STUDENT_CHECKPOINT" "ckpt/ar-baseline/$STUDENT_CHECKPOINT"
-BASELINES=("AR + same updates, seed 1") SYSTEMS=("Encoder-NAD-AD, seed 1")
-ROWS=(--system "${BASELINES[0]}=ckpt/ar-baseline/$STUDENT_CHECKPOINT::--beam 4"
-  --system "${SYSTEMS[0]}=ckpt/nad-ad/$STUDENT_CHECKPOINT::--beam 4")
+# the two rows' names and decoding arguments: the catalogue's (nat_plugins/bench/recipes.py)
+mapfile -t CATALOGUE < <(python -c 'import shlex; from nat_plugins.bench import recipes as r
+rows = {row.name: row for row in r.rows("cpu", ["nad-ad"])}
+for name in (r.AR_SAME_UPDATES_ROW, r.NAD_AD_ROW): print(name); print(shlex.join(map(str, rows[name].args)))')
+AR_ROW=${CATALOGUE[0]} AR_ARGS=${CATALOGUE[1]} NAD_AD_ROW=${CATALOGUE[2]} NAD_AD_ARGS=${CATALOGUE[3]}
+BASELINES=("$AR_ROW, seed 1") SYSTEMS=("$NAD_AD_ROW, seed 1")
+ROWS=(--system "${BASELINES[0]}=ckpt/ar-baseline/$STUDENT_CHECKPOINT::$AR_ARGS"
+  --system "${SYSTEMS[0]}=ckpt/nad-ad/$STUDENT_CHECKPOINT::$NAD_AD_ARGS")
 for seed in ${SEEDS-2 3}; do
   for recipe in nad_ad ar_baseline; do
     name=${recipe//_/-}-seed$seed
     train_once "$name" "$recipe.sh" data-bin "$TEACHER" "ckpt/$name" --seed "$seed"
   done
-  BASELINES+=("AR + same updates, seed $seed") SYSTEMS+=("Encoder-NAD-AD, seed $seed")
-  ROWS+=(--system "AR + same updates, seed $seed=ckpt/ar-baseline-seed$seed/$STUDENT_CHECKPOINT::--beam 4"
-    --system "Encoder-NAD-AD, seed $seed=ckpt/nad-ad-seed$seed/$STUDENT_CHECKPOINT::--beam 4")
+  BASELINES+=("$AR_ROW, seed $seed") SYSTEMS+=("$NAD_AD_ROW, seed $seed")
+  ROWS+=(--system "$AR_ROW, seed $seed=ckpt/ar-baseline-seed$seed/$STUDENT_CHECKPOINT::$AR_ARGS"
+    --system "$NAD_AD_ROW, seed $seed=ckpt/nad-ad-seed$seed/$STUDENT_CHECKPOINT::$NAD_AD_ARGS")
 done
-log "decoding ${#SYSTEMS[@]} seeds of each with beam 4"
+log "decoding ${#SYSTEMS[@]} seeds of each ($NAD_AD_ARGS)"
 run_benchmark "$OUT" --latency-sentences 20 --warmup 10 --batch-sizes 64 "${ROWS[@]}"
 python "$ROOT/dev/seed_gain.py" "$OUT" --reference raw/test.de --baseline "${BASELINES[@]}" --system "${SYSTEMS[@]}" \
   --json "$OUT/seed_gain.json" | tee "$OUT/seed_gain.md"

@@ -8,8 +8,6 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${PRESET:-cpu}
 case $PRESET in cpu|cpu-long|gpu) ;; *) echo "PRESET must be 'cpu', 'cpu-long' or 'gpu' (got '$PRESET')" >&2; exit 2 ;; esac
-# how many times the cpu preset's student updates (and warm-up) a CPU preset trains each student for
-if [ "$PRESET" = cpu-long ]; then CPU_UPDATE_FACTOR=4; else CPU_UPDATE_FACTOR=1; fi
 # the Python environment: ./.venv (run_scripts/setup_env.sh makes it), another venv (NAT_VENV=DIR), or
 # NAT_VENV=system: the python3 on the PATH, which already has fairseq and this package (e.g. a GPU machine's)
 # shellcheck disable=SC1091
@@ -37,32 +35,25 @@ arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the pre
   elif [ "$PRESET" = gpu ]; then ARCH_ARGS=(--arch "${1}_iwslt_de_en" --share-all-embeddings)
   else ARCH_ARGS=(--arch "$1" "${CPU_MODEL_SIZE[@]}"); fi
 }
-# Encoder-NAD-AD and its same-updates AR baseline (examples/multi30k/{nad_ad,ar_baseline}.sh) train with one budget:
-# CPU updates, learning rate, CPU warm-up
-NAD_AD_BUDGET=(30 5e-4 10)
 # the checkpoint a student's recipe leaves for decoding: the last (every preset's students train with a learning rate
 # decaying to 0 and no validation, which on the GPU would cost 20-55 s of decoding each time)
 STUDENT_CHECKPOINT=checkpoint_last.pt
 # gpu: the teacher validates (decodes the validation set) and saves every 500 updates, not at every epoch's end
 GPU_VALIDATION=(--validate-interval 1000 --save-interval 1000 --validate-interval-updates 500
   --save-interval-updates 500 --keep-interval-updates 1)
-# student_args CPU_UPDATES LR CPU_WARMUP: STUDENT_ARGS, the training options every plugin model (student) shares,
-# with the learning rate and warm-up its recipe chose. A student starts from the converged teacher's weights, so a
-# fresh Adam at a high learning rate would move every weight at once: recipes fine-tune at <= 5e-4.
-# cpu: CPU_UPDATES updates (STUDENT_UPDATES overrides every recipe's); cpu-long: CPU_UPDATE_FACTOR times the updates
-# and warm-up; gpu: STUDENT_UPDATES (default 600, the ~11-minute plan of examples/multi30k/README.md) updates of
-# 8,192 tokens, a tenth of them warm-up. No preset validates a student (STUDENT_VALIDATE=1 does): its last checkpoint
-# is decoded.
+# student_args RECIPE: STUDENT_ARGS, the training options every plugin model (student) shares, with RECIPE's number of
+# updates (also left in STUDENT_UPDATES), learning rate and warm-up on PRESET: the catalogue's budgets
+# (nat_plugins/bench/recipes.py BUDGETS; STUDENT_UPDATES set beforehand replaces every recipe's updates). Updates of
+# 4,096 tokens on the CPU presets, 8,192 on the GPU. No preset validates a student (STUDENT_VALIDATE=1 does): its
+# last checkpoint is decoded.
 student_args() {
-  local lr=$2
+  local budget lr warmup
+  budget=$(python -m nat_plugins.bench.recipes budget --preset "$PRESET" ${STUDENT_UPDATES:+--updates "$STUDENT_UPDATES"} "$1")
+  read -r STUDENT_UPDATES lr warmup <<< "$budget"
   if [ "$PRESET" = gpu ]; then
-    STUDENT_UPDATES=${STUDENT_UPDATES:-600}
-    STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr"
-      --warmup-updates "$(( (STUDENT_UPDATES + 9) / 10 ))" --dropout 0.3)
+    STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$warmup" --dropout 0.3)
   else
-    STUDENT_UPDATES=${STUDENT_UPDATES:-$(( $1 * CPU_UPDATE_FACTOR ))}
-    STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$(( $3 * CPU_UPDATE_FACTOR ))"
-      --dropout 0.1)
+    STUDENT_ARGS=(--max-tokens 4096 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$warmup" --dropout 0.1)
   fi
   # the learning rate decays linearly to 0 over the run (a student's last updates count: with a constant rate its
   # BLEU swings by many points from one checkpoint to the next, tests/test_sat.py)

@@ -3,6 +3,7 @@ preset does not make fails), the quickstart's steps and rows as run_scripts/quic
 catalogue, and its command line as the run scripts read it."""
 
 import dataclasses
+import glob
 import os
 import re
 
@@ -10,6 +11,8 @@ import pytest
 
 from nat_plugins.bench import recipes
 from nat_plugins.bench.rows import parse_system_spec
+
+from .utils import REPO_ROOT
 
 RUN = dict(work="W", data_bin="W/data-bin", teacher="W/ckpt/teacher/checkpoint_best.pt")
 T = RUN["teacher"]
@@ -211,6 +214,28 @@ def test_several_systems_own_their_steps_rows_and_targets_without_the_readmes_cl
     for bad in (["--only", "specul"], ["--only", "speculative,blockwise", "--values", "4"]):
         with pytest.raises(SystemExit):
             recipes.main(["rows", *options, *bad])
+
+
+def test_every_recipe_takes_its_budget_from_the_catalogue(capsys):
+    """Updates, learning rate and warm-up of each student recipe per preset live in the catalogue (BUDGETS): the cpu
+    preset's, 4x on cpu-long, STUDENT_UPDATES and a tenth of warm-up on the GPU; every examples/multi30k script asks
+    for a budget the catalogue has, and every budget is asked for."""
+    assert cli(capsys, "budget", "--preset", "cpu", "sat").split() == ["150", "2e-3", "20"]
+    assert cli(capsys, "budget", "--preset", "cpu-long", "sat").split() == ["600", "2e-3", "80"]
+    assert cli(capsys, "budget", "--preset", "gpu", "sat").split() == ["600", "5e-4", "60"]
+    assert cli(capsys, "budget", "--preset", "cpu", "--updates", "2", "spec-drafter").split() == ["2", "2e-3", "40"]
+    assert cli(capsys, "budget", "--preset", "gpu", "--updates", "50", "blockwise-frozen").split() == [
+        "50",
+        "3e-3",
+        "5",
+    ]
+    asked = set()
+    for path in glob.glob(os.path.join(REPO_ROOT, "examples", "multi30k", "*.sh")):
+        with open(path, encoding="utf-8") as f:
+            asked |= set(re.findall(r"^\s*student_args \"?([\w$-]+)", f.read(), flags=re.M))
+    # fairseq_nat.sh asks for "fairseq-$MODEL", MODEL nat or cmlm
+    asked = {name for name in asked if "$" not in name} | {"fairseq-nat", "fairseq-cmlm"}
+    assert asked == set(recipes.BUDGETS)
 
 
 def test_benchmark_options_of_the_presets(capsys):

@@ -26,10 +26,10 @@ shift 5
 [ -f "$INIT" ] || { echo "blockwise.sh: checkpoint $INIT does not exist" >&2; exit 1; }
 case $MODE in
   frozen)
-    student_args 100 3e-3 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh): only new heads learn
+    student_args blockwise-frozen  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
     MODE_ARGS=(--freeze-base --init-from-ar "$INIT" --head-sampling mean --dropout 0) ;;
   finetuned)
-    student_args 40 2e-4 10
+    student_args blockwise-finetuned
     MODE_ARGS=(--finetune-from-model "$INIT" --head-sampling first-plus-random --other-heads-weight 0.1) ;;
   *) echo "MODE must be 'frozen' or 'finetuned' (got '$MODE'); $usage" >&2; exit 2 ;;
 esac

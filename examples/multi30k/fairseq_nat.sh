@@ -13,12 +13,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
 usage="usage: fairseq_nat.sh DATA_BIN SAVE_DIR nat|cmlm [fairseq-train args]"
 DATA_BIN=${1:?$usage}; SAVE_DIR=${2:?$usage}; MODEL=${3:?$usage}
 shift 3
-# learning rate of a model from scratch: the NAT learns at 2e-3; the CMLM takes fairseq's README rate 5e-4 — at 2e-3
-# it never leaves the unigram plateau (the learning tests' synthetic task, 128-d, 600 updates: 0.0 BLEU against 19.8
-# at 5e-4; tests/test_fairseq_peers.py, docs/results.md)
 case $MODEL in
-  nat) BASE_ARCH=nonautoregressive_transformer; MODEL_ARGS=(--noise full_mask --src-embedding-copy); LR=2e-3 ;;
-  cmlm) BASE_ARCH=cmlm_transformer; MODEL_ARGS=(--noise random_mask); LR=5e-4 ;;
+  nat) BASE_ARCH=nonautoregressive_transformer; MODEL_ARGS=(--noise full_mask --src-embedding-copy) ;;
+  cmlm) BASE_ARCH=cmlm_transformer; MODEL_ARGS=(--noise random_mask) ;;
   *) echo "fairseq_nat.sh: MODEL must be 'nat' or 'cmlm' (got '$MODEL'); $usage" >&2; exit 2 ;;
 esac
 distilled_target_lang "$DATA_BIN"
@@ -37,8 +34,7 @@ if [ "$PRESET" = gpu ] && [ -z "${TEACHER_SHAPE:-}" ]; then
 else
   arch_args "$BASE_ARCH"
 fi
-# the budget of the plugin's NAT (fertility_nat.sh: 120 CPU updates)
-student_args 120 "$LR" 20
+student_args "fairseq-$MODEL"
 exec "${FAIRSEQ_TRAIN[@]}" "$KD_BIN" --task translation_lev "${DEVICE_ARGS[@]}" "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" --criterion nat_loss --label-smoothing 0.1 --length-loss-factor 0.1 --pred-length-offset \
   --apply-bert-init --save-dir "$SAVE_DIR" "$@"

@@ -14,8 +14,7 @@ shift 4
 arch_args recover_sat
 # CPU learning rate 2e-3: on the quickstart's data (100 updates) 75.5% of the teacher's beam BLEU against 67.8% at
 # 5e-4 (docs/results.md); the GPU recipe keeps 5e-4 (not measured)
-if [ "$PRESET" = gpu ]; then LR=5e-4; else LR=2e-3; fi
-student_args 100 "$LR" 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh)
+student_args recover-sat  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
 # anneal p over the first two thirds of training; q = 0.5, the paper's best (measured at K = 10). Only the DEL of a
 # pseudo-repetitive segment is trained (recover_sat_loss's default): at K = 2 with the copies trained too, a third of
 # the second segments restarted the sentence and q = 0.5 collapsed to copy-and-delete (docs/results.md)

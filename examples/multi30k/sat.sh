@@ -17,11 +17,7 @@ shift 4
 SLOT_ARGS=(--group-slot-embedding --group-repeat-bias)
 if [ "${1:-}" = --no-slot-options ]; then SLOT_ARGS=(); shift; fi
 arch_args sat_transformer
-# CPU learning rate 2e-3: on the quickstart's data (150 updates) 81.2-81.7% of the teacher's beam BLEU, 5.6-6.5% of
-# words repeating the one before (teacher greedy: 4.0%), against 71.6% and 12.6% at 5e-4 (docs/results.md); the GPU
-# recipe keeps 5e-4 (not measured)
-if [ "$PRESET" = gpu ]; then LR=5e-4; else LR=2e-3; fi
-student_args 150 "$LR" 20  # CPU updates, learning rate, CPU warm-up (run_scripts/common.sh)
+student_args sat  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --group-size "$K" "${SLOT_ARGS[@]}" --init-from-ar "$TEACHER" --use-distilled target \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --eval-bleu-args '{"beam": 4}' \

@@ -25,17 +25,11 @@ if ! compgen -G "$DATA_BIN/train.kd_greedy.*.idx" > /dev/null; then
   DISTILL_BEAM=1 bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --output-name kd_greedy
 fi
 arch_args spec_drafter
-if [ "$PRESET" = gpu ]; then
-  student_args 600 1e-3 40  # 600 is the CPU presets' number: on the GPU STUDENT_UPDATES (common.sh) decides
-else
-  # the drafter learns per update more than per sentence: on 2 CPU cores 600 updates of 512 tokens at 2e-3 (above
-  # the students' <= 5e-4: the mask embedding and the queries start from nothing) drafted 1.72 tokens per teacher
-  # call against 1.45 for 150 updates of 4,096 tokens at 5e-4 (every cut point, beam targets), and 2400 updates
-  # 2.14 against 1.90 for 600 (k=3, greedy targets). --freeze-encoder: the teacher's encoder pass serves both models
-  # when decoding, at the same acceptance (1.89 against 1.91 tokens per call; docs/results.md)
-  student_args 2400 2e-3 40
-  STUDENT_ARGS+=(--max-tokens 512)
-fi
+student_args spec-drafter  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
+# CPU presets: updates of 512 tokens (the drafter learns per update more than per sentence; the catalogue's budget)
+[ "$PRESET" = gpu ] || STUDENT_ARGS+=(--max-tokens 512)
+# --freeze-encoder: the teacher's encoder pass serves both models when decoding, at the same acceptance (1.89 against
+# 1.91 tokens per call; docs/results.md)
 STUDENT_ARGS+=(--freeze-encoder)
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" --decoder-layers "$DRAFTER_LAYERS" "${STUDENT_ARGS[@]}" --draft-size "$K" \

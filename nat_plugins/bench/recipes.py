@@ -77,6 +77,58 @@ class Preset:
         return list(self.device_options) + latency + list(LENGTH_LIMIT)
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A student recipe's training budget (``student_args RECIPE`` in run_scripts/common.sh): on the cpu preset
+    ``updates`` updates of 4,096 tokens with ``warmup`` of them warm-up, the learning rate ``lr`` decaying linearly to
+    0 (cpu-long: :data:`CPU_LONG_FACTOR` times the updates and the warm-up); on the GPU :data:`GPU_STUDENT_UPDATES`
+    updates of 8,192 tokens, a tenth of them warm-up, at ``gpu_lr`` (None: ``lr``). A student starts from the
+    teacher's weights: a fresh Adam at a high rate would move every weight at once, so recipes that train the whole
+    model stay at <= 5e-4 on the GPU."""
+
+    updates: int
+    lr: str
+    warmup: int
+    gpu_lr: Optional[str] = None
+
+    def for_preset(self, preset: str, updates: Optional[int] = None) -> Tuple[int, str, int]:
+        """(updates, learning rate, warm-up updates) on ``preset``; ``updates`` (STUDENT_UPDATES) replaces the
+        preset's number of updates (on the GPU, the warm-up follows it)."""
+        if preset == "gpu":
+            total = updates or GPU_STUDENT_UPDATES
+            return total, self.gpu_lr or self.lr, (total + 9) // 10
+        factor = CPU_LONG_FACTOR if preset == "cpu-long" else 1
+        return updates or self.updates * factor, self.lr, self.warmup * factor
+
+
+CPU_LONG_FACTOR = 4  # cpu-long trains every student this many times the cpu preset's updates (and warm-up)
+GPU_STUDENT_UPDATES = 600  # the GPU preset's ~11-minute plan (examples/multi30k/README.md)
+NAD_AD_BUDGET = Budget(30, "5e-4", 10)  # Encoder-NAD-AD and its same-updates AR baseline train with one budget
+# every student recipe's budget (examples/multi30k/*.sh pass their name to student_args)
+BUDGETS: Dict[str, Budget] = {
+    # blockwise heads on the frozen teacher: only new heads learn, at a high rate
+    "blockwise-frozen": Budget(100, "3e-3", 20),
+    # every parameter, from the frozen stage, at a low rate
+    "blockwise-finetuned": Budget(40, "2e-4", 10),
+    # the drafter learns per update more than per sentence: on the CPU 2,400 updates of 512 tokens (the script sets
+    # --max-tokens 512) at 2e-3 (the mask embedding and the queries start from nothing) drafted 2.14 tokens per
+    # teacher call against 1.90 for 600 (k=3, greedy targets; docs/results.md)
+    "spec-drafter": Budget(2400, "2e-3", 40, gpu_lr="1e-3"),
+    # CPU 2e-3: on the quickstart's data (150 updates) 81.2-81.7% of the teacher's beam BLEU, 5.6-6.5% of words
+    # repeating the one before (teacher greedy: 4.0%), against 71.6% and 12.6% at 5e-4 (docs/results.md)
+    "sat": Budget(150, "2e-3", 20, gpu_lr="5e-4"),
+    "recover-sat": Budget(100, "2e-3", 20, gpu_lr="5e-4"),
+    "fertility-nat": Budget(120, "5e-4", 20),
+    "nad-ad": NAD_AD_BUDGET,
+    "ar-baseline": NAD_AD_BUDGET,
+    # fairseq's own NAT and CMLM, from scratch, with the plugin NAT's budget; the CMLM at fairseq's README rate 5e-4:
+    # at 2e-3 it never leaves the unigram plateau (the learning tests' synthetic task, 128-d, 600 updates: 0.0 BLEU
+    # against 19.8 at 5e-4; tests/test_fairseq_peers.py)
+    "fairseq-nat": Budget(120, "2e-3", 20),
+    "fairseq-cmlm": Budget(120, "5e-4", 20),
+}
+
+
 # every preset decodes with one length limit for every row (Multi30k targets are ~1.1x the source), so an undertrained
 # model that never emits EOS stops there instead of at fairseq's default 200 tokens.
 # CPU presets: 100 sentences timed after 10 of warm-up (machine noise is ±15% between runs; ~1 min per 100), the
@@ -934,8 +986,14 @@ def main(argv: Optional[List[str]] = None):
         "rows", parents=[run], help="the benchmark options of the rows (--system, --paired-test)"
     )
     bench.add_argument("--existing", action="store_true", help="only the rows whose checkpoint exists")
+    budget = commands.add_parser("budget", parents=[preset], help="a student recipe's UPDATES LR WARMUP on the preset")
+    budget.add_argument("recipe", choices=list(BUDGETS), help="the recipe (examples/multi30k/*.sh)")
+    budget.add_argument("--updates", type=int, help="replaces the preset's number of updates (STUDENT_UPDATES)")
     args = parser.parse_args(argv)
     check()
+    if args.command == "budget":
+        print(*BUDGETS[args.recipe].for_preset(args.preset, args.updates))
+        return
     if args.command == "options":
         emit([[word] for word in PRESETS[args.preset].benchmark_options(args.latency_sentences)])
         return
