@@ -12,30 +12,12 @@ from fairseq.data import Dictionary
 
 from nat_plugins.cli import own_teacher
 
-from .utils import REPO_ROOT, binarize, console_script, write_dummy_parallel
+from .utils import REPO_ROOT, SYNTHETIC_MODEL_SIZE, binarize, console_script, write_dummy_parallel
 
-OWN_SHAPE = [
-    "--arch",
-    "transformer",
-    "--encoder-layers",
-    "3",
-    "--decoder-layers",
-    "3",
-    "--encoder-embed-dim",
-    "64",
-    "--decoder-embed-dim",
-    "64",
-    "--encoder-ffn-embed-dim",
-    "128",
-    "--decoder-ffn-embed-dim",
-    "128",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
+# the learning tests' model sizes with 3 layers each, pre-norm (the quickstart's teacher: 2 layers, post-norm)
+OWN_SHAPE = ["--arch", "transformer", *SYNTHETIC_MODEL_SIZE, "--encoder-layers", "3", "--decoder-layers", "3"] + [
     "--encoder-normalize-before",
     "--decoder-normalize-before",
-    "--share-all-embeddings",
 ]
 
 

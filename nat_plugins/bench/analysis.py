@@ -112,7 +112,8 @@ def speed_at(rounds, row: int, outputs: Dict[int, object]) -> dict:
 
 def add_rep_mis(rows: List[Row], references: List[str]):
     """Rep and Mis (Ran et al. 2020, eq. 7-10) of every row, relative to the teacher's greedy row, and the
-    repeated/missing-token ratios, on the words of sacreBLEU's 13a tokenization (:func:`..rep_mis.rep_mis`)."""
+    repeated/missing-token ratios, on the words of sacreBLEU's 13a tokenization
+    (:func:`nat_plugins.cli.rep_mis.rep_mis`)."""
     ar_output = reference_row(rows, TEACHER_GREEDY).hyps
     for row in rows:
         measures = rep_mis(row.hyps, references, ar_output)

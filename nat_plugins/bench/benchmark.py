@@ -32,10 +32,10 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * BLEU as % of the teacher beam row's; speedups of latency and throughput against both teacher rows, the greedy
   teacher decoded through ``--task translation_nat`` (the plugin rows' linear layout) and, with ``--ctranslate2``,
   the fastest CTranslate2 greedy row;
-* Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`.rep_mis`): the relative increment (%) of the repeated-token
-  ratio (a token equal to any of the 9 before it, eq. 8) and of the ratio of reference tokens missing, over the
-  teacher's greedy row; and the two ratios themselves (``rep_ratio``, ``mis_ratio``, %), on the words of
-  sacreBLEU's 13a tokenization of the detokenized output and the references (as ``python -m
+* Rep and Mis (Ran et al. 2020, eq. 7-10; :mod:`nat_plugins.cli.rep_mis`): the relative increment (%) of the
+  repeated-token ratio (a token equal to any of the 9 before it, eq. 8) and of the ratio of reference tokens
+  missing, over the teacher's greedy row; and the two ratios themselves (``rep_ratio``, ``mis_ratio``, %), on the
+  words of sacreBLEU's 13a tokenization of the detokenized output and the references (as ``python -m
   nat_plugins.cli.rep_mis`` counts them).
 
 ``--paired-test 'BASELINE::SYSTEM'`` adds sacreBLEU's paired bootstrap resampling test (1,000 resamples) of two

@@ -100,7 +100,8 @@ def split_error(cfg, name: str, err: Exception) -> str:
 
 @dataclass
 class RowDecoder:
-    """A row's checkpoint ensemble and generator (:class:`..decoding.Generation`) with its output converters."""
+    """A row's checkpoint ensemble and generator (:class:`nat_plugins.cli.decoding.Generation`) with its output
+    converters."""
 
     generation: Generation
     to_text: Callable[[torch.Tensor], str]  # hypothesis tokens -> detokenized text
@@ -271,7 +272,6 @@ class FairseqRunner:
                 tuple(hypo["tokens"].tolist()),
             )
 
-    @torch.no_grad()
     @torch.no_grad()
     def log_prob_gap(self, index: int, prefix: Sequence[int], token: int, other: int) -> float:
         """|log p(``token``) - log p(``other``)| under this row's first model for sentence ``index``, after the
