@@ -242,12 +242,14 @@ def test_benchmark_options_of_the_presets(capsys):
     cpu = cli(capsys, "options", "--preset", "cpu", "--latency-sentences", "15").splitlines()
     assert cpu == ["--cpu", "--warmup", "10", "--batch-size", "64", "--ctranslate2", "--int8-decoder-row", "--solo"] + [
         "--batch-sizes",
-        "1,8,32,64",
+        "1,64",
         "--latency-sentences",
         "15",
         "--generate-args",
         "--max-len-a 1.2 --max-len-b 10",
     ]
+    long = cli(capsys, "options", "--preset", "cpu-long").splitlines()
+    assert long[long.index("--batch-sizes") + 1] == "1,8,32,64"
     gpu = cli(capsys, "options", "--preset", "gpu").splitlines()
     assert "--ctranslate2" not in gpu and "--cpu" not in gpu and gpu[0] == "--fp16"
     assert gpu[gpu.index("--latency-sentences") + 1] == "220" and gpu[gpu.index("--warmup") + 1] == "20"
