@@ -1,4 +1,4 @@
-"""Time a linear layer's product both ways on this CPU, cold cache (docs/results.md, modules/cpu_linear.py):
+"""Time a linear layer's product both ways on this CPU, cold cache (docs/design-notes.md, modules/cpu_linear.py):
 torch's F.linear (x·Wᵀ) against W·xᵀ as the W·xᵀ layout computes it (``cpu_linear.weight_first_linear``), for the
 teacher's layer shapes and row counts; then the pass ``NAT_LINEAR_LAYOUT=auto`` times to choose the layout, over one
 layer of each of these shapes (``cpu_linear.time_layouts``, warm cache), and the layout it would choose.

@@ -2,7 +2,7 @@
 how often segment k is empty, deleted (it ends in DEL) or restarts the sentence (it is not the first and begins with
 the first segment's first two tokens). These belong beside every BLEU of a parallel decoder: a RecoverSAT K=2 model
 can gain BLEU by deleting its second segment and decoding like the AR teacher, one token per call
-(docs/results.md, *RecoverSAT: a second segment that restarts the sentence*).
+(docs/design-notes.md, *RecoverSAT: a second segment that restarts the sentence*).
 
     fairseq-generate $W/data-bin --user-dir nat_plugins --task translation_nat --gen-subset test --beam 1 \\
         --path $W/ckpt/recover-sat-2/checkpoint_last.pt --max-len-a 1.2 --max-len-b 10 --print-step \\

@@ -14,7 +14,7 @@ case $PRESET in cpu|cpu-long|gpu) ;; *) echo "PRESET must be 'cpu', 'cpu-long' o
 [ "${NAT_VENV:-}" = system ] || source "${NAT_VENV:-$ROOT/.venv}/bin/activate"
 # glibc hands every freed block over 32 MiB back to the kernel, so each CPU training step page-faults its
 # vocabulary-sized tensors in again. Keeping freed memory in the heap made every quickstart step 12-44% shorter on 2
-# cores (docs/results.md; peak memory ~1 GB higher). A GLIBC_TUNABLES you set is kept.
+# cores (docs/design-notes.md; peak memory ~1 GB higher). A GLIBC_TUNABLES you set is kept.
 export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736}
 # fairseq's CLIs import the plugin from this directory (--user-dir), wherever the script is run from
 USER_DIR=$ROOT/nat_plugins

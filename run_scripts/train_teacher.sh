@@ -21,9 +21,9 @@ if [ "$PRESET" = gpu ]; then
     --eval-bleu-remove-bpe sentencepiece --best-checkpoint-metric bleu --maximize-best-checkpoint-metric)
 else
   # a 2-layer 256-d model worth distilling from in ~10 CPU minutes: 500 updates (~4 epochs) with the learning rate
-  # decaying linearly to 0 (a teacher stopped early while its loss still falls fast stutters: docs/results.md);
+  # decaying linearly to 0 (a teacher stopped early while its loss still falls fast stutters);
   # checkpoints are selected by validation loss (no validation decoding: the last one is the best). Measured: 450
-  # updates leave 5.3% immediately repeated subwords in the beam-4 distilled targets, 500 updates 3.9% (docs/results.md)
+  # updates leave 5.3% immediately repeated subwords in the beam-4 distilled targets, 500 updates 3.9%
   # PRESET=cpu-long trains it to convergence: 1,500 updates (~12 epochs), validation loss logged every 250
   if [ "$PRESET" = cpu-long ]; then TEACHER_UPDATES=${TEACHER_UPDATES:-1500}; WARMUP=180
   else TEACHER_UPDATES=${TEACHER_UPDATES:-500}; WARMUP=60; fi

@@ -2,7 +2,7 @@
 learning tests' synthetic task (a true CLI run of the recipe on a small model).
 
 A peer row that cannot learn says nothing about the peer: at the recipe's former learning rate, 2e-3, the CMLM never
-left the unigram distribution (0 BLEU here after 600 updates; 1.95 BLEU on Multi30k after 1,980; docs/results.md).
+left the unigram distribution (0 BLEU here after 600 updates; 1.95 BLEU on Multi30k after 1,980; docs/design-notes.md).
 """
 
 import os

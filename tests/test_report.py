@@ -11,7 +11,7 @@ import pytest
 
 from nat_plugins.bench import recipes
 from nat_plugins.bench import run_report as report
-from nat_plugins.bench.rows import TEACHER_BEAM, TEACHER_GREEDY
+from nat_plugins.bench.rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY
 
 from .utils import REPO_ROOT
 
@@ -244,6 +244,56 @@ def test_the_presets_section_of_the_results_file_is_replaced_in_place(tmp_path):
     assert text.startswith("# Results\n\nkept above\n") and "first" not in text
     assert text.count("<!-- report:cpu-long -->\nsecond\n<!-- /report:cpu-long -->") == 1
     assert "<!-- report:gpu -->\ngpu body\n<!-- /report:gpu -->" in text
+
+
+def solo_run(work):
+    """A run whose greedy engines were timed alone (three rounds) and whose beam row only round-robin."""
+    greedy, ct2, spec = recipes.TEACHER_GREEDY_ROW, recipes.CT2_INT8_GREEDY_ROW, "Speculative k=3, exact"
+    seconds = {greedy: [2.0, 2.2, 1.8], ct2: [0.2, 0.2, 0.3], spec: [1.0, 1.0, 1.2]}
+    rows = [
+        row(recipes.TEACHER_BEAM_ROW, 30.0, 80.0, TEACHER_BEAM, latency_ratio_rounds=[0.6, 0.7, 0.65]),
+        row(greedy, 29.0, 50.0, TEACHER_GREEDY, decoder_calls_per_sentence=14.0, rep_ratio=12.04),
+        row(ct2, 28.9, 3.0, CT2_GREEDY, throughput_ratio_rounds=[5.0, 6.0, 5.5]),
+        row(spec, 29.0, 30.0, exact_check=exact_check((0, 0), (1, 1)), decoder_calls_per_sentence=11.5),
+    ]
+    for r in rows[1:]:
+        r["solo"] = {"ms_per_sentence": 10 * seconds[r["name"]][0], "latency_ratio_rounds": [2.0, 2.2, 1.5]}
+    write_run(work, rows)
+    path = os.path.join(work, "bench", "results.json")
+    with open(path) as f:
+        results = json.load(f)
+    results["meta"].update(batch_size=64, num_sentences=1000, latency_sentences_timed=100)
+    results["solo"] = {"per_round_seconds": {name: {"1": values} for name, values in seconds.items()}}
+    with open(path, "w") as f:
+        json.dump(results, f)
+
+
+def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path):
+    """docs/results.md's short form: each row's batch-1 time alone where the run timed it alone (else round-robin),
+    its speed-up over the fastest CTranslate2 engine from the same rounds, and whether it printed greedy's output."""
+    solo_run(str(tmp_path))
+    text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="speculative")
+    table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if line.startswith("| ")}
+    assert table[recipes.TEACHER_BEAM_ROW][2:5] == ["round-robin", "80.0", "0.65× (0.60–0.70)"]
+    spec = table["Speculative k=3, exact"]
+    assert spec[1:4] == ["1", "alone", "10.0"]  # the differing sentence (a near-tie) counted
+    assert spec[5] == "0.20× (0.20–0.25)"  # CTranslate2's seconds over its own, round by round
+    assert table[recipes.TEACHER_GREEDY_ROW][-2:] == ["14.00", "12.0 |"]
+    assert "Wall time: 2 min 35 s over the steps" in text and "pareto" not in text  # no plot in this run
+    assert "[runs/x.md](runs/x.md)" in text and "| target |" not in text
+
+
+def test_a_run_goes_into_the_docs_as_a_section_and_a_full_report(tmp_path, monkeypatch):
+    solo_run(str(tmp_path / "work"))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "results.md").write_text("# Results\n\n<!-- report:mine -->\nold\n<!-- /report:mine -->\nkept\n")
+    argv = ["results_section", str(tmp_path / "work"), "--preset", "cpu", "--section", "mine", "--only", "speculative"]
+    monkeypatch.setattr("sys.argv", argv + ["--docs", str(docs / "results.md")])
+    dev_module("results_section").main()
+    text = (docs / "results.md").read_text()
+    assert "old" not in text and text.endswith("<!-- /report:mine -->\nkept\n") and "| Speculative k=3" in text
+    assert (docs / "runs" / "mine.md").read_text().startswith("# Run `mine`: the full report")
 
 
 def test_a_gain_over_seeds_pools_each_seeds_pair_of_hypotheses():

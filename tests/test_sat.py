@@ -465,7 +465,7 @@ def test_sat_k2_stutters_at_most_twice_as_often_as_its_training_targets(syntheti
 
     Measured with --group-slot-embedding --group-repeat-bias (seeds 1-6): 0.019-0.036 against 0.026 in the targets
     (bound 0.053; on the validation sources 0.035-0.043, references 0.032). Without them (the paper's model) 0.19,
-    0.16 after 1200 updates; the slot embedding alone 0.09-0.13 (docs/results.md)."""
+    0.16 after 1200 updates; the slot embedding alone 0.09-0.13 (docs/design-notes.md)."""
     _teacher, data_bin = synthetic_teacher
     with open(os.path.join(data_bin, "train.kd.tgt.txt")) as f:
         target_rate = repeated_group_rate(f.read().splitlines(), 2)

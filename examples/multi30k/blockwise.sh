@@ -12,9 +12,9 @@
 #                 weighted 0.1 (--head-sampling first-plus-random --other-heads-weight 0.1), so the output stays close
 #                 to the teacher's while heads 2..k agree with it more often. Two output projections per update
 #                 instead of k: 0.69 of the teacher's updates/s where all heads (mean) train at 0.44, for the same
-#                 BLEU (docs/results.md). (One random head per update, the paper's recipe, collapses: head 1 decides
-#                 the output but is trained on 1/k of the updates; nat_plugins/criterions/blockwise_loss.py has the
-#                 measurements.)
+#                 BLEU (docs/design-notes.md). (One random head per update, the paper's recipe, collapses: head 1
+#                 decides the output but is trained on 1/k of the updates; nat_plugins/criterions/blockwise_loss.py has
+#                 the measurements.)
 # Decode with
 #   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \
 #     --beam 1 --block-accept exact [--min-block-size M | --block-accept topk:M] [--int8-drafts (CPU)]

@@ -13,11 +13,11 @@ DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}; K=${4:?$usag
 shift 4
 arch_args recover_sat
 # CPU learning rate 2e-3: on the quickstart's data (100 updates) 75.5% of the teacher's beam BLEU against 67.8% at
-# 5e-4 (docs/results.md); the GPU recipe keeps 5e-4 (not measured)
+# 5e-4 (docs/design-notes.md); the GPU recipe keeps 5e-4 (not measured)
 student_args recover-sat  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
 # anneal p over the first two thirds of training; q = 0.5, the paper's best (measured at K = 10). Only the DEL of a
 # pseudo-repetitive segment is trained (recover_sat_loss's default): at K = 2 with the copies trained too, a third of
-# the second segments restarted the sentence and q = 0.5 collapsed to copy-and-delete (docs/results.md)
+# the second segments restarted the sentence and q = 0.5 collapsed to copy-and-delete (docs/design-notes.md)
 ANNEAL_STEPS=$(( 2 * STUDENT_UPDATES / 3 ))
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --num-segments "$K" --init-from-ar "$TEACHER" --use-distilled target \

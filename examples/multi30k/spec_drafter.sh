@@ -19,7 +19,7 @@ shift 4
 [ -f "$TEACHER" ] || { echo "spec_drafter.sh: teacher checkpoint $TEACHER does not exist" >&2; exit 1; }
 if [ "$PRESET" = gpu ]; then DRAFTER_LAYERS=${DRAFTER_LAYERS:-2}; else DRAFTER_LAYERS=${DRAFTER_LAYERS:-1}; fi
 # beam outputs (the students' train.kd) are not what exact verification accepts: a drafter trained on them learns
-# drafts the teacher rejects (docs/results.md: 1.72 -> 1.91 tokens per teacher call on greedy outputs)
+# drafts the teacher rejects (docs/design-notes.md: 1.72 -> 1.91 tokens per teacher call on greedy outputs)
 if ! compgen -G "$DATA_BIN/train.kd_greedy.*.idx" > /dev/null; then
   log "distilling the training set with the teacher's greedy search (train.kd_greedy.*, once per data-bin)"
   DISTILL_BEAM=1 bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --output-name kd_greedy
@@ -29,7 +29,7 @@ student_args spec-drafter  # updates, learning rate, warm-up: nat_plugins/bench/
 # CPU presets: updates of 512 tokens (the drafter learns per update more than per sentence; the catalogue's budget)
 [ "$PRESET" = gpu ] || STUDENT_ARGS+=(--max-tokens 512)
 # --freeze-encoder: the teacher's encoder pass serves both models when decoding, at the same acceptance (1.89 against
-# 1.91 tokens per call; docs/results.md)
+# 1.91 tokens per call; docs/design-notes.md)
 STUDENT_ARGS+=(--freeze-encoder)
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" --decoder-layers "$DRAFTER_LAYERS" "${STUDENT_ARGS[@]}" --draft-size "$K" \

@@ -468,7 +468,7 @@ def add_exact_checks(rows, runners, anchor: int, timings: dict, tolerance: float
 def active_openmp(argv: List[str]):
     """With ``--ctranslate2``, re-execute the command with ``OMP_WAIT_POLICY=ACTIVE`` unless the process started
     with a policy: torch and CTranslate2 bring their own OpenMP runtimes, and the policy decides whether their idle
-    threads spin or sleep between parallel regions; sleeping slowed every row, CTranslate2 most (docs/results.md,
+    threads spin or sleep between parallel regions; sleeping slowed every row, CTranslate2 most (docs/design-notes.md,
     "OpenMP wait policy"). The runtimes read the variable when they load, before this code runs, hence the exec."""
     if "--ctranslate2" in argv and "OMP_WAIT_POLICY" not in initial_environment():
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"

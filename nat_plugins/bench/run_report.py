@@ -1,6 +1,8 @@
 """The report of a quickstart run (``run_scripts/quickstart.sh`` calls it last): the benchmark's tables, the teacher's
 validation curve, each step's wall time and the preset's quality targets (:mod:`nat_plugins.bench.recipes`) checked
-against the measured rows; a target whose row the benchmark lacks is an error.
+against the measured rows; a target whose row the benchmark lacks is an error. :func:`build_summary` is its short
+form (the targets and one table of the numbers a user compares), which ``dev/results_section.py`` puts into
+``docs/results.md``.
 
     python -m nat_plugins.bench.run_report WORK --preset cpu-long
 
@@ -14,6 +16,8 @@ import re
 from typing import List, Optional
 
 from . import recipes
+from .report import ratio_cell
+from .rows import CT2_GREEDY
 
 
 def teacher_curve(log_path: str) -> List[tuple]:
@@ -44,6 +48,37 @@ def step_times(path: str) -> List[tuple]:
     return list(times.items())
 
 
+def load_results(work: str) -> dict:
+    with open(os.path.join(work, "bench", "results.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def header(results: dict, preset: str, command: Optional[str]) -> str:
+    meta = results["meta"]
+    return (
+        f"Command: `{command or f'PRESET={preset} bash run_scripts/quickstart.sh'}`; {meta['date']}; "
+        f"{meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, nat_plugins {meta['nat_plugins']}; "
+        f"{meta['precision']}."
+    )
+
+
+def target_table(results: dict, preset: str, only: recipes.Only = None) -> List[str]:
+    """The preset's targets (the catalogue's, README claims included) checked against the run: markdown lines."""
+    measured = recipes.Measured(
+        {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
+    )
+    checked = [(target.what, *target.check(measured)) for target in recipes.targets(preset, only)]
+    if not checked:
+        return []
+    return ["| target | measured | met |", "|---|---|---|"] + [
+        f"| {what} | {text} | {'yes' if met else '**no**'} |" for what, text, met in checked
+    ]
+
+
+def minutes(seconds: int) -> str:
+    return f"{seconds // 60} min {seconds % 60:02d} s"
+
+
 def build_report(
     work: str, preset: str, image_prefix: str = "", only: recipes.Only = None, command: Optional[str] = None
 ) -> str:
@@ -52,20 +87,10 @@ def build_report(
     quickstart's for ``preset``). Raises :class:`~.recipes.MissingRow` when a target's row is not among the
     benchmark's."""
     bench = os.path.join(work, "bench")
-    with open(os.path.join(bench, "results.json"), encoding="utf-8") as f:
-        results = json.load(f)
+    results = load_results(work)
     with open(os.path.join(bench, "results.md"), encoding="utf-8") as f:
         tables = f.read().split("\n", 1)[1].strip()  # without its own title
-    meta = results["meta"]
-    measured = recipes.Measured(
-        {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
-    )
-    lines = [
-        f"Command: `{command or f'PRESET={preset} bash run_scripts/quickstart.sh'}`; {meta['date']}; "
-        f"{meta['device']}; torch {meta['torch']}, fairseq {meta['fairseq']}, nat_plugins {meta['nat_plugins']}; "
-        f"{meta['precision']}.",
-        "",
-    ]
+    lines = [header(results, preset, command), ""]
     curve = teacher_curve(os.path.join(work, "logs", "teacher.log"))
     if curve:
         lines += [
@@ -74,23 +99,113 @@ def build_report(
             + ".",
             "",
         ]
-    checked = [(target.what, *target.check(measured)) for target in recipes.targets(preset, only)]
-    if checked:
-        lines += ["| target | measured | met |", "|---|---|---|"]
-        lines += [f"| {what} | {text} | {'yes' if met else '**no**'} |" for what, text, met in checked]
+    lines += target_table(results, preset, only)
     notes = recipes.made_notes(preset, only)
     if notes:
         lines += ["", "How each row was made, where it departs from or chooses within its paper:", ""]
         lines += ["| row | made |", "|---|---|"] + [f"| {name} | {made} |" for name, made in notes]
     times = step_times(os.path.join(work, "logs", "steps.tsv"))
     if times:
-        lines += ["", "| step | wall time |", "|---|---:|"] + [
-            f"| {n} | {s // 60} min {s % 60:02d} s |" for n, s in times
-        ]
-        total = sum(s for _, s in times)
-        lines += [f"| all steps | {total // 60} min {total % 60:02d} s |"]
+        lines += ["", "| step | wall time |", "|---|---:|"] + [f"| {n} | {minutes(s)} |" for n, s in times]
+        lines += [f"| all steps | {minutes(sum(s for _, s in times))} |"]
     plots = sorted(p for p in os.listdir(bench) if p.endswith(".png"))
     lines += [""] + [f"![{p}]({image_prefix}{p})" for p in plots] + ["", tables]
+    return "\n".join(lines) + "\n"
+
+
+def solo_ratio_to(results: dict, row: dict, reference: str) -> Optional[List[float]]:
+    """Per-round paired batch-1 ratios ``reference``'s seconds / ``row``'s on the solo pass's blocks (None when
+    either was not timed alone)."""
+    seconds = (results.get("solo") or {}).get("per_round_seconds", {})
+    if row["name"] not in seconds or reference not in seconds:
+        return None
+    return [ref / own for ref, own in zip(seconds[reference]["1"], seconds[row["name"]]["1"])]
+
+
+def fastest_ct2_alone(results: dict) -> Optional[str]:
+    """The CTranslate2 greedy engine with the least batch-1 time alone (the baseline at its best setting)."""
+    engines = [r for r in results["rows"] if r.get("role") == CT2_GREEDY and r.get("solo")]
+    return min(engines, key=lambda r: r["solo"]["ms_per_sentence"])["name"] if engines else None
+
+
+def summary_row(results: dict, row: dict, ct2: Optional[str]) -> str:
+    """One line of :func:`build_summary`'s table."""
+    solo = row.get("solo")
+    if solo:
+        ms, greedy, timed = solo["ms_per_sentence"], ratio_cell(solo["latency_ratio_rounds"]), "alone"
+        to_ct2 = solo_ratio_to(results, row, ct2) if ct2 else None
+    else:
+        ms, greedy, timed = row["latency_ms_median"], ratio_cell(row["latency_ratio_rounds"]), "round-robin"
+        to_ct2 = row.get("speedup_rounds", {}).get("latency_speedup_vs_ct2_greedy")
+    batched = row.get("throughput_ratio_rounds")
+    checks = row.get("exact_check")
+    differ = "–" if not checks else str(sum(check["differ"] for check in checks.values()))
+    calls = row.get("decoder_calls_per_sentence")
+    cells = [
+        f"{row['bleu']:.2f}",
+        differ,
+        timed,
+        f"{ms:.1f}",
+        greedy,
+        ratio_cell(to_ct2) if to_ct2 else "–",
+        ratio_cell(batched) if batched else "–",
+        "–" if calls is None else f"{calls:.2f}",
+        "–" if row.get("rep_ratio") is None else f"{row['rep_ratio']:.1f}",
+    ]
+    return f"| {row['name']} | " + " | ".join(cells) + " |"
+
+
+def build_summary(
+    work: str,
+    preset: str,
+    image_prefix: str = "",
+    full_report: str = "",
+    command: Optional[str] = None,
+    only: recipes.Only = None,
+) -> str:
+    """The run in short, for ``docs/results.md``: its command and device, the wall time of its steps, the preset's
+    targets checked, one table (BLEU, whether a row prints the teacher's greedy output, batch-1 speed alone where the
+    run timed the engine alone, against fairseq's greedy search and CTranslate2's fastest greedy engine, batch-64
+    speed, decoder calls, repeated tokens) and the speed-quality plot; ``full_report``: where :func:`build_report`'s
+    page is; ``command``, ``only``: as :func:`build_report`'s."""
+    results = load_results(work)
+    meta = results["meta"]
+    batch = meta["batch_size"]
+    lines = [header(results, preset, command), ""]
+    times = dict(step_times(os.path.join(work, "logs", "steps.tsv")))
+    if times:
+        bench = sum(s for n, s in times.items() if n.startswith("benchmark"))
+        lines += [
+            f"Wall time: {minutes(sum(times.values()))} over the steps (set-up not counted): "
+            + ", ".join(f"{n.split('-')[0] if n.startswith('benchmark') else n} {minutes(s)}" for n, s in times.items())
+            + f"; training {minutes(sum(times.values()) - bench - times.get('data', 0))}.",
+            "",
+        ]
+    targets = target_table(results, preset, only)
+    lines += targets + ([""] if targets else [])
+    ct2 = fastest_ct2_alone(results) or (meta.get("ctranslate2_fastest_greedy") or {}).get("latency")
+    lines += [
+        f"{meta['num_sentences']} test sentences; batch 1: median ms per sentence over "
+        f"{meta['latency_sentences_timed']} sentences and the median (range) of the paired per-round ratios, each "
+        "engine alone at its best setting where the run timed it so, else round-robin with every row; × CTranslate2: "
+        f"against *{ct2 or 'none'}*, its fastest greedy engine; batch {batch}: round-robin; ≠ greedy: timed "
+        "sentences whose output differs from the teacher's greedy search (– not checked); Rep %: repeated tokens "
+        "(Ran et al. eq. 8).",
+        "",
+        f"| system | BLEU | ≠ greedy | batch 1 timed | ms / sent | × fairseq greedy | × CTranslate2 "
+        f"| batch {batch}: × fairseq greedy | decoder calls / sent | Rep % |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [summary_row(results, row, ct2) for row in results["rows"]]
+    pareto = os.path.join(work, "bench", "pareto.png")
+    if os.path.exists(pareto):
+        lines += ["", f"![BLEU against batch-1 speed-up]({image_prefix}pareto.png)"]
+    if full_report:
+        lines += [
+            "",
+            f"Every column, the by-length and by-batch-size tables, how each row was made: [{full_report}]"
+            f"({full_report}).",
+        ]
     return "\n".join(lines) + "\n"
 
 

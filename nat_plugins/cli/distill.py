@@ -104,7 +104,7 @@ def merge_shards(shard_files, num_sentences, text_out, tgt_dict, bin_prefix):
         builder.add_item(tgt_dict.encode_line(text, add_if_not_exist=False, append_eos=True).long())
     builder.finalize(bin_prefix + ".idx")
     logger.info(f"merged {len(shard_files)} shard(s): {text_out}, {bin_prefix}.bin/.idx")
-    # a teacher that stutters teaches its students to stutter (docs/results.md): say how much it does
+    # a teacher that stutters teaches its students to stutter: say how much it does
     logger.info(f"distilled targets: {repeated_ratio(targets, window=1):.2f}% of the subwords repeat the one before")
 
 

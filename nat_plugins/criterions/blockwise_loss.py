@@ -18,7 +18,7 @@ heads an update scores among the trainable ones (head 1 is not trainable under `
 Why the defaults (``mean``, w = 0.1) and the recipe's two stages (heads first on a frozen base, then everything with
 ``first-plus-random``): measured on the learning tests' synthetic task and on Multi30k, ``random`` collapses when the
 base trains, a small w keeps head 1 at the teacher's BLEU, and ``first-plus-random`` trains faster than ``mean`` to the
-same BLEU (docs/results.md, "Blockwise head sampling").
+same BLEU (docs/design-notes.md, "Blockwise head sampling").
 
 Heads an update does not score keep no gradient (``.grad`` stays ``None``): their output layers are left out of
 the graph so that the optimizer does not move them (fairseq's Adam applies momentum and weight decay to every

@@ -13,7 +13,7 @@ few tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`; no
 * pseudo-repetitive segments (§3.2), with probability ``--pseudo-rep-prob`` q per sentence: the sentence is divided
   into K-1 segments, a prefix of random length 1..|S| of a random non-empty segment S is copied, followed by DEL,
   right after S; only its DEL is trained, as in the released code (``--pseudo-rep-tokens``: its copied tokens too,
-  which teaches a segment to restart its predecessor: docs/results.md).
+  which teaches a segment to restart its predecessor: docs/design-notes.md).
 * empty segments are BOS -> EOS; the loss is label-smoothed NLL (``--label-smoothing``, the paper's 0.15).
 
 Randomness comes from a ``torch.Generator`` on the batch's device seeded with (``--seed``, update number, call within

@@ -32,8 +32,8 @@ from ..modules.verify_accept import IncrementalCache, decoder_block_features, in
 from .base import UNSUPPORTED_OPTIONS, PluginGenerator
 
 # the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone. On 2 cores with the
-# quickstart's models the loop's greedy steps beat drafting from 2 sentences on (docs/results.md, "Drafting against
-# batch size"); drafting gained 18-32% at batch 1.
+# quickstart's models the loop's greedy steps beat drafting from 2 sentences on (docs/design-notes.md, "Drafting against
+# batch size"); drafting gained 18-28% at batch 1.
 CPU_MAX_DRAFTING_SENTENCES = 1
 
 

@@ -26,7 +26,7 @@ starting at t), and a decoder initialised from the AR teacher maps "the last tok
 Both start at zero (at initialisation the model is the paper's) and are scaled by ``embed_scale`` like the token
 embeddings (Adam then moves them at the rate of a token embedding's scaled entries). With both, SAT K=2 repeats a
 word inside a group about as rarely as its training targets, and gains BLEU; the paper's model repeats several
-times as often (docs/results.md, "SAT: a group's positions stop agreeing", with the candidates that did not help).
+times as often (docs/design-notes.md, "SAT: a group's positions stop agreeing", with the candidates that did not help).
 
 With K = 1 (options off) this is fairseq's Transformer: same parameter names, same outputs. Training uses fairseq's
 criteria (``label_smoothed_cross_entropy``) on ordinary batches: :meth:`SATTransformerModel.forward` turns fairseq's
@@ -204,7 +204,7 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     Why ``all`` is the default although a copied AR decoder layer predicts the successor of its input (y_{t-K+1}
     at position t, so the untrained SAT K=2 emits each token twice): on the learning tests' synthetic task ``all``
     was ahead of ``paper`` in BLEU and in stutter at every checkpoint of every schedule tried, since relearning the
-    decoder from random costs more than unlearning the one-position shift (docs/results.md, "Learning tests").
+    decoder from random costs more than unlearning the one-position shift (docs/design-notes.md, "Learning tests").
     """
 
     generator_class = SATGenerator

@@ -3,12 +3,12 @@ from memory, not from the cache.
 
 * :class:`WeightFirstLinear` computes the product in the layout this machine runs faster (:func:`layout`): W·xᵀ
   (:func:`weight_first_linear`) or torch's ``F.linear`` (x·Wᵀ, BLAS with the weight as the transposed right operand).
-  W·xᵀ was several times faster for few-row products on one AMD CPU (docs/results.md, ``dev/bench_linear_layout.py``):
-  one row takes BLAS's matrix-vector path either way unless it is passed as two equal columns, which pays only for big
-  weights; from a few hundred rows on the two orders cost about the same. On an Intel Xeon the teacher decoded in W·xᵀ
-  ran 0.74× fairseq's own, hence the measurement. Every output is the same dot product, so results change by rounding
-  only. Training (gradients enabled), other devices and dtypes keep ``F.linear``. Plugin generators, frozen teachers
-  and models decoded through ``translation_nat`` use it (:func:`use_weight_first_linears`).
+  W·xᵀ was several times faster for few-row products on one AMD CPU (docs/design-notes.md,
+  ``dev/bench_linear_layout.py``): one row takes BLAS's matrix-vector path either way unless it is passed as two equal
+  columns, which pays only for big weights; from a few hundred rows on the two orders cost about the same. On an Intel
+  Xeon the teacher decoded in W·xᵀ ran 0.74× fairseq's own, hence the measurement. Every output is the same dot product,
+  so results change by rounding only. Training (gradients enabled), other devices and dtypes keep ``F.linear``. Plugin
+  generators, frozen teachers and models decoded through ``translation_nat`` use it (:func:`use_weight_first_linears`).
 * :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft;
   :func:`int8_decoder_copy` (``--int8-decoder``): a model whose decoder is such a copy.
 
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# from about this many rows on, W·xᵀ is no faster than F.linear (docs/results.md)
+# from about this many rows on, W·xᵀ is no faster than F.linear (docs/design-notes.md)
 MAX_ROWS = 256
 # one row is a matrix-vector product either way; as two columns it gains only on big weights such as the output
 # projection (dev/bench_linear_layout.py)

@@ -11,8 +11,7 @@ once, :func:`fused_projections`), attends with ``F.scaled_dot_product_attention`
 and ·v), keeps the encoder's padding as an additive mask in the cache (none when the batch has no padding) and
 computes no attention weights. Its features equal fairseq's up to rounding (tests/test_lean_decoder.py),
 as those of one call on several new tokens already differ from fairseq's token-by-token calls; verify-accept decoding
-runs its verifier and the speculative drafter with it (docs/results.md, 2026-11-25: with the changes to
-:mod:`~nat_plugins.modules.cpu_linear`, 2-15% less time per sentence for the verify-accept rows on 2 CPU cores).
+runs its verifier and the speculative drafter with it.
 
 Layers with features it does not implement (a layer class other than fairseq's ``TransformerDecoderLayer``, whose extra
 sublayers it would skip; NormFormer's extra norms and scales, ``--cross-self-attention``, bias key/values, zero
