@@ -10,8 +10,7 @@ import argparse
 import os
 import shutil
 
-from nat_plugins.bench import recipes
-from nat_plugins.bench.run_report import build_report, build_summary
+from nat_plugins.bench.run_report import add_run_options, build_report, build_summary
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results.md")
 
@@ -31,16 +30,8 @@ def replace_section(doc_path: str, section: str, body: str):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("work", help="the quickstart's WORK folder (with bench/ and logs/)")
-    parser.add_argument("--preset", required=True, choices=list(recipes.PRESETS), help="the run's preset")
+    add_run_options(parser)
     parser.add_argument("--section", help="the section's name in the docs (default: the preset)")
-    parser.add_argument(
-        "--only",
-        type=lambda text: text.split(","),
-        metavar="SYSTEM[,SYSTEM...]",
-        help="the systems the run trained (a run on your own teacher): their targets, not the README's claims",
-    )
-    parser.add_argument("--command", help="the run's command, as the docs state it (default: the quickstart's)")
     parser.add_argument("--docs", default=DOCS, help="the results file (default: this checkout's docs/results.md)")
     args = parser.parse_args()
     section = args.section or args.preset

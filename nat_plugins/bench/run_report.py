@@ -209,8 +209,8 @@ def build_summary(
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_options(parser: argparse.ArgumentParser):
+    """The options that say which run a report is of (this module's command and dev/results_section.py)."""
     parser.add_argument("work", help="the quickstart's WORK folder (with bench/ and logs/)")
     parser.add_argument(
         "--preset", required=True, choices=list(recipes.PRESETS), help="the run's preset: its targets are checked"
@@ -222,6 +222,11 @@ def main(argv=None):
         help="the systems the run trained (a run on your own teacher): their targets, not the README's claims",
     )
     parser.add_argument("--command", help="the run's command, as the report states it (default: the quickstart's)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_options(parser)
     args = parser.parse_args(argv)
     if not os.path.exists(os.path.join(args.work, "bench", "results.json")):
         parser.error(f"{args.work}/bench/results.json does not exist: run the benchmark step first")
