@@ -251,6 +251,12 @@ class Job:
         return self.steps[0].name
 
 
+def student_step(name: str, script: str, *extra: Word, **options) -> Step:
+    """Step ``name``: ``examples/multi30k/SCRIPT DATA_BIN TEACHER SAVE_DIR EXTRA...``, the students' recipes' calling
+    convention (``options``: the :class:`Step`'s others)."""
+    return Step(name, f"{EXAMPLES}/{script}", (DATA_BIN, TEACHER, SAVE_DIR, *extra), **options)
+
+
 def job(*steps: Step) -> Job:
     """A job of ``steps``, in order."""
     return Job(steps)
@@ -566,12 +572,12 @@ def blockwise(k: int) -> Config:
     """Blockwise parallel decoding (Stern et al. 2018): heads on the frozen teacher, then everything fine-tuned from
     that checkpoint; decoded with exact acceptance."""
     frozen, finetuned = f"blockwise-{k}-frozen", f"blockwise-{k}-finetuned"
-    script, exact = f"{EXAMPLES}/blockwise.sh", ("--beam", "1", "--block-accept", "exact")
+    exact = ("--beam", "1", "--block-accept", "exact")
     return Config(
         jobs=(
             job(
-                Step(frozen, script, (DATA_BIN, TEACHER, SAVE_DIR, k, "frozen")),
-                Step(finetuned, script, (DATA_BIN, Checkpoint(frozen), SAVE_DIR, k, "finetuned")),
+                student_step(frozen, "blockwise.sh", k, "frozen"),
+                Step(finetuned, f"{EXAMPLES}/blockwise.sh", (DATA_BIN, Checkpoint(frozen), SAVE_DIR, k, "finetuned")),
             ),
         ),
         rows=(
@@ -597,7 +603,7 @@ def speculative(k: int) -> Config:
     verify = ("--beam", "1", "--speculative-teacher", TEACHER)
     relaxed = ("--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "1")
     return Config(
-        jobs=(job(Step(step, f"{EXAMPLES}/spec_drafter.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
+        jobs=(job(student_step(step, "spec_drafter.sh", k)),),
         rows=(
             Row(
                 f"Speculative k={k}, exact",
@@ -632,7 +638,7 @@ def sat(k: int) -> Config:
     """Semi-Autoregressive Transformer (Wang et al. 2018) on distilled data, greedy and beam 4."""
     step = f"sat-{k}"
     return Config(
-        jobs=(job(Step(step, f"{EXAMPLES}/sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
+        jobs=(job(student_step(step, "sat.sh", k)),),
         rows=(
             Row(f"SAT K={k}, greedy", step, ("--beam", "1"), made=SAT_MADE),
             Row(f"SAT K={k}, beam 4", step, ("--beam", "4"), made=SAT_MADE),
@@ -644,7 +650,7 @@ def recover_sat(k: int) -> Config:
     """RecoverSAT (Ran et al. 2020): K segments in parallel."""
     step = f"recover-sat-{k}"
     return Config(
-        jobs=(job(Step(step, f"{EXAMPLES}/recover_sat.sh", (DATA_BIN, TEACHER, SAVE_DIR, k))),),
+        jobs=(job(student_step(step, "recover_sat.sh", k)),),
         rows=(
             Row(
                 f"RecoverSAT K={k}",
@@ -685,7 +691,7 @@ def fertility_nat(value: Union[int, Npd]) -> Config:
         jobs=(
             job(
                 Step("fertility", "run_scripts/fertility.sh", (DATA_BIN, "--save-links", LINKS), compared_with=None),
-                Step("fertility-nat", f"{EXAMPLES}/fertility_nat.sh", (DATA_BIN, TEACHER, SAVE_DIR)),
+                student_step("fertility-nat", "fertility_nat.sh"),
             ),
         ),
         rows=(
@@ -710,8 +716,8 @@ def nad_ad(_value=None) -> Config:
     by the real targets too), with the paired bootstrap test of the gain."""
     return Config(
         jobs=(
-            job(Step("nad-ad", f"{EXAMPLES}/nad_ad.sh", (DATA_BIN, TEACHER, SAVE_DIR), compared_with="ar-baseline")),
-            job(Step("ar-baseline", f"{EXAMPLES}/ar_baseline.sh", (DATA_BIN, TEACHER, SAVE_DIR))),
+            job(student_step("nad-ad", "nad_ad.sh", compared_with="ar-baseline")),
+            job(student_step("ar-baseline", "ar_baseline.sh")),
         ),
         rows=(
             Row(NAD_AD_ROW, "nad-ad", ("--beam", "4"), made=f"{INIT_ALL}; NAD-AD attention starts at zero"),
