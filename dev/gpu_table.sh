@@ -3,7 +3,9 @@
 # send back at most 8 small files. The first call installs (../shared/gpu/README.md: wheels in .gpu_wheels, Multi30k
 # in .data/multi30k), starts the CUDA-only tests and the quickstart in the background (setsid: they outlive the call)
 # and polls; a later call on the same machine only polls. Every call leaves in OUT what exists so far: report.md,
-# results.md and results.json once the run finished, and run.tar.gz (logs, plots, hypotheses, the tests' log).
+# results.md and results.json once the run finished, and run.tar.gz (the run's folder without its checkpoints and data:
+# logs, report, results, plots, hypotheses; the tests' log): `tar -xzf run.tar.gz && python dev/results_section.py
+# multi30k-gpu --preset gpu` puts it into docs/results.md.
 #   bash dev/gpu_table.sh OUT [SECONDS]   # exit 0: finished; 3: still running after SECONDS (call again); 1: failed
 # Smoke sizes (TEACHER_UPDATES, STUDENT_UPDATES, MAX_LINES, LATENCY_SENTENCES) pass through; GPU_PRESET_ON_CPU=1
 # rehearses the whole script on the CPU, with the python3 on the PATH (no install, no CUDA tests).
@@ -35,6 +37,6 @@ cat "$WORK/logs/steps.tsv" 2>/dev/null
 for f in "$WORK/report.md" "$WORK/bench/results.md" "$WORK/bench/results.json"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
 (cd "$(dirname "$WORK")" && tar -czf "$OUT/run.tar.gz" --ignore-failed-read "$(basename "$LOG")" \
   $(ls "$(basename "$TESTS_LOG")" "$(basename "$INSTALL_LOG")" 2>/dev/null) "$(basename "$WORK")/logs" \
-  $(cd "$WORK" 2>/dev/null && ls -d bench/*.png bench/hyp.*.txt 2>/dev/null | sed "s|^|$(basename "$WORK")/|"))
+  $(cd "$WORK" 2>/dev/null && ls -d report.md bench/results.* bench/*.png bench/hyp.*.txt 2>/dev/null | sed "s|^|$(basename "$WORK")/|"))
 ls -la "$OUT"
 exit $status

@@ -283,6 +283,22 @@ def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path
     assert "[runs/x.md](runs/x.md)" in text and "| target |" not in text
 
 
+def test_students_trained_side_by_side_count_once_in_the_wall_time(tmp_path):
+    """On a GPU the students train STUDENT_JOBS at a time: the run's wall time counts their group's wall time (the
+    quickstart's "phase" line), not the sum of its steps; each such step is marked side by side."""
+    solo_run(str(tmp_path))
+    with open(tmp_path / "logs" / "steps.tsv", "w") as f:
+        f.write("teacher\t100\t\nsat-2\t200\tside by side\nnad-ad\t150\tside by side\n")
+        f.write("students, 2 at a time\t210\tphase\nbenchmark-1a2b\t60\t\n")
+    summary = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="speculative")
+    assert "Wall time: 6 min 10 s over the steps (set-up not counted): teacher 1 min 40 s, sat-2 (side by side) " in (
+        summary
+    )
+    assert "students, 2 at a time 3 min 30 s, benchmark 1 min 00 s; training 5 min 10 s." in summary
+    full = report.build_report(str(tmp_path), "cpu", only="speculative")
+    assert "| nad-ad (side by side) | 2 min 30 s |" in full and "| all steps | 6 min 10 s |" in full
+
+
 def test_a_run_goes_into_the_docs_as_a_section_and_a_full_report(tmp_path, monkeypatch):
     solo_run(str(tmp_path / "work"))
     docs = tmp_path / "docs"

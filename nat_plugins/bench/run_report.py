@@ -36,16 +36,33 @@ def teacher_curve(log_path: str) -> List[tuple]:
         ]
 
 
+SIDE_BY_SIDE = "side by side"
+
+
 def step_times(path: str) -> List[tuple]:
-    """(step, seconds) of each step the quickstart ran (``logs/steps.tsv``; the last run of a step counts)."""
+    """(step, seconds, phase) of each step the quickstart ran (``logs/steps.tsv``; the last run of a step counts):
+    phase ``""`` for a step that ran alone, ``SIDE_BY_SIDE`` for one that ran beside other steps, ``"phase"`` for the
+    wall time of such a group (the students trained ``STUDENT_JOBS`` at a time)."""
     if not os.path.exists(path):
         return []
     times = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
-            name, seconds = line.rstrip("\n").split("\t")[:2]
-            times[name] = int(seconds)
-    return list(times.items())
+            name, seconds, *phase = line.rstrip("\n").split("\t")
+            times[name] = (int(seconds), phase[0] if phase else "")
+    return [(name, seconds, phase) for name, (seconds, phase) in times.items()]
+
+
+def wall_seconds(times: List[tuple]) -> int:
+    """The run's wall time over its steps: the steps that ran alone and each side-by-side group once."""
+    return sum(seconds for _, seconds, phase in times if phase != SIDE_BY_SIDE)
+
+
+def step_label(name: str, phase: str) -> str:
+    """A step's name in the report: ``benchmark`` without its options' key, a side-by-side step marked so."""
+    if name.startswith("benchmark"):
+        return "benchmark"
+    return f"{name} ({phase})" if phase == SIDE_BY_SIDE else name
 
 
 def load_results(work: str) -> dict:
@@ -106,8 +123,9 @@ def build_report(
         lines += ["| row | made |", "|---|---|"] + [f"| {name} | {made} |" for name, made in notes]
     times = step_times(os.path.join(work, "logs", "steps.tsv"))
     if times:
-        lines += ["", "| step | wall time |", "|---|---:|"] + [f"| {n} | {minutes(s)} |" for n, s in times]
-        lines += [f"| all steps | {minutes(sum(s for _, s in times))} |"]
+        lines += ["", "| step | wall time |", "|---|---:|"]
+        lines += [f"| {step_label(n, p)} | {minutes(s)} |" for n, s, p in times]
+        lines += [f"| all steps | {minutes(wall_seconds(times))} |"]
     plots = sorted(p for p in os.listdir(bench) if p.endswith(".png"))
     lines += [""] + [f"![{p}]({image_prefix}{p})" for p in plots] + ["", tables]
     return "\n".join(lines) + "\n"
@@ -172,13 +190,13 @@ def build_summary(
     meta = results["meta"]
     batch = meta["batch_size"]
     lines = [header(results, preset, command), ""]
-    times = dict(step_times(os.path.join(work, "logs", "steps.tsv")))
+    times = step_times(os.path.join(work, "logs", "steps.tsv"))
     if times:
-        bench = sum(s for n, s in times.items() if n.startswith("benchmark"))
+        not_training = sum(s for n, s, _ in times if n.startswith("benchmark") or n == "data")
         lines += [
-            f"Wall time: {minutes(sum(times.values()))} over the steps (set-up not counted): "
-            + ", ".join(f"{n.split('-')[0] if n.startswith('benchmark') else n} {minutes(s)}" for n, s in times.items())
-            + f"; training {minutes(sum(times.values()) - bench - times.get('data', 0))}.",
+            f"Wall time: {minutes(wall_seconds(times))} over the steps (set-up not counted): "
+            + ", ".join(f"{step_label(n, p)} {minutes(s)}" for n, s, p in times)
+            + f"; training {minutes(wall_seconds(times) - not_training)}.",
             "",
         ]
     targets = target_table(results, preset, only)
