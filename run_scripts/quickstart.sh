@@ -140,13 +140,13 @@ run_job() {  # run_job JOB: the steps of JOB (lines of STEPS), in order
     if [ "${fields[0]}" = "$1" ]; then step "${fields[1]}" bash "$ROOT/${fields[2]}" "${fields[@]:3}"; fi
   done
 }
+PHASE_STARTED=$(date +%s); PHASE_STEPS_BEFORE=$(wc -l < "$WORK/logs/steps.tsv")  # for the side-by-side phase's line
 for JOB in $(cut -f1 <<< "$PLAN" | uniq); do  # in the background when STUDENT_JOBS > 1 (output in its logs only)
   mapfile -t NAMES < <(awk -F'\t' -v job="$JOB" '$1 == job { print $2 }' <<< "$PLAN")
   STUDENT_STEPS+=("${NAMES[@]}")
   if [ "$STUDENT_JOBS" -le 1 ]; then run_job "$JOB"; continue; fi
   while [ "$(jobs -rp | wc -l)" -ge "$STUDENT_JOBS" ]; do wait -n || true; done
   # each on its share of the CPU threads
-  [ -n "${PHASE_STARTED:-}" ] || { PHASE_STARTED=$(date +%s); PHASE_STEPS_BEFORE=$(wc -l < "$WORK/logs/steps.tsv"); }
   ( export OMP_NUM_THREADS=$(( ($(nproc) + STUDENT_JOBS - 1) / STUDENT_JOBS )) STEP_PHASE="side by side"
     run_job "$JOB" > /dev/null 2>&1 ) &
 done

@@ -36,12 +36,9 @@ def pin_xdist_worker_to_its_cores():
     Unpinned, a subprocess spins one OpenMP thread per core of the machine beside the other worker's tests: on 2 cores
     fairseq-train ran 2-4x slower than alone and the suite spent a third of its CPU time waiting."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if worker is None or count < 2 or not hasattr(os, "sched_setaffinity"):
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    index = int(worker.removeprefix("gw"))
-    if count <= len(cores):
-        os.sched_setaffinity(0, cores[index::count])
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    if worker is not None and 2 <= count <= len(cores):
+        os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) :: count])
 
 
 @pytest.fixture(scope="session", autouse=True)
