@@ -3,6 +3,7 @@ import shutil
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
@@ -83,6 +84,16 @@ def tiny_teacher(dummy_data_bin, tmp_path_factory):
     with log_file(os.path.join(save_dir, "train.log")):
         train_model(dummy_data_bin, save_dir, TINY_TEACHER_ARGS, max_update=TINY_TEACHER_UPDATES)
     return os.path.join(save_dir, "checkpoint_best.pt")
+
+
+@pytest.fixture(scope="module")
+def teacher(dummy_data_bin, tiny_teacher):
+    """The tiny teacher loaded in eval mode, with its task (test split loaded): ``(model, task)``."""
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [tiny_teacher], arg_overrides={"data": dummy_data_bin}
+    )
+    task.load_dataset("test")
+    return models[0].eval(), task
 
 
 @pytest.fixture(scope="session")

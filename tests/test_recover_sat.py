@@ -46,15 +46,6 @@ TINY_RECOVER_SAT = ["--arch", "recover_sat"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 16
 
 
-@pytest.fixture(scope="module")
-def teacher(dummy_data_bin, tiny_teacher):
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [tiny_teacher], arg_overrides={"data": dummy_data_bin}
-    )
-    task.load_dataset("test")
-    return models[0].eval(), task
-
-
 def build_recover_sat(data_bin, task, num_segments, extra=()):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(

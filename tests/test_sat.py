@@ -9,7 +9,7 @@ from argparse import Namespace
 import pytest
 import sacrebleu
 import torch
-from fairseq import checkpoint_utils, options, tasks, utils
+from fairseq import options, tasks, utils
 from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.sequence_scorer import SequenceScorer
@@ -30,15 +30,6 @@ from .utils import (
 
 TINY_SAT = ["--arch", "sat_transformer"] + TINY_TRANSFORMER[2:]
 NUM_SENTENCES = 16
-
-
-@pytest.fixture(scope="module")
-def teacher(dummy_data_bin, tiny_teacher):
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [tiny_teacher], arg_overrides={"data": dummy_data_bin}
-    )
-    task.load_dataset("test")
-    return models[0].eval(), task
 
 
 def build_sat(data_bin, task, group_size, extra=()):
