@@ -1,7 +1,7 @@
 # Sourced by the run_scripts: repository root, the venv, and the size preset.
 #   PRESET=cpu (default): 2-layer 256-d models, one configuration per system, ~42 min on 2 CPU cores.
 #   PRESET=cpu-long: the same models trained to convergence (teacher 1,500 updates, every student 4x the cpu
-#     preset's updates), a second SAT configuration and fairseq's own NAT/CMLM for comparison, about 2 hours on 2 cores.
+#     preset's updates), a second SAT configuration and fairseq's own NAT/CMLM for comparison, about 3 hours on 2 cores.
 #   PRESET=gpu: transformer_iwslt_de_en-sized models in fp16 on one GPU, sized to finish in ~11 minutes there
 #     (teacher 1,500 updates, students 600 each, side by side; examples/multi30k/README.md). GPU_PRESET_ON_CPU=1
 #     rehearses it on the CPU (fp32; with smoke sizes: MAX_LINES, TEACHER_UPDATES, STUDENT_UPDATES).
