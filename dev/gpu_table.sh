@@ -21,7 +21,22 @@ if [ ! -f "$LOG" ]; then  # the first call
     bash "$ROOT/.gpu_wheels/install.sh" "$ROOT/.gpu_wheels" > "$INSTALL_LOG" 2>&1 || { tail -n 30 "$INSTALL_LOG"; exit 1; }
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$INSTALL_LOG"
     echo "cores: $(nproc)" >> "$INSTALL_LOG"
-    tail -n 8 "$INSTALL_LOG"
+    # the peers a GPU run could add: CTranslate2's CUDA rows need CUDA 12's cuBLAS (its wheel links it); onnxruntime
+    python3 - >> "$INSTALL_LOG" 2>&1 <<'PY'
+import ctypes
+for lib in ("libcublas.so.12", "libcublas.so.13"):
+    try:
+        ctypes.CDLL(lib)
+        print(f"peers: {lib} loads")
+    except OSError as err:
+        print(f"peers: {lib} does not load ({err})")
+try:
+    import onnxruntime
+    print("peers: onnxruntime", onnxruntime.__version__, "providers", onnxruntime.get_available_providers())
+except ImportError:
+    print("peers: onnxruntime is not installed")
+PY
+    tail -n 11 "$INSTALL_LOG"
     # the CUDA-only cases (skipped on a machine without CUDA), beside the pipeline's first, mostly CPU-bound steps
     (cd "$ROOT" && setsid nohup nice timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
       tests/test_half_precision.py -k cuda > "$TESTS_LOG" 2>&1 < /dev/null &)
@@ -33,10 +48,11 @@ bash "$ROOT/dev/wait_for_run.sh" "$LOG" "$WORK" "$LIMIT"
 status=$?
 [ -f "$TESTS_LOG" ] && tail -n 3 "$TESTS_LOG"
 cat "$WORK/logs/steps.tsv" 2>/dev/null
-# what comes back: the report's three files when the run finished, and one archive of everything else
-for f in "$WORK/report.md" "$WORK/bench/results.md" "$WORK/bench/results.json"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+# what comes back: the benchmark's progress.json (rewritten after every timing round) and, once the run finished,
+# the report's three files; one archive of everything else
+for f in "$WORK/report.md" "$WORK/bench/results.md" "$WORK/bench/results.json" "$WORK/bench/progress.json"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
 (cd "$(dirname "$WORK")" && tar -czf "$OUT/run.tar.gz" --ignore-failed-read "$(basename "$LOG")" \
   $(ls "$(basename "$TESTS_LOG")" "$(basename "$INSTALL_LOG")" 2>/dev/null) "$(basename "$WORK")/logs" \
-  $(cd "$WORK" 2>/dev/null && ls -d report.md bench/results.* bench/*.png bench/hyp.*.txt 2>/dev/null | sed "s|^|$(basename "$WORK")/|"))
+  $(cd "$WORK" 2>/dev/null && ls -d report.md bench/results.* bench/progress.json bench/*.png bench/hyp.*.txt 2>/dev/null | sed "s|^|$(basename "$WORK")/|"))
 ls -la "$OUT"
 exit $status

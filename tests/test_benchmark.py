@@ -106,6 +106,33 @@ def test_outputs_written(fixture):
     assert "AR teacher, beam 4" in markdown and "same teacher greedy" in markdown and "fp32" in markdown
 
 
+def test_a_budget_too_small_for_every_row_writes_the_rows_it_timed_and_names_the_rest(fixture, tmp_path):
+    """--time-budget that the batched pass alone uses up: the teacher rows and the required row are timed at batch 1
+    (one sentence a round), the optional row is left out with its BLEU (its hypotheses written), results.md says so
+    and progress.json, written as the run goes, ends finished with every row's BLEU."""
+    args = _args(fixture, out_dir=str(tmp_path), no_plots=True, time_budget=0.01, optional_row=["fairseq CMLM"])
+    results = benchmark.main(args)
+    assert [row["name"] for row in results["rows"]] == [name for name in NAMES if name != "fairseq CMLM"]
+    budget = results["meta"]["time_budget"]
+    assert budget["latency_sentences_planned"] == 3 and budget["latency_sentences_available"] == NUM_TEST - 2
+    assert budget["rounds_cut"]["1"] == 2 and results["meta"]["latency_sentences_timed"] == 1
+    (left_out,) = budget["not_timed_at_batch1"]
+    assert left_out["name"] == "fairseq CMLM" and left_out["bleu"] is not None
+    assert os.path.getsize(tmp_path / "hyp.fairseq-cmlm.txt") > 0
+    markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert "rows not timed at batch 1, so not in the table: fairseq CMLM (BLEU" in markdown
+    progress = json.loads((tmp_path / "progress.json").read_text(encoding="utf-8"))
+    assert progress["finished"] and set(progress["bleu"]) == set(NAMES)
+    assert progress["passes"]["1"]["rounds_done"] == 1 and progress["passes"]["12"]["rounds_done"] == 3
+    greedy = {row["name"]: row for row in fixture["results"]["rows"]}["AR teacher, greedy"]["bleu"]
+    assert progress["bleu"]["AR teacher, greedy"] == pytest.approx(greedy)
+    for bad, message in ((dict(time_budget=0.0), "--time-budget"), (dict(optional_row=["x"]), "no row named 'x'")):
+        with pytest.raises(BenchmarkError, match=message):
+            benchmark.main(_args(fixture, out_dir=str(tmp_path), **{"time_budget": 1.0, **bad}))
+    with pytest.raises(BenchmarkError, match="give a --time-budget"):
+        benchmark.main(_args(fixture, out_dir=str(tmp_path), optional_row=["fairseq CMLM"]))
+
+
 def test_json_rows_and_metadata(fixture):
     with open(os.path.join(fixture["out"], "results.json"), encoding="utf-8") as f:
         results = json.load(f)
@@ -824,8 +851,10 @@ def test_a_slow_round_shows_in_the_spread_and_flags_the_ratio():
 
 def test_speed_by_batch_size_of_fixed_timings():
     runners, _, clock = fake_rows({"greedy": lambda u: 0.1 * len(u), "batched": lambda u: 0.02 + 0.01 * len(u)})
-    timings = schedule.time_batch_sizes(runners, [1, 4], 3, 0, range(1, 7), range(1), list(range(12)), 1, clock)
-    assert sorted(timings) == [1, 4]
+    timings, plan, skipped = schedule.time_batch_sizes(
+        runners, [4, 1], 3, 0, range(1, 7), range(1), list(range(12)), 1, clock
+    )
+    assert list(timings) == [1, 4] and plan is None and skipped == []
     batch4, outputs = timings[4]
     assert batch4.blocks == [[[0, 1, 2, 3]], [[4, 5, 6, 7]], [[8, 9, 10, 11]]]
     assert runners[0].outputs == {} and sorted(outputs[1]) == list(range(12))  # outputs handed over per size
@@ -843,6 +872,52 @@ def test_speed_by_batch_size_of_fixed_timings():
     for bad in ("0,8", "eight"):
         with pytest.raises(BenchmarkError, match="--batch-sizes"):
             benchmark.parse_batch_sizes(bad, 64)
+
+
+def test_time_budget_times_the_batched_pass_then_the_rows_that_fit_and_says_what_it_left_out():
+    """A budget too small for every row: every row decodes the batched pass (its BLEU), batch 1 times the required
+    rows on the sentences that fit and the optional rows in priority order while they fit; a round ending past the
+    deadline is the last; a batched size after the first is skipped once the deadline has passed."""
+    costs = {"greedy": 0.1, "beam": 0.2, "cheap": 0.01, "dear": 1.0}  # seconds a sentence
+
+    def run(deadline, sizes):
+        runners, log, clock = fake_rows({name: lambda u, c=c: c * len(u) for name, c in costs.items()})
+        progress = []
+        budget = schedule.TimeBudget(deadline, reserve=1.0, optional=[3, 2])  # "dear" before "cheap"
+        timed = schedule.time_batch_sizes(
+            runners,
+            sizes,
+            3,
+            0,
+            range(2, 62),
+            range(2),
+            list(range(6)),
+            1,
+            clock,
+            budget,
+            lambda size, rounds, rows, outputs: progress.append((size, len(rounds.blocks), rows, len(outputs[0]))),
+        )
+        return (*timed, progress, log)
+
+    # batch 2: a warm-up unit and 3 rounds of 2 sentences, 4 x 2.62 s, and greedy's re-run 0.2 s; batch-1 warm-up
+    # 2 x 1.31 s: 13.3 s so far
+    timings, plan, skipped, progress, log = run(19.5, [2, 1])
+    assert [(size, rows) for size, _, rows, _ in progress[:3]] == [(2, [0, 1, 2, 3])] * 3
+    assert progress[2][3] == 6  # after the last batch-2 round every sentence of the split has an output
+    assert plan.estimates == pytest.approx(list(costs.values()))  # from the two warm-up sentences
+    # 19.5 - 1 - 13.3 = 5.2 s: greedy + beam + a third of greedy (its re-run) = 0.333 s a sentence: 15 of the 60
+    assert plan.rows == [0, 1, 2] and plan.left_out == [3] and plan.sentences == 15 and skipped == []
+    assert list(timings) == [1, 2]
+    ones, outputs = timings[1]
+    assert sum(ones.sentences()) == 15 and ones.rounds_cut == 0 and len(outputs) == 3
+    assert len(timings[2][0].seconds) == 3 and len(timings[2][1]) == 3  # the batched pass of the timed rows only
+    assert ("dear", (2,)) not in log and ("cheap", (16,)) in log
+    assert progress[-1][:3] == (1, 3, [0, 1, 2])
+    # past the deadline after the first batched pass: the next size skipped, batch 1 on one sentence a round
+    # (the least there is), the required rows only, and no round after the one that ended past the deadline
+    timings, plan, skipped, _, _ = run(5.0, [2, 4, 1])
+    assert skipped == [4] and plan.rows == [0, 1] and plan.left_out == [3, 2] and plan.sentences == 3
+    assert len(timings[1][0].blocks) == 1 and timings[1][0].rounds_cut == 2 and list(timings) == [1, 2]
 
 
 def test_paired_bootstrap_of_two_rows(fixture):

@@ -223,6 +223,8 @@ def test_every_recipe_takes_its_budget_from_the_catalogue(capsys):
     assert cli(capsys, "budget", "--preset", "cpu", "sat").split() == ["150", "2e-3", "20"]
     assert cli(capsys, "budget", "--preset", "cpu-long", "sat").split() == ["600", "2e-3", "80"]
     assert cli(capsys, "budget", "--preset", "gpu", "sat").split() == ["600", "5e-4", "60"]
+    assert cli(capsys, "budget", "--preset", "gpu", "nad-ad").split() == ["400", "5e-4", "40"]  # its own GPU budget
+    assert cli(capsys, "budget", "--preset", "gpu", "ar-baseline").split() == ["400", "5e-4", "40"]  # the same
     assert cli(capsys, "budget", "--preset", "cpu", "--updates", "2", "spec-drafter").split() == ["2", "2e-3", "40"]
     assert cli(capsys, "budget", "--preset", "gpu", "--updates", "50", "blockwise-frozen").split() == [
         "50",
@@ -252,8 +254,21 @@ def test_benchmark_options_of_the_presets(capsys):
     assert long[long.index("--batch-sizes") + 1] == "1,8,32,64"
     gpu = cli(capsys, "options", "--preset", "gpu").splitlines()
     assert "--ctranslate2" not in gpu and "--cpu" not in gpu and gpu[0] == "--fp16"
-    assert gpu[gpu.index("--latency-sentences") + 1] == "220" and gpu[gpu.index("--warmup") + 1] == "20"
-    assert gpu[gpu.index("--batch-size") + 1] == "128" and gpu[gpu.index("--batch-sizes") + 1] == "1,64"
+    assert gpu[gpu.index("--latency-sentences") + 1] == "210" and gpu[gpu.index("--warmup") + 1] == "10"
+    assert gpu[gpu.index("--batch-size") + 1] == "64" and "--batch-sizes" not in gpu
+    assert gpu[gpu.index("--time-budget") + 1] == "180"  # the 15 minutes the GPU machine is lent leave it 3
+
+
+def test_the_gpu_preset_marks_the_rows_its_time_budget_may_leave_out(capsys):
+    """The GPU rows' options name the optional rows in their priority order, each a row the preset makes; no other
+    preset has any."""
+    options = ["--work", "W", "--data-bin", "D", "--teacher", "T", "--checkpoint-name", "c.pt"]
+    words = cli(capsys, "rows", "--preset", "gpu", *options).splitlines()
+    optional = [words[i + 1] for i, word in enumerate(words) if word == "--optional-row"]
+    assert optional == list(recipes.GPU_OPTIONAL_ROWS)
+    systems = [words[i + 1] for i, word in enumerate(words) if word == "--system"]
+    assert all(any(system.startswith(name + "=") for system in systems) for name in optional)
+    assert "--optional-row" not in cli(capsys, "rows", "--preset", "cpu", *options).splitlines()
 
 
 def test_a_bleu_share_reads_the_speedup_over_the_search_it_names():

@@ -57,6 +57,13 @@ process, at the OpenMP wait policy and thread count a short calibration picks fo
 ``npd.png``: latency and BLEU against S (their Figure 7), drawn whenever a checkpoint has NPD rows of two or more S
 (``--system`` rows decoded with ``--fertility-decoding npd`` count too).
 
+``--time-budget SECONDS`` bounds the whole run (a GPU lent for minutes): the batched passes run first, so every row
+has its BLEU, then batch 1 on what each row's warm-up says fits: every row not named by ``--optional-row`` on as many
+latency sentences as fit, then the ``--optional-row`` rows in their order while time is left; a round that ends past
+the budget is the last. ``results.md`` says what was left out (rows with their BLEU, sentences, rounds, batch sizes).
+Every run writes ``progress.json`` after every timing round (:mod:`.progress`): a run cut off still leaves each row's
+BLEU and timings so far.
+
 By source length (``--length-buckets``, subwords of the source, EOS excluded): every row's BLEU over each bucket's
 sentences and median batch-1 latency over its timed sentences, as a table in ``results.md``/``results.json`` and
 the plot ``by_length.png`` (rows chosen with ``--length-plot-rows``; Ran et al. 2020 Fig. 2, Gu et al. 2018 Fig. 7).
@@ -75,6 +82,7 @@ The plots need matplotlib (the ``plot`` extra); ``--no-plots`` writes the tables
 import argparse
 import os
 import sys
+import time
 from typing import List, Optional
 
 import torch
@@ -102,6 +110,7 @@ from nat_plugins.bench.measure import (
     prints_teacher_greedy,
     source_lengths,
 )
+from nat_plugins.bench.progress import Progress
 from nat_plugins.bench.report import initial_environment, markdown_table, pyplot, run_metadata, write_report
 from nat_plugins.bench.rows import (
     CTRANSLATE2_ROLES,
@@ -118,7 +127,7 @@ from nat_plugins.bench.rows import (
     run_cli,
     teacher_specs,
 )
-from nat_plugins.bench.schedule import time_batch_sizes
+from nat_plugins.bench.schedule import TimeBudget, time_batch_sizes
 from nat_plugins.bench.solo import add_solo_options, run_solo
 
 
@@ -283,6 +292,24 @@ def get_parser() -> argparse.ArgumentParser:
         help="random seed set before every decoded unit, and of the rows' order in every timing round (default: 1)",
     )
     parser.add_argument("--title", default="Decoding benchmark", help="heading of results.md and the plot")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="wall time of the whole benchmark (models loaded to report written): the batched passes run first (every "
+        "row's BLEU), then batch 1 on the rows and number of latency sentences that each row's warm-up says fit, the "
+        "--optional-row rows last; a round ending past the budget is the last; what was left out is listed in "
+        "results.md (default: no budget)",
+    )
+    parser.add_argument(
+        "--optional-row",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a row timed at batch 1 only if --time-budget leaves time for it (repeat: highest priority first); "
+        "every other row is timed whatever the budget, on fewer sentences if need be",
+    )
     add_solo_options(parser)
     return parser
 
@@ -307,6 +334,14 @@ def check_inputs(args, specs: List[RowSpec]) -> List[str]:
         raise BenchmarkError(f"--rounds {args.rounds}: at least 3 rounds, so that they can disagree")
     if args.threads is not None and args.threads < 1:
         raise BenchmarkError(f"--threads {args.threads}: expected >= 1")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise BenchmarkError(f"--time-budget {args.time_budget}: expected a number of seconds > 0")
+    names = [spec.name for spec in specs]
+    unknown = [name for name in args.optional_row if name not in names]
+    if unknown:
+        raise BenchmarkError(f"--optional-row: no row named {unknown[0]!r} (rows: {names})")
+    if args.optional_row and args.time_budget is None:
+        raise BenchmarkError("--optional-row marks rows the --time-budget may leave out: give a --time-budget too")
     if not os.path.isfile(args.reference):
         raise BenchmarkError(f"--reference {args.reference!r} does not exist")
     if args.distilled_targets is not None and not os.path.isfile(args.distilled_targets):
@@ -356,6 +391,7 @@ def row_specs(args) -> List[RowSpec]:
 
 def main(args) -> dict:
     """Run the benchmark for parsed ``args``; writes the outputs and returns the content of ``results.json``."""
+    started = time.perf_counter()
     use_cuda = torch.cuda.is_available() and not args.cpu
     if not args.no_plots:
         pyplot()  # fails now, not after the decoding, when matplotlib is missing
@@ -389,9 +425,37 @@ def main(args) -> dict:
     if args.ctranslate2:  # reported after the teacher's fairseq rows
         runners[2:2] = ctranslate2_runners(args, ct2_specs, task, dataset, use_cuda, threads)
     anchor = next(i for i, runner in enumerate(runners) if runner.spec.role == TEACHER_GREEDY)
+    names = [runner.spec.name for runner in runners]
+    budget = None
+    if args.time_budget is not None:  # a tenth of it kept for the report
+        optional = [names.index(name) for name in args.optional_row]
+        budget = TimeBudget(started + args.time_budget, reserve=0.1 * args.time_budget, optional=optional)
+    progress = Progress(
+        args.out_dir, [runner.spec for runner in runners], references, args.batch_size, args.time_budget
+    )
+    order = [args.batch_size] + [size for size in sizes if size not in (1, args.batch_size)] + [1]  # BLEU first
     load_start = os.getloadavg()
-    timings = time_batch_sizes(runners, sizes, args.rounds, anchor, latency_ids, warmup_ids, length_order, args.seed)
+    timings, plan, sizes_skipped = time_batch_sizes(
+        runners,
+        order,
+        args.rounds,
+        anchor,
+        latency_ids,
+        warmup_ids,
+        length_order,
+        args.seed,
+        budget=budget,
+        progress=progress,
+    )
     load_end = os.getloadavg()
+    if plan is not None:
+        left_out = [runners[k] for k in plan.left_out]
+        runners = [runners[k] for k in plan.rows]
+        anchor = next(i for i, runner in enumerate(runners) if runner.spec.role == TEACHER_GREEDY)
+        num_latency = args.warmup + plan.sentences
+        timed_names = {runner.spec.name for runner in runners}
+        pairs = [pair for pair in pairs if set(pair) <= timed_names]
+        plot_rows = [name for name in plot_rows if name in timed_names]
     rows = [row_of(k, runner, timings, args.batch_size, references) for k, runner in enumerate(runners)]
     tolerance = NEAR_TIE_TOLERANCE["fp16" if args.fp16 else "fp32"]
     add_exact_checks(rows, runners, anchor, timings, tolerance)
@@ -410,7 +474,7 @@ def main(args) -> dict:
         "protocol": "round-robin over shared blocks, rows in a random order per round (seeded with --seed and the "
         "batch size); anchor: fairseq greedy; every speedup: the median over rounds of paired per-round ratios",
         "rounds": args.rounds,
-        "batch_sizes": sizes,
+        "batch_sizes": list(timings),
         "threads": threads,
         "ctranslate2_threads": {"intra": 1 if use_cuda else threads, "inter": 1} if args.ctranslate2 else None,
         "omp_wait_policy": initial_environment().get("OMP_WAIT_POLICY"),
@@ -422,6 +486,20 @@ def main(args) -> dict:
             for size, (timed, _) in timings.items()
         },
     }
+    if budget:
+        meta["latency_sentences_timed"] = sum(timings[1][0].sentences())
+        meta["time_budget"] = {
+            "seconds": args.time_budget,
+            "spent": round(time.perf_counter() - started, 1),
+            "latency_sentences_available": len(latency_ids),
+            "latency_sentences_planned": plan.sentences,
+            "rounds_cut": {str(size): timed.rounds_cut for size, (timed, _) in timings.items()},
+            "batch_sizes_not_timed": sizes_skipped,
+            "estimated_ms_per_sentence": {name: round(1000 * s, 2) for name, s in zip(names, plan.estimates)},
+            "not_timed_at_batch1": [
+                {"name": runner.spec.name, "bleu": progress.bleu(runner.spec.name)} for runner in left_out
+            ],
+        }
     meta["exact_check"] = {
         "near_tie_tolerance": tolerance,
         "rule": "a row that prints the teacher's greedy output is exact when, in every timed pass, every sentence "
@@ -430,6 +508,7 @@ def main(args) -> dict:
     }
     paired = paired_bootstrap(pairs, {row.name: row.hyps for row in rows}, references)
     results = write_report(args.out_dir, meta, rows, paired, plots=not args.no_plots, solo=solo)
+    progress.write(finished=True)
     print(markdown_table(rows, args.teacher_beam))
     return results
 

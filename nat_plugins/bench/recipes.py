@@ -63,12 +63,14 @@ INIT_ALL = (
 @dataclass(frozen=True)
 class Preset:
     """What a preset changes in the benchmark: the options of its protocol on its device, the default number of
-    batch-1 latency sentences (None: the whole test set) and the decoding options of the rows whose layers only draft
-    (``Row.drafts``)."""
+    batch-1 latency sentences (None: the whole test set), the decoding options of the rows whose layers only draft
+    (``Row.drafts``) and, for a preset with a ``--time-budget``, the rows timed at batch 1 only if it leaves time for
+    them (``--optional-row``, highest priority first)."""
 
     device_options: Tuple[str, ...]
     latency_sentences: Optional[int]
     draft_args: Tuple[str, ...]
+    optional_rows: Tuple[str, ...] = ()
 
     def benchmark_options(self, latency_sentences: Optional[int] = None) -> List[str]:
         """The benchmark's options of this preset; ``latency_sentences`` replaces its default."""
@@ -82,7 +84,8 @@ class Budget:
     """A student recipe's training budget (``student_args RECIPE`` in run_scripts/common.sh): on the cpu preset
     ``updates`` updates of 4,096 tokens with ``warmup`` of them warm-up, the learning rate ``lr`` decaying linearly to
     0 (cpu-long: :data:`CPU_LONG_FACTOR` times the updates and the warm-up); on the GPU :data:`GPU_STUDENT_UPDATES`
-    updates of 8,192 tokens, a tenth of them warm-up, at ``gpu_lr`` (None: ``lr``). A student starts from the
+    updates of 8,192 tokens (``gpu_updates`` where set), a tenth of them warm-up, at ``gpu_lr`` (None: ``lr``). A
+    student starts from the
     teacher's weights: a fresh Adam at a high rate would move every weight at once, so recipes that train the whole
     model stay at <= 5e-4 on the GPU."""
 
@@ -90,12 +93,13 @@ class Budget:
     lr: str
     warmup: int
     gpu_lr: Optional[str] = None
+    gpu_updates: Optional[int] = None
 
     def for_preset(self, preset: str, updates: Optional[int] = None) -> Tuple[int, str, int]:
         """(updates, learning rate, warm-up updates) on ``preset``; ``updates`` (STUDENT_UPDATES) replaces the
         preset's number of updates (on the GPU, the warm-up follows it)."""
         if preset == "gpu":
-            total = updates or GPU_STUDENT_UPDATES
+            total = updates or self.gpu_updates or GPU_STUDENT_UPDATES
             return total, self.gpu_lr or self.lr, (total + 9) // 10
         factor = CPU_LONG_FACTOR if preset == "cpu-long" else 1
         return updates or self.updates * factor, self.lr, self.warmup * factor
@@ -103,7 +107,9 @@ class Budget:
 
 CPU_LONG_FACTOR = 4  # cpu-long trains every student this many times the cpu preset's updates (and warm-up)
 GPU_STUDENT_UPDATES = 600  # the GPU preset's ~11-minute plan (examples/multi30k/README.md)
-NAD_AD_BUDGET = Budget(30, "5e-4", 10)  # Encoder-NAD-AD and its same-updates AR baseline train with one budget
+# Encoder-NAD-AD and its same-updates AR baseline train with one budget; on the GPU 400 updates: at 600 the NAD-AD
+# (2.2x an AR student's time per update) took 233 s side by side on an H200, the other students 55-133 s
+NAD_AD_BUDGET = Budget(30, "5e-4", 10, gpu_updates=400)
 # every student recipe's budget (examples/multi30k/*.sh pass their name to student_args)
 BUDGETS: Dict[str, Budget] = {
     # blockwise heads on the frozen teacher: only new heads learn, at a high rate
@@ -134,8 +140,11 @@ BUDGETS: Dict[str, Budget] = {
 # CPU presets: 100 sentences timed after 10 of warm-up (machine noise is ±15% between runs; ~1 min per 100), the
 # teacher decoded by CTranslate2 too (the production baseline a fast decoder has to beat), and the layers that only
 # draft (blockwise heads 2..k, the speculative drafter) in int8: the output is the same, each call reads fewer bytes.
-# GPU (fp16): 220 sentences at batch 1 (the first 20 warm-up), batch 64 and 128; no CTranslate2 (its newest wheel,
-# 4.8.5, is built against CUDA 12's cuBLAS, which the GPU machines here, CUDA 13, lack).
+# GPU (fp16): 210 sentences at batch 1 (the first 10 warm-up), batch 64; no CTranslate2 (its newest wheel,
+# 4.8.5, is built against CUDA 12's cuBLAS, which the GPU machines here, CUDA 13, lack). The GPU machine is lent for
+# 15 minutes: the benchmark gets 3 of them (--time-budget), spent on every row's BLEU (the batched passes), then on
+# batch 1 for the teacher rows and the headline rows, then the GPU_OPTIONAL_ROWS while time is left (eager decoding at
+# batch 1 is kernel launches and Python: ~100 ms a sentence, 17 rows x 200 sentences did not end in 6 minutes).
 # The quickstart times batch 1 and 64 (its --batch-size); cpu-long adds 8 and 32 for the speed-against-batch-size
 # table and plot (the two middle sizes are a third of the quickstart's benchmark time).
 # --solo: every greedy engine also timed alone in its own process, at its best OpenMP setting (bench/solo.py)
@@ -149,11 +158,19 @@ CPU_DEVICE_OPTIONS = (
     "--int8-decoder-row",
     "--solo",
 )
-GPU_DEVICE_OPTIONS = ("--fp16", "--warmup", "20", "--batch-size", "128", "--batch-sizes", "1,64")
+GPU_DEVICE_OPTIONS = ("--fp16", "--warmup", "10", "--batch-size", "64", "--time-budget", "180")
+GPU_OPTIONAL_ROWS = (  # the most time for the least news on a GPU, the newsiest first
+    "Blockwise k=4 fine-tuned, exact",
+    "SAT K=2, beam 4",
+    "Speculative k=8, relaxed",
+    "NAT, average fertility",
+    "Speculative k=8, greedy steps only",
+    "NAT, NPD S=10",
+)
 PRESETS = {
     "cpu": Preset(CPU_DEVICE_OPTIONS + ("--batch-sizes", "1,64"), 110, ("--int8-drafts",)),
     "cpu-long": Preset(CPU_DEVICE_OPTIONS + ("--batch-sizes", "1,8,32,64"), 110, ("--int8-drafts",)),
-    "gpu": Preset(GPU_DEVICE_OPTIONS, 220, ()),
+    "gpu": Preset(GPU_DEVICE_OPTIONS, 210, (), GPU_OPTIONAL_ROWS),
 }
 
 
@@ -937,6 +954,7 @@ def check():
                 raise CatalogueError(f"{preset}: row {row.name!r} decodes step {row.step!r}, which the preset lacks")
         named = [(f"target {t.what!r}", name) for t in targets(preset) for name in t.rows]
         named += [(f"paired test {test}", name) for test in paired_tests(preset) for name in test]
+        named += [("an optional row", name) for name in PRESETS[preset].optional_rows]
         for what, name in named:
             if name not in names:
                 raise CatalogueError(f"{preset}: {what} names the row {name!r}, which the preset does not make")
@@ -1024,6 +1042,7 @@ def main(argv: Optional[List[str]] = None):
         kept = [row for row in rows(*selection) if not args.existing or os.path.exists(context.checkpoint(row.step))]
         words = [w for row in kept for w in ("--system", row.spec(context, PRESETS[args.preset]).option())]
         names = {row.name for row in kept}
+        words += [w for name in PRESETS[args.preset].optional_rows if name in names for w in ("--optional-row", name)]
         for baseline, system in paired_tests(*selection):
             if {baseline, system} <= names:
                 words += ["--paired-test", f"{baseline}::{system}"]

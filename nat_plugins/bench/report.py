@@ -241,6 +241,7 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
         timing_line(meta),
+        *budget_lines(meta),
         exact_line(meta),
         layout_line(meta),
         "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
@@ -325,6 +326,30 @@ def timing_line(meta: dict) -> str:
             f"{agreement['sentences']} sentences"
         )
     return line
+
+
+def budget_lines(meta: dict) -> List[str]:
+    """With ``--time-budget``: the header line saying what the budget left out (rows, sentences, rounds, sizes)."""
+    budget = meta.get("time_budget")
+    if not budget:
+        return []
+    parts = [
+        f"- time budget {budget['seconds']:.0f} s (spent {budget['spent']:.0f} s): batch 1 timed on "
+        f"{meta['latency_sentences_timed']} of the {budget['latency_sentences_available']} latency sentences"
+    ]
+    cut = {size: n for size, n in budget["rounds_cut"].items() if n}
+    if cut:
+        parts.append("rounds not timed: " + ", ".join(f"batch {size}: {n}" for size, n in cut.items()))
+    if budget["batch_sizes_not_timed"]:
+        parts.append("batch sizes not timed: " + ", ".join(map(str, budget["batch_sizes_not_timed"])))
+    left_out = budget["not_timed_at_batch1"]
+    parts.append(
+        "rows not timed at batch 1, so not in the table: "
+        + ", ".join(f"{row['name']} (BLEU {_fmt(row['bleu'])}, hyp file written)" for row in left_out)
+        if left_out
+        else "every row timed"
+    )
+    return ["; ".join(parts)]
 
 
 def layout_line(meta: dict) -> str:

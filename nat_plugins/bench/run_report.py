@@ -84,11 +84,20 @@ def target_table(results: dict, preset: str, only: recipes.Only = None) -> List[
     measured = recipes.Measured(
         {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
     )
-    checked = [(target.what, *target.check(measured)) for target in recipes.targets(preset, only)]
+    budget = results["meta"].get("time_budget") or {}
+    left_out = {row["name"] for row in budget.get("not_timed_at_batch1", ())}
+    checked = []
+    for target in recipes.targets(preset, only):
+        missing = [name for name in target.rows if name in left_out]
+        if missing:  # the benchmark's --time-budget left the row out: not measured, said so
+            checked.append((target.what, f"not measured: {missing[0]} not timed (time budget)", None))
+        else:
+            checked.append((target.what, *target.check(measured)))
     if not checked:
         return []
+    met_cell = {True: "yes", False: "**no**", None: "–"}
     return ["| target | measured | met |", "|---|---|---|"] + [
-        f"| {what} | {text} | {'yes' if met else '**no**'} |" for what, text, met in checked
+        f"| {what} | {text} | {met_cell[met]} |" for what, text, met in checked
     ]
 
 

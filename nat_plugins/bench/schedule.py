@@ -11,6 +11,12 @@ is the same: its inputs (source ids) prepared, then ``decode`` (best hypothesis 
 (text, counts) after it. After the last round the anchor row (fairseq's greedy teacher) decodes block 0 again: its
 start-vs-end drift says how much the machine changed while the rows were timed.
 
+With a time budget (:class:`TimeBudget`, the benchmark's ``--time-budget``) the batched passes run first (they give
+every row's hypotheses, hence its BLEU), then batch 1 on a plan made from each row's warm-up: the rows that must be
+timed at every number of sentences the budget allows, then the optional rows in their priority order while the
+estimate still fits; a round that ends past the deadline is the last one (the rounds not timed are counted, never
+silent).
+
 Per row and round the ratio to the anchor (the anchor's block time / the row's, > 1: faster) is paired: both timed
 on the same block in the same round. Every "×" the benchmark reports is the median of such per-round ratios
 (:mod:`.analysis`), shown with their range over the rounds; a ratio whose median is no further from 1 than the
@@ -21,7 +27,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Protocol, Sequence
+from typing import Callable, List, Optional, Protocol, Sequence
 
 from .rows import BenchmarkError, spread
 
@@ -72,7 +78,8 @@ def round_orders(num_rows: int, rounds: int, seed: int, batch_size: int) -> List
 class Rounds:
     """The timings of one batch size: ``seconds[row][round]`` = seconds of every unit of the round's block (in
     block order), ``order[round]`` = the rows in the order timed (:func:`round_orders`), ``anchor_end`` = seconds of
-    the anchor on block 0 timed again after the last round."""
+    the anchor on block 0 timed again after the last round; ``rounds_cut``: rounds left untimed because the time budget
+    ran out (their blocks are not in ``blocks``)."""
 
     batch_size: int
     blocks: List[List[List[int]]]
@@ -80,6 +87,7 @@ class Rounds:
     order: List[List[int]]
     anchor: int
     anchor_end: float
+    rounds_cut: int = 0
 
     def totals(self, row: int) -> List[float]:
         """Seconds of ``row`` on each round's block."""
@@ -92,6 +100,15 @@ class Rounds:
     def ratios(self, row: int) -> List[float]:
         """Per round: the anchor's seconds / ``row``'s on the same block (> 1: ``row`` is faster)."""
         return [a / b for a, b in zip(self.totals(self.anchor), self.totals(row))]
+
+    def subset(self, keep: List[int]) -> "Rounds":
+        """The timings of the rows ``keep`` (indices, the anchor among them), renumbered in that order."""
+        index = {row: i for i, row in enumerate(keep)}
+        order = [[index[row] for row in round_order if row in index] for round_order in self.order]
+        seconds = [self.seconds[row] for row in keep]
+        return Rounds(
+            self.batch_size, self.blocks, seconds, order, index[self.anchor], self.anchor_end, self.rounds_cut
+        )
 
     @property
     def drift(self) -> float:
@@ -109,20 +126,30 @@ def run_rounds(
     seed: int,
     warmup: Sequence[List[int]] = (),
     clock: Callable[[], float] = time.perf_counter,
+    deadline: Optional[float] = None,
+    after_round: Optional[Callable[["Rounds"], None]] = None,
 ) -> Rounds:
     """Time every runner on every unit round-robin, the rows of each round in the order :func:`round_orders` draws
-    from ``seed`` (see the module docstring); ``warmup`` units are decoded by every runner first, off the clock."""
+    from ``seed`` (see the module docstring); ``warmup`` units are decoded by every runner first, off the clock. A
+    round that ends at or past ``deadline`` (on ``clock``) is the last; ``after_round`` gets the rounds so far."""
     blocks = interleaved_blocks(units, rounds)
     for runner in runners:
         for unit in warmup:
             runner.decode(runner.inputs(unit))
     seconds = [[[] for _ in blocks] for _ in runners]
     order = round_orders(len(runners), len(blocks), seed, batch_size)
+    total = done = len(blocks)
     for r, block in enumerate(blocks):
         for row in order[r]:
             seconds[row][r] = [time_unit(runners[row], unit, clock) for unit in block]
+        if after_round is not None:
+            after_round(Rounds(batch_size, blocks[: r + 1], [s[: r + 1] for s in seconds], order[: r + 1], anchor, 0.0))
+        if deadline is not None and clock() >= deadline:
+            done = r + 1
+            break
+    blocks, seconds, order = blocks[:done], [s[:done] for s in seconds], order[:done]
     anchor_end = sum(time_unit(runners[anchor], unit, clock) for unit in blocks[0])
-    return Rounds(batch_size, blocks, seconds, order, anchor, anchor_end)
+    return Rounds(batch_size, blocks, seconds, order, anchor, anchor_end, total - done)
 
 
 def unsettled(ratios: List[float]) -> bool:
@@ -136,22 +163,127 @@ def units_of(batch_size: int, order: Sequence[int]) -> List[List[int]]:
     return [list(order[start : start + batch_size]) for start in range(0, len(order), batch_size)]
 
 
+@dataclass
+class TimeBudget:
+    """The benchmark's time budget: ``deadline`` on the schedule's clock, ``reserve`` seconds before it kept for the
+    report, and the ``optional`` rows (indices, highest priority first) timed at batch 1 only if the plan leaves time
+    for them; every other row is timed at batch 1 whatever the budget (on fewer sentences if need be)."""
+
+    deadline: float
+    reserve: float = 0.0
+    optional: Sequence[int] = ()
+
+
+@dataclass
+class Batch1Plan:
+    """What the budget leaves for batch 1: the rows timed (indices, increasing), how many of the latency sentences,
+    the rows left out, and the per-sentence estimates (seconds, from the warm-up) the plan was made from."""
+
+    rows: List[int]
+    sentences: int
+    left_out: List[int]
+    estimates: List[float]
+
+
+def warmup_estimates(runners, warmup: Sequence[List[int]], clock: Callable[[], float]) -> List[float]:
+    """Decode the batch-1 ``warmup`` units with every runner (off the round-robin clock, as warm-up) and return each
+    runner's seconds per sentence: the median over the warm-up sentences after the first (its first call pays for
+    caches and kernels), or that one alone."""
+    estimates = []
+    for runner in runners:
+        seconds = [time_unit(runner, unit, clock) for unit in warmup]
+        estimates.append(statistics.median(seconds[1:] or seconds) if seconds else 0.0)
+        runner.outputs = {}
+    return estimates
+
+
+def plan_batch1(estimates: List[float], anchor: int, units: int, rounds: int, remaining: float, optional) -> Batch1Plan:
+    """The rows and number of sentences of the batch-1 pass that ``remaining`` seconds allow, by ``estimates``
+    (seconds per sentence per row; the anchor decodes a round's block again at the end): every row not in
+    ``optional`` on as many of the ``units`` sentences as fit (at least one per round), then the ``optional`` rows in
+    their order while the estimate still fits."""
+    required = [k for k in range(len(estimates)) if k not in optional]
+    per_sentence = sum(estimates[k] for k in required) + estimates[anchor] / rounds
+    sentences = units if per_sentence * units <= remaining else int(remaining // max(per_sentence, 1e-9))
+    sentences = min(units, max(rounds, sentences))
+    rows, left_out = list(required), []
+    for k in optional:
+        if (per_sentence + estimates[k]) * sentences <= remaining:
+            rows.append(k)
+            per_sentence += estimates[k]
+        else:
+            left_out.append(k)
+    return Batch1Plan(sorted(rows), sentences, left_out, estimates)
+
+
 def time_batch_sizes(
-    runners, sizes, rounds, anchor, latency_ids, warmup_ids, length_order, seed, clock=time.perf_counter
+    runners,
+    sizes,
+    rounds,
+    anchor,
+    latency_ids,
+    warmup_ids,
+    length_order,
+    seed,
+    clock=time.perf_counter,
+    budget: Optional[TimeBudget] = None,
+    progress: Optional[Callable[[int, "Rounds", List[int], list], None]] = None,
 ):
     """:func:`run_rounds` at every batch size of ``sizes`` (row orders drawn from ``seed``): batch 1 on the sentences
     ``latency_ids`` (after the ``warmup_ids``, decoded off the clock), any larger size on the whole split in
-    ``length_order`` (its first unit decoded once off the clock). Returns ``{size: (Rounds, [every runner's outputs
-    by sentence])}``."""
-    timings = {}
-    for size in sizes:
-        if size == 1:
-            units, warmup = units_of(1, latency_ids), units_of(1, warmup_ids)
-        else:
-            units = units_of(size, length_order)
-            warmup = units[:1]
-        timed = run_rounds(runners, units, rounds, anchor, size, seed, warmup, clock)
+    ``length_order`` (its first unit decoded once off the clock). The batched sizes run first, in the order of
+    ``sizes``, then batch 1. With a ``budget`` a batched size after the first is skipped once the deadline has passed,
+    and batch 1 follows :func:`plan_batch1` (its rows, sentences; a round ending past the deadline is the last).
+    ``progress(size, rounds, rows, outputs)`` is called after every round: the rounds so far, the indices of their rows
+    in ``runners`` and those rows' outputs by sentence so far.
+
+    Returns ``({size: (Rounds, [outputs by sentence, per row])}`` in increasing size, the :class:`Batch1Plan`
+    (None without a budget), the batched sizes skipped)``; with a plan every Rounds and outputs list holds the plan's
+    rows only, in its order."""
+    timings, skipped = {}, []
+    batched = [size for size in sizes if size > 1]
+
+    def report(size, rows):
+        if progress is not None:
+            return lambda timed: progress(size, timed, rows, [runners[k].outputs for k in rows])
+
+    for n, size in enumerate(batched):
+        if budget is not None and n > 0 and clock() >= budget.deadline - budget.reserve:
+            skipped.append(size)
+            continue
+        units = units_of(size, length_order)
+        timed = run_rounds(
+            runners,
+            units,
+            rounds,
+            anchor,
+            size,
+            seed,
+            units[:1],
+            clock,
+            after_round=report(size, list(range(len(runners)))),
+        )
         timings[size] = (timed, [runner.outputs for runner in runners])
         for runner in runners:
             runner.outputs = {}
-    return timings
+    plan = None
+    units, warmup = units_of(1, latency_ids), units_of(1, warmup_ids)
+    if 1 in sizes:
+        rows, deadline = list(range(len(runners))), None
+        if budget is not None:
+            estimates = warmup_estimates(runners, warmup, clock)
+            remaining = budget.deadline - budget.reserve - clock()
+            plan = plan_batch1(estimates, anchor, len(units), rounds, remaining, list(budget.optional))
+            units, warmup, deadline = units[: plan.sentences], (), budget.deadline - budget.reserve
+            rows = plan.rows
+            timings = {
+                size: (timed.subset(rows), [outputs[k] for k in rows]) for size, (timed, outputs) in timings.items()
+            }
+        timed_runners = [runners[k] for k in rows]
+        timed = run_rounds(
+            timed_runners, units, rounds, rows.index(anchor), 1, seed, warmup, clock, deadline, report(1, rows)
+        )
+        timings[1] = (timed, [runner.outputs for runner in timed_runners])
+        for runner in runners:
+            runner.outputs = {}
+    return dict(sorted(timings.items())), plan, skipped
