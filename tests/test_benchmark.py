@@ -106,23 +106,22 @@ def test_outputs_written(fixture):
     assert "AR teacher, beam 4" in markdown and "same teacher greedy" in markdown and "fp32" in markdown
 
 
-def test_a_budget_too_small_for_every_row_writes_the_rows_it_timed_and_names_the_rest(fixture, tmp_path):
-    """--time-budget that the batched pass alone uses up: the teacher rows and the required row are timed at batch 1
-    (one sentence a round), the optional row is left out with its BLEU (its hypotheses written), results.md says so
-    and progress.json, written as the run goes, ends finished with every row's BLEU."""
+def test_a_budget_too_small_for_every_row_decodes_the_required_ones_and_names_the_rest(fixture, tmp_path):
+    """--time-budget used up before the plan: the teacher rows and the required row decode the batched pass and batch 1
+    (one sentence, the first round's: it ends past the budget), the optional row is left out, never decoded, and
+    results.md says so; progress.json, written as the run goes, ends finished with every decoded row's BLEU."""
     args = _args(fixture, out_dir=str(tmp_path), no_plots=True, time_budget=0.01, optional_row=["fairseq CMLM"])
     results = benchmark.main(args)
     assert [row["name"] for row in results["rows"]] == [name for name in NAMES if name != "fairseq CMLM"]
     budget = results["meta"]["time_budget"]
     assert budget["latency_sentences_planned"] == 3 and budget["latency_sentences_available"] == NUM_TEST - 2
     assert budget["rounds_cut"]["1"] == 2 and results["meta"]["latency_sentences_timed"] == 1
-    (left_out,) = budget["not_timed_at_batch1"]
-    assert left_out["name"] == "fairseq CMLM" and left_out["bleu"] is not None
-    assert os.path.getsize(tmp_path / "hyp.fairseq-cmlm.txt") > 0
+    assert budget["rows_left_out"] == ["fairseq CMLM"] and set(budget["estimates"]) == set(NAMES)
+    assert not os.path.exists(tmp_path / "hyp.fairseq-cmlm.txt")  # never decoded
     markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
-    assert "rows not timed at batch 1, so not in the table: fairseq CMLM (BLEU" in markdown
+    assert "rows left out (not decoded): fairseq CMLM" in markdown
     progress = json.loads((tmp_path / "progress.json").read_text(encoding="utf-8"))
-    assert progress["finished"] and set(progress["bleu"]) == set(NAMES)
+    assert progress["finished"] and set(progress["bleu"]) == set(NAMES) - {"fairseq CMLM"}
     assert progress["passes"]["1"]["rounds_done"] == 1 and progress["passes"]["12"]["rounds_done"] == 3
     greedy = {row["name"]: row for row in fixture["results"]["rows"]}["AR teacher, greedy"]["bleu"]
     assert progress["bleu"]["AR teacher, greedy"] == pytest.approx(greedy)
@@ -874,10 +873,11 @@ def test_speed_by_batch_size_of_fixed_timings():
             benchmark.parse_batch_sizes(bad, 64)
 
 
-def test_time_budget_times_the_batched_pass_then_the_rows_that_fit_and_says_what_it_left_out():
-    """A budget too small for every row: every row decodes the batched pass (its BLEU), batch 1 times the required
-    rows on the sentences that fit and the optional rows in priority order while they fit; a round ending past the
-    deadline is the last; a batched size after the first is skipped once the deadline has passed."""
+def test_a_time_budget_plans_from_the_warm_up_and_leaves_out_the_optional_rows_that_do_not_fit():
+    """A budget too small for every row: every row's warm-up is timed (batch 1, a median batch), the plan keeps the
+    required rows on the batch-1 sentences that fit and the optional rows in priority order while both their passes
+    fit; the kept rows decode the first batched size, then batch 1 (a round ending past the deadline is the last), then
+    the other batched sizes whose estimate fits."""
     costs = {"greedy": 0.1, "beam": 0.2, "cheap": 0.01, "dear": 1.0}  # seconds a sentence
 
     def run(deadline, sizes):
@@ -897,27 +897,30 @@ def test_time_budget_times_the_batched_pass_then_the_rows_that_fit_and_says_what
             budget,
             lambda size, rounds, rows, outputs: progress.append((size, len(rounds.blocks), rows, len(outputs[0]))),
         )
-        return (*timed, progress, log)
+        return (*timed, progress, log, clock)
 
-    # batch 2: a warm-up unit and 3 rounds of 2 sentences, 4 x 2.62 s, and greedy's re-run 0.2 s; batch-1 warm-up
-    # 2 x 1.31 s: 13.3 s so far
-    timings, plan, skipped, progress, log = run(19.5, [2, 1])
-    assert [(size, rows) for size, _, rows, _ in progress[:3]] == [(2, [0, 1, 2, 3])] * 3
+    # warm-up: 2 batch-1 sentences and a batch of 2 per row, 4 x 1.31 s = 5.24 s; the batched pass of a row: 3 units
+    timings, plan, skipped, progress, log, clock = run(12.7, [2, 1])
+    assert plan.estimates == pytest.approx(list(costs.values()))
+    assert plan.batched_estimates == pytest.approx([0.6, 1.2, 0.06, 6.0])
+    # 12.7 - 1 - 5.24 = 6.46 s: greedy + beam batched 1.8 s, then 0.333 s a sentence (a third of greedy's re-run): 13;
+    # "dear" does not fit (6 s batched), "cheap" does (0.06 s + 0.01 s a sentence)
+    assert plan.rows == [0, 1, 2] and plan.left_out == [3] and plan.sentences == 13 and skipped == []
+    assert all(name != "dear" for name, _ in log[12:])  # after the warm-up (12 units): never decoded
+    assert [(size, rows) for size, _, rows, _ in progress[:3]] == [(2, [0, 1, 2])] * 3
     assert progress[2][3] == 6  # after the last batch-2 round every sentence of the split has an output
-    assert plan.estimates == pytest.approx(list(costs.values()))  # from the two warm-up sentences
-    # 19.5 - 1 - 13.3 = 5.2 s: greedy + beam + a third of greedy (its re-run) = 0.333 s a sentence: 15 of the 60
-    assert plan.rows == [0, 1, 2] and plan.left_out == [3] and plan.sentences == 15 and skipped == []
     assert list(timings) == [1, 2]
     ones, outputs = timings[1]
-    assert sum(ones.sentences()) == 15 and ones.rounds_cut == 0 and len(outputs) == 3
-    assert len(timings[2][0].seconds) == 3 and len(timings[2][1]) == 3  # the batched pass of the timed rows only
-    assert ("dear", (2,)) not in log and ("cheap", (16,)) in log
-    assert progress[-1][:3] == (1, 3, [0, 1, 2])
-    # past the deadline after the first batched pass: the next size skipped, batch 1 on one sentence a round
-    # (the least there is), the required rows only, and no round after the one that ended past the deadline
-    timings, plan, skipped, _, _ = run(5.0, [2, 4, 1])
+    assert sum(ones.sentences()) == 13 and ones.rounds_cut == 0 and len(outputs) == 3
+    assert progress[-1][:3] == (1, 3, [0, 1, 2]) and clock() <= 12.7
+    # a budget gone before it starts: the required rows only, batch 1 on one sentence a round (the least there is),
+    # no round after the one that ended past the deadline, and the other batched size skipped
+    timings, plan, skipped, _, _, _ = run(5.0, [2, 4, 1])
     assert skipped == [4] and plan.rows == [0, 1] and plan.left_out == [3, 2] and plan.sentences == 3
     assert len(timings[1][0].blocks) == 1 and timings[1][0].rounds_cut == 2 and list(timings) == [1, 2]
+    # a budget with time left for a second batched size: timed after batch 1
+    timings, plan, skipped, progress, _, _ = run(60.0, [2, 4, 1])
+    assert skipped == [] and list(timings) == [1, 2, 4] and [p[0] for p in progress] == [2] * 3 + [1] * 3 + [4] * 3
 
 
 def test_paired_bootstrap_of_two_rows(fixture):

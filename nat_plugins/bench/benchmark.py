@@ -57,10 +57,12 @@ process, at the OpenMP wait policy and thread count a short calibration picks fo
 ``npd.png``: latency and BLEU against S (their Figure 7), drawn whenever a checkpoint has NPD rows of two or more S
 (``--system`` rows decoded with ``--fertility-decoding npd`` count too).
 
-``--time-budget SECONDS`` bounds the whole run (a GPU lent for minutes): the batched passes run first, so every row
-has its BLEU, then batch 1 on what each row's warm-up says fits: every row not named by ``--optional-row`` on as many
-latency sentences as fit, then the ``--optional-row`` rows in their order while time is left; a round that ends past
-the budget is the last. ``results.md`` says what was left out (rows with their BLEU, sentences, rounds, batch sizes).
+``--time-budget SECONDS`` bounds the whole run (a GPU lent for minutes): every row first decodes its warm-up, timed (a
+few batch-1 sentences and a median-length batch), and the plan made from it keeps every row not named by
+``--optional-row``, batch 1 on as many latency sentences as fit, then the ``--optional-row`` rows in their order while
+both their passes still fit; the rows kept decode the ``--batch-size`` pass (their BLEU), then batch 1 (a round that
+ends past the budget is the last), then the other batch sizes whose estimate still fits. ``results.md`` says what was
+left out (rows, sentences, rounds, batch sizes).
 Every run writes ``progress.json`` after every timing round (:mod:`.progress`): a run cut off still leaves each row's
 BLEU and timings so far.
 
@@ -297,18 +299,18 @@ def get_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="wall time of the whole benchmark (models loaded to report written): the batched passes run first (every "
-        "row's BLEU), then batch 1 on the rows and number of latency sentences that each row's warm-up says fit, the "
-        "--optional-row rows last; a round ending past the budget is the last; what was left out is listed in "
-        "results.md (default: no budget)",
+        help="wall time of the whole benchmark (models loaded to report written): a plan from every row's timed "
+        "warm-up keeps the rows and batch-1 sentences that fit, the --optional-row rows last; then the --batch-size "
+        "pass (BLEU), batch 1 (a round ending past the budget is the last), the other --batch-sizes that still fit; "
+        "what was left out is listed in results.md (default: no budget)",
     )
     parser.add_argument(
         "--optional-row",
         action="append",
         default=[],
         metavar="NAME",
-        help="a row timed at batch 1 only if --time-budget leaves time for it (repeat: highest priority first); "
-        "every other row is timed whatever the budget, on fewer sentences if need be",
+        help="a row decoded only if --time-budget leaves time for it (repeat: highest priority first); every other "
+        "row is decoded whatever the budget, batch 1 on fewer sentences if need be",
     )
     add_solo_options(parser)
     return parser
@@ -449,13 +451,12 @@ def main(args) -> dict:
     )
     load_end = os.getloadavg()
     if plan is not None:
-        left_out = [runners[k] for k in plan.left_out]
+        left_out = [runners[k].spec.name for k in plan.left_out]
         runners = [runners[k] for k in plan.rows]
         anchor = next(i for i, runner in enumerate(runners) if runner.spec.role == TEACHER_GREEDY)
         num_latency = args.warmup + plan.sentences
-        timed_names = {runner.spec.name for runner in runners}
-        pairs = [pair for pair in pairs if set(pair) <= timed_names]
-        plot_rows = [name for name in plot_rows if name in timed_names]
+        pairs = [pair for pair in pairs if not set(pair) & set(left_out)]
+        plot_rows = [name for name in plot_rows if name not in left_out]
     rows = [row_of(k, runner, timings, args.batch_size, references) for k, runner in enumerate(runners)]
     tolerance = NEAR_TIE_TOLERANCE["fp16" if args.fp16 else "fp32"]
     add_exact_checks(rows, runners, anchor, timings, tolerance)
@@ -486,7 +487,7 @@ def main(args) -> dict:
             for size, (timed, _) in timings.items()
         },
     }
-    if budget:
+    if plan is not None:
         meta["latency_sentences_timed"] = sum(timings[1][0].sentences())
         meta["time_budget"] = {
             "seconds": args.time_budget,
@@ -495,10 +496,11 @@ def main(args) -> dict:
             "latency_sentences_planned": plan.sentences,
             "rounds_cut": {str(size): timed.rounds_cut for size, (timed, _) in timings.items()},
             "batch_sizes_not_timed": sizes_skipped,
-            "estimated_ms_per_sentence": {name: round(1000 * s, 2) for name, s in zip(names, plan.estimates)},
-            "not_timed_at_batch1": [
-                {"name": runner.spec.name, "bleu": progress.bleu(runner.spec.name)} for runner in left_out
-            ],
+            "estimates": {  # from each row's warm-up: what the plan was made from
+                name: {"batch1_ms_per_sentence": round(1000 * one, 2), "batched_pass_s": round(batched, 2)}
+                for name, one, batched in zip(names, plan.estimates, plan.batched_estimates)
+            },
+            "rows_left_out": left_out,
         }
     meta["exact_check"] = {
         "near_tie_tolerance": tolerance,

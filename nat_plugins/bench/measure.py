@@ -38,9 +38,12 @@ from .rows import BenchmarkError, Row, RowSpec, split_generate_args
 logger = logging.getLogger("nat_plugins.bench.benchmark")
 
 # the largest gap between the teacher's log-probabilities of two tokens that still counts as a floating-point near-tie,
-# by precision: fp32 rounding moves a logit by a few 1e-6 (generators/verify_accept_loop.py), fp16 by about 1e-3 of
-# its magnitude; a real divergence (another model's preference) is orders of magnitude larger
-NEAR_TIE_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+# by precision: fp32 rounding moves a logit by a few 1e-6 (generators/verify_accept_loop.py); in fp16 the gap itself
+# is computed in fp16, in steps of its unit of least precision (2^-8 to 2^-6 for log-probabilities of -4 to -16): on an
+# H200 the plugin's greedy loop and exact decoders differed from fairseq's greedy search on 28-29 of 1,000 sentences,
+# every first differing token at a gap of 0, 2^-7 or 2^-6 (0.0156; docs/results.md, GPU run). A real divergence
+# (another model's preference) is orders of magnitude larger
+NEAR_TIE_TOLERANCE = {"fp32": 1e-4, "fp16": 5e-2}
 
 
 def generation_cfg(args, spec: RowSpec, use_cuda: bool):

@@ -47,9 +47,6 @@ class Progress:
         with open(os.path.join(self.out_dir, f"hyp.{spec.slug}.txt"), "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hyps)
 
-    def bleu(self, name: str) -> Optional[float]:
-        return self.state["bleu"].get(name)
-
     def write(self, finished: bool = False):
         self.state["elapsed_s"] = round(time.perf_counter() - self.started, 1)
         self.state["finished"] = finished

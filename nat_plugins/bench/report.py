@@ -342,13 +342,8 @@ def budget_lines(meta: dict) -> List[str]:
         parts.append("rounds not timed: " + ", ".join(f"batch {size}: {n}" for size, n in cut.items()))
     if budget["batch_sizes_not_timed"]:
         parts.append("batch sizes not timed: " + ", ".join(map(str, budget["batch_sizes_not_timed"])))
-    left_out = budget["not_timed_at_batch1"]
-    parts.append(
-        "rows not timed at batch 1, so not in the table: "
-        + ", ".join(f"{row['name']} (BLEU {_fmt(row['bleu'])}, hyp file written)" for row in left_out)
-        if left_out
-        else "every row timed"
-    )
+    left_out = budget["rows_left_out"]
+    parts.append("rows left out (not decoded): " + ", ".join(left_out) if left_out else "every row decoded")
     return ["; ".join(parts)]
 
 

@@ -85,12 +85,12 @@ def target_table(results: dict, preset: str, only: recipes.Only = None) -> List[
         {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
     )
     budget = results["meta"].get("time_budget") or {}
-    left_out = {row["name"] for row in budget.get("not_timed_at_batch1", ())}
+    left_out = set(budget.get("rows_left_out", ()))
     checked = []
     for target in recipes.targets(preset, only):
         missing = [name for name in target.rows if name in left_out]
         if missing:  # the benchmark's --time-budget left the row out: not measured, said so
-            checked.append((target.what, f"not measured: {missing[0]} not timed (time budget)", None))
+            checked.append((target.what, f"not measured: {missing[0]} left out by the time budget", None))
         else:
             checked.append((target.what, *target.check(measured)))
     if not checked:

@@ -166,8 +166,8 @@ def units_of(batch_size: int, order: Sequence[int]) -> List[List[int]]:
 @dataclass
 class TimeBudget:
     """The benchmark's time budget: ``deadline`` on the schedule's clock, ``reserve`` seconds before it kept for the
-    report, and the ``optional`` rows (indices, highest priority first) timed at batch 1 only if the plan leaves time
-    for them; every other row is timed at batch 1 whatever the budget (on fewer sentences if need be)."""
+    report, and the ``optional`` rows (indices, highest priority first) decoded only if the plan leaves time for them;
+    every other row is decoded whatever the budget (batch 1 on fewer sentences if need be)."""
 
     deadline: float
     reserve: float = 0.0
@@ -175,45 +175,52 @@ class TimeBudget:
 
 
 @dataclass
-class Batch1Plan:
-    """What the budget leaves for batch 1: the rows timed (indices, increasing), how many of the latency sentences,
-    the rows left out, and the per-sentence estimates (seconds, from the warm-up) the plan was made from."""
+class Plan:
+    """What the budget leaves: the rows decoded (indices, increasing), how many of the latency sentences batch 1 times,
+    the rows left out, and the estimates (seconds, from each row's warm-up) the plan was made from: per batch-1
+    sentence and per batched pass of the first batch size."""
 
     rows: List[int]
     sentences: int
     left_out: List[int]
     estimates: List[float]
+    batched_estimates: List[float]
 
 
-def warmup_estimates(runners, warmup: Sequence[List[int]], clock: Callable[[], float]) -> List[float]:
-    """Decode the batch-1 ``warmup`` units with every runner (off the round-robin clock, as warm-up) and return each
-    runner's seconds per sentence: the median over the warm-up sentences after the first (its first call pays for
-    caches and kernels), or that one alone."""
-    estimates = []
+def timed_warmup(runners, warmup: Sequence[List[int]], clock: Callable[[], float]) -> List[List[float]]:
+    """Decode the ``warmup`` units with every runner (warm-up, off the round-robin clock), returning each runner's
+    seconds per unit."""
+    seconds = []
     for runner in runners:
-        seconds = [time_unit(runner, unit, clock) for unit in warmup]
-        estimates.append(statistics.median(seconds[1:] or seconds) if seconds else 0.0)
+        seconds.append([time_unit(runner, unit, clock) for unit in warmup])
         runner.outputs = {}
-    return estimates
+    return seconds
 
 
-def plan_batch1(estimates: List[float], anchor: int, units: int, rounds: int, remaining: float, optional) -> Batch1Plan:
-    """The rows and number of sentences of the batch-1 pass that ``remaining`` seconds allow, by ``estimates``
-    (seconds per sentence per row; the anchor decodes a round's block again at the end): every row not in
-    ``optional`` on as many of the ``units`` sentences as fit (at least one per round), then the ``optional`` rows in
-    their order while the estimate still fits."""
+def per_sentence(seconds: List[float]) -> float:
+    """A row's batch-1 seconds per sentence from its warm-up: the median after the first sentence (whose call pays for
+    caches and kernels), or that one alone."""
+    return statistics.median(seconds[1:] or seconds) if seconds else 0.0
+
+
+def make_plan(estimates, batched, anchor: int, units: int, rounds: int, remaining: float, optional) -> Plan:
+    """The rows and batch-1 sentences that ``remaining`` seconds allow, by ``estimates`` (seconds per batch-1 sentence
+    per row; the anchor decodes a round's block again at the end) and ``batched`` (seconds of each row's batched
+    pass): every row not in ``optional`` on as many of the ``units`` sentences as fit (at least one per round), then
+    the ``optional`` rows in their order while both their passes still fit."""
     required = [k for k in range(len(estimates)) if k not in optional]
-    per_sentence = sum(estimates[k] for k in required) + estimates[anchor] / rounds
-    sentences = units if per_sentence * units <= remaining else int(remaining // max(per_sentence, 1e-9))
+    fixed = sum(batched[k] for k in required)
+    cost = sum(estimates[k] for k in required) + estimates[anchor] / rounds  # a batch-1 sentence of every row
+    sentences = units if fixed + cost * units <= remaining else int((remaining - fixed) // max(cost, 1e-9))
     sentences = min(units, max(rounds, sentences))
     rows, left_out = list(required), []
     for k in optional:
-        if (per_sentence + estimates[k]) * sentences <= remaining:
+        if fixed + batched[k] + (cost + estimates[k]) * sentences <= remaining:
             rows.append(k)
-            per_sentence += estimates[k]
+            fixed, cost = fixed + batched[k], cost + estimates[k]
         else:
             left_out.append(k)
-    return Batch1Plan(sorted(rows), sentences, left_out, estimates)
+    return Plan(sorted(rows), sentences, left_out, estimates, batched)
 
 
 def time_batch_sizes(
@@ -231,59 +238,62 @@ def time_batch_sizes(
 ):
     """:func:`run_rounds` at every batch size of ``sizes`` (row orders drawn from ``seed``): batch 1 on the sentences
     ``latency_ids`` (after the ``warmup_ids``, decoded off the clock), any larger size on the whole split in
-    ``length_order`` (its first unit decoded once off the clock). The batched sizes run first, in the order of
-    ``sizes``, then batch 1. With a ``budget`` a batched size after the first is skipped once the deadline has passed,
-    and batch 1 follows :func:`plan_batch1` (its rows, sentences; a round ending past the deadline is the last).
-    ``progress(size, rounds, rows, outputs)`` is called after every round: the rounds so far, the indices of their rows
-    in ``runners`` and those rows' outputs by sentence so far.
+    ``length_order`` (its first unit decoded once off the clock); the batched sizes first, in the order of ``sizes``,
+    then batch 1. ``progress(size, rounds, rows, outputs)`` is called after every round: the rounds so far, the
+    indices of their rows in ``runners`` and those rows' outputs by sentence so far.
 
-    Returns ``({size: (Rounds, [outputs by sentence, per row])}`` in increasing size, the :class:`Batch1Plan`
-    (None without a budget), the batched sizes skipped)``; with a plan every Rounds and outputs list holds the plan's
-    rows only, in its order."""
-    timings, skipped = {}, []
+    With a ``budget`` the plan comes first (:func:`make_plan`, from every row's warm-up at batch 1 and on the first
+    batched size's median unit, timed): the rows it keeps decode the first batched size (their BLEU), then batch 1 on
+    its number of sentences (a round ending past the deadline is the last), then each other batched size whose
+    estimate still fits (its warm-up: its median unit).
+
+    Returns ``({size: (Rounds, [outputs by sentence, per row])}`` in increasing size, the :class:`Plan` (None without a
+    budget), the batched sizes skipped)``; with a plan every Rounds and outputs list holds the plan's rows only, in its
+    order."""
     batched = [size for size in sizes if size > 1]
+    latency_units, warmup_units = units_of(1, latency_ids), units_of(1, warmup_ids)
+    rows, plan, timings, skipped = list(range(len(runners))), None, {}, []
+    if budget is not None:
+        estimates = [per_sentence(s) for s in timed_warmup(runners, warmup_units, clock)]
+        first = units_of(batched[0], length_order) if batched else []
+        middle = [first[len(first) // 2]] if first else []
+        batched_seconds = [len(first) * sum(s) for s in timed_warmup(runners, middle, clock)]
+        remaining = budget.deadline - budget.reserve - clock()
+        plan = make_plan(estimates, batched_seconds, anchor, len(latency_units), rounds, remaining, budget.optional)
+        rows, latency_units, warmup_units = plan.rows, latency_units[: plan.sentences], ()
+    timed_runners, timed_anchor = [runners[k] for k in rows], rows.index(anchor)
 
-    def report(size, rows):
+    def report(size):
         if progress is not None:
-            return lambda timed: progress(size, timed, rows, [runners[k].outputs for k in rows])
+            return lambda timed: progress(size, timed, rows, [runner.outputs for runner in timed_runners])
 
-    for n, size in enumerate(batched):
-        if budget is not None and n > 0 and clock() >= budget.deadline - budget.reserve:
+    def run(size, units, warmup, deadline=None):
+        timed = run_rounds(
+            timed_runners, units, rounds, timed_anchor, size, seed, warmup, clock, deadline, report(size)
+        )
+        timings[size] = (timed, [runner.outputs for runner in timed_runners])
+        for runner in timed_runners:
+            runner.outputs = {}
+
+    if budget is None:
+        for size in batched:
+            units = units_of(size, length_order)
+            run(size, units, units[:1])
+        if 1 in sizes:
+            run(1, latency_units, warmup_units)
+        return dict(sorted(timings.items())), plan, skipped
+    deadline = budget.deadline - budget.reserve
+    per_unit = 0.0  # seconds of a unit of the first batched size, every timed row together
+    if batched:
+        units, started = units_of(batched[0], length_order), clock()
+        run(batched[0], units, ())  # its warm-up was the plan's
+        per_unit = (clock() - started) / len(units)
+    if 1 in sizes:
+        run(1, latency_units, (), deadline)
+    for size in batched[1:]:  # if the first size's cost per unit, as many units, still fits
+        units = units_of(size, length_order)
+        if clock() + per_unit * len(units) * max(1.0, size / batched[0]) > deadline:
             skipped.append(size)
             continue
-        units = units_of(size, length_order)
-        timed = run_rounds(
-            runners,
-            units,
-            rounds,
-            anchor,
-            size,
-            seed,
-            units[:1],
-            clock,
-            after_round=report(size, list(range(len(runners)))),
-        )
-        timings[size] = (timed, [runner.outputs for runner in runners])
-        for runner in runners:
-            runner.outputs = {}
-    plan = None
-    units, warmup = units_of(1, latency_ids), units_of(1, warmup_ids)
-    if 1 in sizes:
-        rows, deadline = list(range(len(runners))), None
-        if budget is not None:
-            estimates = warmup_estimates(runners, warmup, clock)
-            remaining = budget.deadline - budget.reserve - clock()
-            plan = plan_batch1(estimates, anchor, len(units), rounds, remaining, list(budget.optional))
-            units, warmup, deadline = units[: plan.sentences], (), budget.deadline - budget.reserve
-            rows = plan.rows
-            timings = {
-                size: (timed.subset(rows), [outputs[k] for k in rows]) for size, (timed, outputs) in timings.items()
-            }
-        timed_runners = [runners[k] for k in rows]
-        timed = run_rounds(
-            timed_runners, units, rounds, rows.index(anchor), 1, seed, warmup, clock, deadline, report(1, rows)
-        )
-        timings[1] = (timed, [runner.outputs for runner in timed_runners])
-        for runner in runners:
-            runner.outputs = {}
+        run(size, units, [units[len(units) // 2]])
     return dict(sorted(timings.items())), plan, skipped
