@@ -8,7 +8,10 @@
 # multi30k-gpu --preset gpu` puts it into docs/results.md.
 #   bash dev/gpu_table.sh OUT [SECONDS]   # exit 0: finished; 3: still running after SECONDS (call again); 1: failed
 # Smoke sizes (TEACHER_UPDATES, STUDENT_UPDATES, MAX_LINES, LATENCY_SENTENCES) pass through; GPU_PRESET_ON_CPU=1
-# rehearses the whole script on the CPU, with the python3 on the PATH (no install, no CUDA tests).
+# rehearses the whole script on the CPU, with the python3 on the PATH (no install, no CUDA tests). WORK may lie
+# outside the checkout (WORK=/tmp/natgpu/multi30k-gpu), where a later call's copy of the tree cannot touch the run.
+# The benchmark rewrites bench/progress.json after every timing round: each call returns it. Where the rows' time
+# goes on that machine: python dev/gpu_profile.py WORK OUT (cold and warm batch-1 passes, a profile per row).
 set -uo pipefail
 OUT=${1:?usage: gpu_table.sh OUT [SECONDS]}; LIMIT=${2:-540}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -10,7 +10,8 @@
 # distils it, trains the lossless systems on it (SYSTEMS=speculative,blockwise by default; any of the catalogue's
 # systems, comma-separated: sat, recover-sat, fertility-nat, nad-ad) and benchmarks them against it on the data-bin's
 # test split (REFERENCE=raw test targets, else the split's targets as text; POST_PROCESS=sentencepiece|subword_nmt|none,
-# else read off the dictionary). WORK defaults to work/own-teacher-$PRESET; DATA_BIN is only read.
+# else read off the dictionary). WORK defaults to work/own-teacher-$PRESET-<the checkpoint's sha1, 8 digits>, and a
+# WORK that holds another teacher's or data-bin's students is refused; DATA_BIN is only read.
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
 # each step's output goes to WORK/logs/STEP.log; the terminal gets a line per step, the last lines of a failed
@@ -29,7 +30,9 @@ if [ -n "${TEACHER:-}" ]; then  # bring your own teacher (above)
   TEACHER_SHAPE=$(python -m nat_plugins.cli.own_teacher shape "$TEACHER" "$OWN_DATA_BIN") || exit 2
   export TEACHER_SHAPE
   POST_PROCESS=${POST_PROCESS:-$(python -m nat_plugins.cli.own_teacher post-process "$OWN_DATA_BIN")}
-  WORK=${WORK:-$ROOT/work/own-teacher-$PRESET}
+  # one work folder per teacher: finished steps are skipped, so another teacher must not find this one's students
+  TEACHER_SUM=$(sha1sum "$TEACHER" | cut -d' ' -f1)
+  WORK=${WORK:-$ROOT/work/own-teacher-$PRESET-${TEACHER_SUM:0:8}}
   REFERENCE=${REFERENCE:+$(realpath "$REFERENCE")}
   REFERENCE=${REFERENCE:-$WORK/reference.test.txt}
   ONLY=(--only "${SYSTEMS:-speculative,blockwise}")
@@ -47,6 +50,15 @@ else
 fi
 DATA_BIN=$WORK/data-bin
 mkdir -p "$WORK"
+if [ -n "${OWN_DATA_BIN:-}" ]; then  # the folder records whose students it holds, and refuses another teacher's run
+  MADE_FOR="teacher sha1 $TEACHER_SUM, data-bin $OWN_DATA_BIN"
+  if [ -f "$WORK/teacher.txt" ] && [ "$(cat "$WORK/teacher.txt")" != "$MADE_FOR" ]; then
+    log "WORK=$WORK holds the students of another teacher or data-bin ($(cat "$WORK/teacher.txt")); this run's:" \
+      "$MADE_FOR. Leave WORK unset (one folder per teacher), give another WORK, or remove $WORK." >&2
+    exit 2
+  fi
+  echo "$MADE_FOR" > "$WORK/teacher.txt"
+fi
 START=$(date +%s)
 if [ "$PRESET" = gpu ] && [ -z "${GPU_PRESET_ON_CPU:-}" ] &&
     ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then

@@ -250,7 +250,8 @@ def test_plots_need_matplotlib_and_no_plots_writes_the_tables(fixture, tmp_path,
         benchmark.main(_args(fixture, out_dir=str(out), system=[], paired_test=[]))
     assert not out.exists()  # refused before decoding anything
     benchmark.main(_args(fixture, out_dir=str(out), system=[], paired_test=[], no_plots=True, latency_sentences=4))
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("hyp.")) == ["results.json", "results.md"]
+    written = sorted(p.name for p in out.iterdir() if not p.name.startswith("hyp."))
+    assert written == ["progress.json", "results.json", "results.md"]
 
 
 def test_npd_plot_of_rows_decoded_with_several_samples(tmp_path):

@@ -161,3 +161,10 @@ def test_quickstart_accelerates_a_teacher_it_did_not_train(own):
     with open(mine, encoding="utf-8") as f:
         assert f.read() == "mine\n", "the own data-bin is only read"
     assert not os.path.islink(os.path.join(work, "data-bin", "train.kd.tgt.txt"))
+    # a second teacher on the same data-bin into the same WORK would find the first one's students (finished steps
+    # are skipped) and report them under its name: refused, with what to do, before anything runs
+    other = edited_checkpoint(own, "other-teacher", lambda state: state["model"]["encoder.layers.0.fc1.bias"].add_(1))
+    run = quickstart({**env, "TEACHER": other, "STUDENT_UPDATES": "2"}, timeout=300)
+    assert run.returncode == 2 and "holds the students of another teacher" in run.stderr, run.stderr[-2000:]
+    assert "Leave WORK unset (one folder per teacher)" in run.stderr
+    assert hyps("ar-teacher-greedy") == greedy  # the first teacher's run is untouched
