@@ -17,7 +17,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.bench import analysis, benchmark, measure, paper_points, report, schedule
+from nat_plugins.bench import analysis, benchmark, measure, paper_points, recipes, report, schedule
 from nat_plugins.bench import rows as bench_rows
 from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import rep_mis
@@ -1048,6 +1048,26 @@ def test_exact_check_counts_divergences_and_near_ties():
         "divergences": [],
     }
     assert measure.first_difference((5, 6), (5, 6, 2)) == 2
+
+
+def test_the_solo_pass_is_checked_against_the_teachers_greedy_output_too():
+    """The solo processes report text: a sentence equal to the greedy teacher's text does not differ, one equal to the
+    row's own round-robin output keeps its verdict there (a near-tie stays one, a divergence stays one), any other is a
+    divergence no near-tie covers, and the row is no longer exact (what the README's claims read)."""
+    greedy = {0: out([5, 2], "a"), 1: out([5, 6, 2], "b"), 2: out([8, 2], "c"), 3: out([4, 2], "d")}
+    own = {0: out([5, 2], "a"), 1: out([5, 9, 2], "b'"), 2: out([3, 2], "c'"), 3: out([4, 2], "d")}
+    own_check = measure.exact_check(own, greedy, lambda i, *_: {1: 1e-6, 2: 0.5}[i], 1e-4)
+    solo = {0: "a", 1: "b'", 2: "c'", 3: "something else"}
+    check = measure.solo_exact_check(solo, greedy, own, own_check, 1e-4)
+    assert (check["sentences"], check["differ"], check["near_ties"]) == (4, 3, 1)
+    assert check["divergences"] == own_check["divergences"] + [{"sentence": 3, "position": None, "log_prob_gap": None}]
+    same = measure.solo_exact_check({0: "a", 1: "b'", 3: "d"}, greedy, own, own_check, 1e-4)
+    assert (same["differ"], same["near_ties"]) == (1, 1)  # the near-tie of the round-robin pass, nothing else
+    row = {"name": "exact", "exact_check": {"1": own_check, "solo": same}}
+    measured = recipes.Measured({"exact": row}, [], ())
+    assert not measured.same_output(row, {"name": "greedy"})  # the round-robin pass's real divergence at sentence 2
+    row["exact_check"] = {"1": measure.exact_check(own, own, None, 1e-4), "solo": check}
+    assert not measured.same_output(row, {"name": "greedy"})  # the solo pass alone differs: not exact either
 
 
 def test_exact_check_in_the_table_and_the_flag():

@@ -4,7 +4,9 @@ sentence-id order), as text and as the binarized targets a student trains on, sh
 
 (tests/test_end_to_end.py covers what this does not: shards decoded in any order, merge refusals, a second name.)"""
 
+import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -99,3 +101,27 @@ def test_distilled_targets_are_the_teachers_fairseq_generate_output(
     assert_trains_on(data_bin, expected)
     for ext, content in binarized.items():
         assert read_bytes(os.path.join(data_bin, f"train.kd.tgt.{ext}")) == content, ext
+
+
+def test_decoding_logs_its_progress(dummy_data_bin, tiny_teacher, tmp_path, caplog):
+    """Decoding a shard logs the shard's sentence count first, then (``--log-interval-seconds 0``: after every batch)
+    the sentences done of it with the rate and the time left, and last the count reached with the rate."""
+    caplog.set_level(logging.INFO, logger=distill.logger.name)
+    shard_dir = tmp_path / "shards"
+    shard = ["--num-shards", "2", "--shard-id", "1", "--no-merge", "--log-interval-seconds", "0"]
+    run_distill(dummy_data_bin, tiny_teacher, ["--beam", "1"], str(shard_dir), shard)
+    total = len(read_lines(shard_dir / "train.kd.tgt.shard1of2"))
+    assert 0 < total < NUM_TRAIN  # the shard's sentences, not the split's
+    prefix = "distill train shard 2/2: "
+    messages = [r.getMessage() for r in caplog.records if r.name == distill.logger.name]
+    lines = [message[len(prefix) :] for message in messages if message.startswith(prefix)]
+    assert lines[0] == f"{total} sentences to decode"
+    during = [
+        re.fullmatch(r"(\d+) / (\d+) sentences done \(\d+%\), [\d.]+ sentences/s, \d+:\d\d:\d\d left", line)
+        for line in lines[1:-1]
+    ]
+    assert during and all(during), lines
+    done = [int(match[1]) for match in during]
+    assert done == sorted(set(done)) and done[-1] < total
+    assert all(int(match[2]) == total for match in during)
+    assert re.fullmatch(rf"{total} / {total} sentences done in \d+:\d\d:\d\d \([\d.]+ sentences/s\)", lines[-1])

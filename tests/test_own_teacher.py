@@ -3,6 +3,7 @@ a fairseq Transformer of a shape the quickstart never makes (3 layers, 64-d, pre
 without BPE, trained by plain ``fairseq-train --task translation``) is accelerated end to end, its exact rows print its
 greedy output; what the command cannot take is refused with the file and what to do."""
 
+import json
 import os
 import subprocess
 
@@ -69,13 +70,32 @@ def set_model(field, value):
     return edit
 
 
+def set_task(field, value):
+    def edit(state):
+        state["cfg"]["task"][field] = value
+
+    return edit
+
+
 @pytest.mark.parametrize(
     "name, edit, message",
     [
         ("language-model", set_model("arch", "transformer_lm"), "is a language model"),
+        # a Transformer's arch under fairseq's language_modeling task: refused by the task alone
+        (
+            "language-modeling-task",
+            set_task("_name", "language_modeling"),
+            r"is a language model \(task language_modeling, arch transformer\)",
+        ),
         ("lstm", set_model("arch", "lstm"), "not fairseq's Transformer"),
         ("sat", set_model("arch", "sat_transformer"), "not an autoregressive teacher"),
         ("cross-self", set_model("cross_self_attention", True), "was trained with --cross-self-attention"),
+        ("adaptive-softmax", set_model("adaptive_softmax_cutoff", "2,4"), "was trained with --adaptive-softmax-cutoff"),
+        # NormFormer (Shleifer et al.): each of its options adds decoder parameters the exact rows do not compute
+        ("normformer-attn", set_model("scale_attn", True), "was trained with NormFormer's --scale-attn"),
+        ("normformer-fc", set_model("scale_fc", True), "was trained with NormFormer's --scale-fc"),
+        ("normformer-heads", set_model("scale_heads", True), "was trained with NormFormer's --scale-heads"),
+        ("normformer-resids", set_model("scale_resids", True), "was trained with NormFormer's --scale-resids"),
     ],
 )
 def test_checkpoints_it_cannot_take_are_refused_with_what_to_do(own, name, edit, message):
@@ -158,6 +178,15 @@ def test_quickstart_accelerates_a_teacher_it_did_not_train(own):
     assert greedy.strip()
     for slug in ("speculative-k-3-exact", "blockwise-k-4-frozen-exact"):
         assert hyps(slug) == greedy
+    # the hypothesis files are the batch-64 pass's; batch 1 (every sentence drafted) and the solo pass print the same
+    with open(os.path.join(bench, "results.json"), encoding="utf-8") as f:
+        rows = {row["name"]: row for row in json.load(f)["rows"]}
+    for name in ("Speculative k=3, exact", "Blockwise k=4 frozen, exact"):
+        checks = rows[name]["exact_check"]
+        assert checks["1"]["sentences"] == 5 and "solo" in checks, name  # 15 latency sentences, 10 of warm-up
+        assert all(check["differ"] == check["near_ties"] for check in checks.values()), (name, checks)
+        # the report checks what the README promises an own teacher: its greedy output, its BLEU, at least as fast
+        assert f"| {name}: = the teacher's greedy output in every timed pass, its BLEU, >= 1.0x greedy |" in report
     with open(mine, encoding="utf-8") as f:
         assert f.read() == "mine\n", "the own data-bin is only read"
     assert not os.path.islink(os.path.join(work, "data-bin", "train.kd.tgt.txt"))

@@ -7,6 +7,7 @@ each) -> benchmark. Skipped with the reason when Multi30k is not there.
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -29,6 +30,7 @@ def quickstart(multi30k_dir, tmp_path_factory):
         "STUDENT_UPDATES": "2",
         "LATENCY_SENTENCES": "15",
         "PRESET": "cpu",
+        "PROGRESS_SECONDS": "2",
     }
 
     def run():
@@ -51,6 +53,10 @@ def quickstart(multi30k_dir, tmp_path_factory):
 def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     out = quickstart["first"].stdout
     assert "PRESET=cpu: the whole pipeline on the CPU" in out
+    # a long step says how far it is on the terminal too (every PROGRESS_SECONDS, when it changed): here the drafter's
+    # step, whose greedy distillation is followed by seconds of training
+    progress = r"\] spec-drafter-3: distill train shard 1/1: (300 sentences to decode|\d+ / 300 sentences done)"
+    assert re.search(progress, out), out[-3000:]
     table = out[out.index("| system | BLEU |") :]
     assert "| AR teacher, beam 4 |" in table and "| AR teacher, greedy |" in table
     with open(os.path.join(quickstart["work"], "bench", "results.json")) as f:
@@ -133,6 +139,18 @@ def test_exact_speculative_decoding_outputs_the_teachers_greedy_translations(qui
     with open(os.path.join(bench, "hyp.speculative-k-3-exact.txt"), encoding="utf-8") as a:
         with open(os.path.join(bench, "hyp.ar-teacher-greedy.txt"), encoding="utf-8") as b:
             assert a.read() == b.read()
+
+
+@pytest.mark.slow
+def test_the_exact_rows_print_the_teachers_greedy_output_at_batch_1_too(quickstart):
+    """The hypothesis files are the batch-64 pass's, where a batch drafts only for its last sentences: the batch-1
+    pass (every sentence drafted) and the solo pass (the README's speed-ups) must print the same, near-ties aside."""
+    with open(os.path.join(quickstart["work"], "bench", "results.json"), encoding="utf-8") as f:
+        rows = {row["name"]: row for row in json.load(f)["rows"]}
+    for name in ("Speculative k=3, exact", "Blockwise k=4 frozen, exact", "AR teacher, greedy (plugin layout)"):
+        checks = rows[name]["exact_check"]
+        assert checks["1"]["sentences"] == 5 and checks["solo"]["sentences"] == 5, name  # 15 minus 10 of warm-up
+        assert all(check["differ"] == check["near_ties"] for check in checks.values()), (name, checks)
 
 
 @pytest.mark.slow

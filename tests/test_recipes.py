@@ -281,3 +281,19 @@ def test_a_bleu_share_reads_the_speedup_over_the_search_it_names():
     measured = recipes.Measured(rows, [], ("NAT",))
     assert recipes.BleuShare("NAT", 0.8, 5.0).check(measured) == ("83.3% at 6.00x vs beam", True)
     assert recipes.BleuShare("NAT", 0.8, 5.0, over="greedy").check(measured) == ("83.3% at 4.00x vs greedy", False)
+
+
+def test_a_slowdown_bar_reads_the_paired_per_round_ratio():
+    """Encoder-NAD-AD's "at most 10% slower" is the median over rounds of its batch-1 time over its baseline's on the
+    same block (the one statistic of every speed-up), not the ratio of the two medians: here 5% against 15%."""
+    rows = {
+        "NAD-AD": {
+            "name": "NAD-AD",
+            "bleu": 30.0,
+            "latency_ms_median": 115.0,
+            "latency_round_seconds": [1.05, 1.2, 1.05],
+        },
+        "AR": {"name": "AR", "bleu": 29.0, "latency_ms_median": 100.0, "latency_round_seconds": [1.0, 1.0, 1.0]},
+    }
+    text, met = recipes.BleuGain("NAD-AD", "AR", 0.5, max_slowdown=0.10).check(recipes.Measured(rows, [], ()))
+    assert met and text == "+1.00 BLEU, +5% time"

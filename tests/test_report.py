@@ -31,6 +31,7 @@ def row(name, bleu, latency, role="system", **extra):
         "role": role,
         "bleu": bleu,
         "latency_ms_median": latency,
+        "latency_round_seconds": [latency / 1000, 1.1 * latency / 1000, 0.9 * latency / 1000],
         "hyp_file": f"hyp.{len(name)}-{bleu}.txt",
         "latency_speedup_vs_ar_beam": 100.0 / latency,
         "latency_speedup_vs_ar_greedy": 80.0 / latency,
@@ -280,7 +281,18 @@ def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path
     assert spec[5] == "0.20× (0.20–0.25)"  # CTranslate2's seconds over its own, round by round
     assert table[recipes.TEACHER_GREEDY_ROW][-2:] == ["14.00", "12.0 |"]
     assert "Wall time: 2 min 35 s over the steps" in text and "pareto" not in text  # no plot in this run
-    assert "[runs/x.md](runs/x.md)" in text and "| target |" not in text
+    assert "[runs/x.md](runs/x.md)" in text
+    # a run on the user's own teacher has the bars of its exact rows (no README claim: those are the quickstart's)
+    (bar,) = [line for line in text.splitlines() if line.startswith("| Speculative k=3, exact: =")]
+    assert "identical to greedy (passes: 1, 64), BLEU 29.00 (greedy 29.00), 2.00x vs greedy alone | yes |" in bar
+    path = tmp_path / "bench" / "results.json"
+    results = json.loads(path.read_text())
+    (spec,) = [r for r in results["rows"] if r["name"] == "Speculative k=3, exact"]
+    spec["exact_check"]["solo"] = {"sentences": 100, "differ": 1, "near_ties": 0, "divergences": []}
+    path.write_text(json.dumps(results))
+    text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="speculative")
+    (bar,) = [line for line in text.splitlines() if line.startswith("| Speculative k=3, exact: =")]
+    assert "differs from greedy (passes: 1, 64, solo)" in bar and bar.endswith("| **no** |")  # alone it differed
 
 
 def test_students_trained_side_by_side_count_once_in_the_wall_time(tmp_path):
@@ -368,3 +380,21 @@ def test_npd_above_argmax_needs_a_significant_paired_test(tmp_path, p_value, met
     verdicts = verdicts_of(report.build_report(str(tmp_path), "cpu-long"))
     npd = verdicts["NAT, NPD S=10 vs NAT, argmax fertility: >= +0.0 BLEU, p <= 0.05"]
     assert npd[0].startswith("+0.16 BLEU") and npd[1] == ("yes |" if met else "**no** |")
+
+
+def test_a_reference_read_back_from_the_data_bin_says_its_unknown_words_lower_bleu(tmp_path):
+    """An own teacher's run without REFERENCE scores against the data-bin's test targets, where words the dictionary
+    lacks are <unk>: the report says how many and what to do; a raw reference gets no such line."""
+    solo_run(str(tmp_path))
+    path = tmp_path / "bench" / "results.json"
+    results = json.loads(path.read_text())
+    results["meta"]["reference"] = "reference.test.txt"
+    path.write_text(json.dumps(results))
+    (tmp_path / "reference.test.txt").write_text("a <unk> b\nc d <unk> <unk>\n")
+    for text in (
+        report.build_summary(str(tmp_path), "cpu", only="speculative"),
+        report.build_report(str(tmp_path), "cpu", only="speculative"),
+    ):
+        assert "with 3 `<unk>` where the dictionary lacks a word" in text and "`REFERENCE=raw test targets`" in text
+    (tmp_path / "reference.test.txt").write_text("a raw reference\n")
+    assert "<unk>" not in report.build_summary(str(tmp_path), "cpu", only="speculative")

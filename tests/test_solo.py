@@ -272,6 +272,9 @@ def test_solo_end_to_end(dummy_data_bin, dummy_raw, tiny_teacher, tmp_path):
         row = rows[name]["solo"]
         assert row["differing_sentences"] == 0 and len(row["latency_ratio_rounds"]) == 3 and row["ms_per_sentence"] > 0
     assert rows["AR teacher, greedy"]["solo"]["latency_ratio_rounds"] == [1.0] * 3
+    # the plugin's greedy loop alone printed the teacher's greedy output: its verdict covers the solo pass
+    solo_check = rows["AR teacher, greedy (plugin layout)"]["exact_check"]["solo"]
+    assert (solo_check["sentences"], solo_check["differ"]) == (6, 0)
     assert rows["AR teacher, greedy"]["solo"]["linear_layout"] == solo.FAIRSEQ_LAYOUT
     plugin = rows["AR teacher, greedy (plugin layout)"]["solo"]
     assert plugin["linear_layout"] == summary["linear_layout"][str(plugin["threads"])]["layout"]

@@ -360,6 +360,29 @@ def exact_check(
     }
 
 
+def solo_exact_check(
+    texts: Dict[int, str], greedy: Dict[int, Output], own: Dict[int, Output], own_check: dict, tolerance: float
+) -> dict:
+    """:func:`exact_check` of a row's solo pass (``texts``: its timed batch-1 hypotheses by sentence, detokenized: the
+    solo processes report text, not ids) against the greedy teacher row's round-robin batch-1 outputs ``greedy``: a
+    sentence whose text is the teacher's does not differ; one whose text is the row's own round-robin output ``own``
+    keeps that sentence's verdict in ``own_check`` (the round-robin batch-1 check: a near-tie there is one here); any
+    other differs by a divergence no near-tie covers (``log_prob_gap`` None, ``position`` None)."""
+    checked = {d["sentence"]: d for d in own_check["divergences"]}
+    divergences = []
+    for i in sorted(texts):
+        if texts[i] == greedy[i].text:
+            continue
+        unchecked = {"sentence": i, "position": None, "log_prob_gap": None}
+        divergences.append(checked[i] if texts[i] == own[i].text and i in checked else unchecked)
+    return {
+        "sentences": len(texts),
+        "differ": len(divergences),
+        "near_ties": sum(d["log_prob_gap"] is not None and d["log_prob_gap"] < tolerance for d in divergences),
+        "divergences": divergences,
+    }
+
+
 @dataclass
 class Batch1:
     """The timed batch-1 sentences of a row: ids, latencies and what the decoder did for them."""

@@ -24,6 +24,7 @@ its configurations and targets in the systems' entries.
 
 import argparse
 import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -434,9 +435,43 @@ class Speculative(RowTarget):
 
 
 @dataclass(frozen=True)
+class PrintsTeacherGreedy(RowTarget):
+    """A row that decodes the teacher's greedy search another way (exact verify-accept decoding, the plugin's greedy
+    loop): its output is the teacher's greedy output in every timed pass, up to floating-point near-ties (its
+    ``exact_check``, the solo pass included), its BLEU the greedy row's, and batch 1 at least ``min_speedup`` x
+    fairseq's greedy search, each engine alone where the run timed it so (else round-robin)."""
+
+    min_speedup: float = 1.0
+
+    @property
+    def what(self) -> str:
+        return f"{self.row}: = the teacher's greedy output in every timed pass, its BLEU, >= {self.min_speedup}x greedy"
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
+        same = measured.same_output(row, greedy)
+        bleu_equal = abs(row["bleu"] - greedy["bleu"]) < 0.005
+        alone = row.get("solo")
+        speedup = statistics.median(alone["latency_ratio_rounds"]) if alone else row["latency_speedup_vs_ar_greedy"]
+        passes = ", ".join(row.get("exact_check") or {})
+        text = (
+            f"{'identical to greedy' if same else 'differs from greedy'} (passes: {passes}), BLEU {row['bleu']:.2f} "
+            f"(greedy {greedy['bleu']:.2f}), {speedup:.2f}x vs greedy {'alone' if alone else 'round-robin'}"
+        )
+        return text, same and bleu_equal and speedup >= self.min_speedup
+
+
+def exact_row_targets(rows: Sequence[dict]) -> List["Target"]:
+    """:class:`PrintsTeacherGreedy` for every row a finished benchmark checked against the teacher's greedy output
+    (``results.json`` rows with an ``exact_check``): the bars of a run on a user's own teacher."""
+    return [PrintsTeacherGreedy(row["name"]) for row in rows if row.get("exact_check")]
+
+
+@dataclass(frozen=True)
 class BleuGain:
     """``system``'s BLEU gain over ``baseline`` >= ``minimum`` (paired bootstrap p-value shown; with ``max_p``, met
-    only when the run's paired test of the two gives p <= ``max_p``), at most ``max_slowdown`` slower at batch 1."""
+    only when the run's paired test of the two gives p <= ``max_p``), at most ``max_slowdown`` slower at batch 1 (the
+    median over rounds of the paired ratio of their batch-1 times)."""
 
     system: str
     baseline: str
@@ -465,7 +500,9 @@ class BleuGain:
             ),
             None,
         )
-        slower = system["latency_ms_median"] / baseline["latency_ms_median"] - 1
+        # the one statistic of every speed-up: the median of the per-round paired ratios (the same blocks, one round)
+        paired = [a / b for a, b in zip(system["latency_round_seconds"], baseline["latency_round_seconds"])]
+        slower = statistics.median(paired) - 1
         text = f"{delta:+.2f} BLEU" + (f" (p = {test['p_value']:.3f})" if test else "") + f", {100 * slower:+.0f}% time"
         significant = self.max_p is None or (test is not None and test["p_value"] <= self.max_p)
         return text, delta >= self.minimum and significant and (
@@ -570,7 +607,7 @@ class Claim(RowTarget):
         return text, ok
 
 
-Target = Union[BleuShare, ExactBlockwise, Speculative, BleuGain, AboveFairseq, Claim]
+Target = Union[BleuShare, ExactBlockwise, Speculative, PrintsTeacherGreedy, BleuGain, AboveFairseq, Claim]
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,26 @@ def header(results: dict, preset: str, command: Optional[str]) -> str:
     )
 
 
+def reference_note(results: dict, work: str) -> List[str]:
+    """A line when the BLEU reference holds ``<unk>``: the test targets read back from a data-bin (an own teacher's run
+    without REFERENCE) lost the words their dictionary lacks, which lowers every row's BLEU against what the raw text
+    would give; empty otherwise."""
+    reference = results["meta"].get("reference")
+    if reference is None or not os.path.exists(os.path.join(work, reference)):
+        return []
+    path = os.path.join(work, reference)
+    with open(path, encoding="utf-8") as f:
+        unknown = f.read().count("<unk>")
+    if not unknown:
+        return []
+    return [
+        f"BLEU reference `{reference}`: the test targets as the data-bin holds them, with {unknown} "
+        "`<unk>` where the dictionary lacks a word, so every BLEU here is lower than against the raw text; "
+        "`REFERENCE=raw test targets` scores against those.",
+        "",
+    ]
+
+
 def target_table(results: dict, preset: str, only: recipes.Only = None) -> List[str]:
     """The preset's targets (the catalogue's, README claims included) checked against the run: markdown lines."""
     measured = recipes.Measured(
@@ -88,7 +108,10 @@ def target_table(results: dict, preset: str, only: recipes.Only = None) -> List[
     left_out = set(budget.get("rows_left_out", ()))
     left_out |= {row["name"] for row in budget.get("not_timed_at_batch1", ())}  # as the GPU run at 3a66eee wrote it
     checked = []
-    for target in recipes.targets(preset, only):
+    bars = recipes.targets(preset, only)
+    if only is not None:  # a run on the user's own teacher: its exact rows print that teacher's greedy output
+        bars += recipes.exact_row_targets(results["rows"])
+    for target in bars:
         missing = [name for name in target.rows if name in left_out]
         if missing:  # the benchmark's --time-budget left the row out: not measured, said so
             checked.append((target.what, f"not measured: {missing[0]} left out by the time budget", None))
@@ -117,7 +140,7 @@ def build_report(
     results = load_results(work)
     with open(os.path.join(bench, "results.md"), encoding="utf-8") as f:
         tables = f.read().split("\n", 1)[1].strip()  # without its own title
-    lines = [header(results, preset, command), ""]
+    lines = [header(results, preset, command), ""] + reference_note(results, work)
     curve = teacher_curve(os.path.join(work, "logs", "teacher.log"))
     if curve:
         lines += [
@@ -199,7 +222,7 @@ def build_summary(
     results = load_results(work)
     meta = results["meta"]
     batch = meta["batch_size"]
-    lines = [header(results, preset, command), ""]
+    lines = [header(results, preset, command), ""] + reference_note(results, work)
     times = step_times(os.path.join(work, "logs", "steps.tsv"))
     if times:
         not_training = sum(s for n, s, _ in times if n.startswith("benchmark") or n == "data")

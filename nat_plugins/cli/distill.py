@@ -14,9 +14,11 @@ the binarized data, ``{split}.{name}.{tgt}.txt`` (subword text, one line per sen
 task's ``--distilled-name``): the speculative drafter trains on greedy outputs beside the students' beam outputs.
 """
 
+import datetime
 import glob
 import logging
 import os
+import time
 
 from fairseq import options, tasks, utils
 from fairseq.data import indexed_dataset
@@ -45,6 +47,14 @@ def add_distill_args(parser):
     group.add_argument(
         "--merge-only", action="store_true", help="do not decode: merge the --num-shards shard files and binarize them"
     )
+    group.add_argument(
+        "--log-interval-seconds",
+        type=float,
+        default=30,
+        metavar="N",
+        help="while decoding, log the sentences done of the shard's total, sentences/s and the time left at most "
+        "every N seconds, besides a first and a last line (default 30; fairseq's --log-interval counts batches)",
+    )
     return parser
 
 
@@ -52,13 +62,69 @@ def shard_path(shard_dir, name, split, tgt, shard_id, num_shards):
     return os.path.join(shard_dir, f"{split}.{name}.{tgt}.shard{shard_id}of{num_shards}")
 
 
-def decode_shard(cfg, task, shard_file):
+def shard_size(generation):
+    """How many sentences of the split this shard decodes: fairseq deals the split's batches (those of
+    :meth:`Generation.batches`) out to the shards in turn."""
+    cfg = generation.cfg
+    batches = generation.task.get_batch_iterator(
+        dataset=generation.dataset,
+        max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
+        max_positions=generation.max_positions(),
+        ignore_invalid_inputs=False,
+        required_batch_size_multiple=1,
+        seed=cfg.common.seed,
+        disable_iterator_cache=True,
+    ).frozen_batches
+    return sum(len(batch) for batch in batches[cfg.dataset.shard_id :: cfg.dataset.num_shards])
+
+
+def duration(seconds):
+    """``H:MM:SS``."""
+    return str(datetime.timedelta(seconds=round(seconds)))
+
+
+class ProgressLog:
+    """Logs ``prefix: DONE / TOTAL sentences done (P%), R sentences/s, H:MM:SS left`` at most every ``interval``
+    seconds, after a first line with the total and before a last one with the time taken."""
+
+    def __init__(self, prefix, total, interval):
+        self.prefix, self.total, self.interval = prefix, total, interval
+        self.done = 0
+        self.start = self.last_logged = time.monotonic()
+        logger.info(f"{prefix}: {total} sentences to decode")
+
+    def rate(self, now):
+        """Sentences/s so far."""
+        return self.done / max(now - self.start, 1e-6)
+
+    def add(self, sentences):
+        self.done += sentences
+        now = time.monotonic()
+        if self.done < self.total and now - self.last_logged >= self.interval:
+            self.last_logged = now
+            rate = self.rate(now)
+            logger.info(
+                f"{self.prefix}: {self.done} / {self.total} sentences done ({100 * self.done // self.total}%), "
+                f"{rate:.1f} sentences/s, {duration((self.total - self.done) / rate)} left"
+            )
+
+    def finish(self):
+        now = time.monotonic()
+        logger.info(
+            f"{self.prefix}: {self.done} / {self.total} sentences done in {duration(now - self.start)} "
+            f"({self.rate(now):.1f} sentences/s)"
+        )
+
+
+def decode_shard(cfg, task, shard_file, log_interval_seconds):
     """Beam-search one shard of ``cfg.dataset.gen_subset`` with the teacher; write ``id<TAB>subwords`` lines."""
     generation = load_generation(cfg, task)
     split = cfg.dataset.gen_subset
     prefix = f"distill {split} shard {cfg.dataset.shard_id + 1}/{cfg.dataset.num_shards}"
     tgt_dict = task.target_dictionary
-    n_sentences = n_empty = 0
+    n_empty = 0
+    progress = ProgressLog(prefix, shard_size(generation), log_interval_seconds)
     tmp = shard_file + ".tmp"
     with open(tmp, "w", encoding="utf-8") as out:
         for sample in generation.batches(prefix, num_workers=cfg.dataset.num_workers):
@@ -67,9 +133,10 @@ def decode_shard(cfg, task, shard_file):
                 text = tgt_dict.string(hypos[i][0]["tokens"].int().cpu())
                 n_empty += text == ""
                 out.write(f"{sample_id}\t{text}\n")
-            n_sentences += len(hypos)
+            progress.add(len(hypos))
+    progress.finish()
     os.replace(tmp, shard_file)
-    logger.info(f"wrote {n_sentences} distilled targets to {shard_file}")
+    logger.info(f"wrote {progress.done} distilled targets to {shard_file}")
     if n_empty:
         logger.warning(f"{n_empty} distilled targets are empty (the teacher emitted EOS at once)")
 
@@ -130,7 +197,8 @@ def main(args):
     if not args.merge_only:
         if cfg.common_eval.path is None:
             raise ValueError("--path TEACHER.pt is required to decode (or pass --merge-only)")
-        decode_shard(cfg, task, shard_path(shard_dir, args.output_name, split, tgt, shard_id, num_shards))
+        shard_file = shard_path(shard_dir, args.output_name, split, tgt, shard_id, num_shards)
+        decode_shard(cfg, task, shard_file, args.log_interval_seconds)
         if args.no_merge:
             return
     shard_files = [shard_path(shard_dir, args.output_name, split, tgt, i, num_shards) for i in range(num_shards)]
