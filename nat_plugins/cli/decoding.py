@@ -33,11 +33,11 @@ class Generation:
         """The source/target lengths that the task and every model accept."""
         return utils.resolve_max_positions(self.task.max_positions(), *[m.max_positions() for m in self.models])
 
-    def batches(self, prefix: str, num_workers: int) -> Iterator[dict]:
-        """The split in fairseq's length-sorted batches of ``cfg.dataset`` (``--max-tokens``, ``--batch-size``,
-        ``--num-shards/--shard-id``), in a fixed order, every sentence kept, on the models' device."""
+    def batch_iterator(self, num_workers: int = 0):
+        """fairseq's epoch iterator of the split in length-sorted batches of ``cfg.dataset`` (``--max-tokens``,
+        ``--batch-size``, ``--num-shards/--shard-id``), every sentence kept."""
         cfg = self.cfg
-        itr = self.task.get_batch_iterator(
+        return self.task.get_batch_iterator(
             dataset=self.dataset,
             max_tokens=cfg.dataset.max_tokens,
             max_sentences=cfg.dataset.batch_size,
@@ -48,8 +48,19 @@ class Generation:
             num_shards=cfg.dataset.num_shards,
             shard_id=cfg.dataset.shard_id,
             num_workers=num_workers,
-        ).next_epoch_itr(shuffle=False)
-        for sample in progress(itr, prefix, cfg.common):
+            disable_iterator_cache=True,  # each call its own (num_workers differs)
+        )
+
+    def shard_sentences(self) -> int:
+        """How many sentences this shard of the split holds: fairseq deals the batches to the shards in turn."""
+        dataset = self.cfg.dataset
+        batches = self.batch_iterator().frozen_batches
+        return sum(len(batch) for batch in batches[dataset.shard_id :: dataset.num_shards])
+
+    def batches(self, prefix: str, num_workers: int) -> Iterator[dict]:
+        """The split in :meth:`batch_iterator`'s batches, in a fixed order, on the models' device."""
+        itr = self.batch_iterator(num_workers).next_epoch_itr(shuffle=False)
+        for sample in progress(itr, prefix, self.cfg.common):
             if "net_input" in sample:  # fairseq yields an empty dict for an empty shard
                 yield self.to_device(sample)
 

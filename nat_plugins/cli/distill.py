@@ -62,23 +62,6 @@ def shard_path(shard_dir, name, split, tgt, shard_id, num_shards):
     return os.path.join(shard_dir, f"{split}.{name}.{tgt}.shard{shard_id}of{num_shards}")
 
 
-def shard_size(generation):
-    """How many sentences of the split this shard decodes: fairseq deals the split's batches (those of
-    :meth:`Generation.batches`) out to the shards in turn."""
-    cfg = generation.cfg
-    batches = generation.task.get_batch_iterator(
-        dataset=generation.dataset,
-        max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size,
-        max_positions=generation.max_positions(),
-        ignore_invalid_inputs=False,
-        required_batch_size_multiple=1,
-        seed=cfg.common.seed,
-        disable_iterator_cache=True,
-    ).frozen_batches
-    return sum(len(batch) for batch in batches[cfg.dataset.shard_id :: cfg.dataset.num_shards])
-
-
 def duration(seconds):
     """``H:MM:SS``."""
     return str(datetime.timedelta(seconds=round(seconds)))
@@ -124,7 +107,7 @@ def decode_shard(cfg, task, shard_file, log_interval_seconds):
     prefix = f"distill {split} shard {cfg.dataset.shard_id + 1}/{cfg.dataset.num_shards}"
     tgt_dict = task.target_dictionary
     n_empty = 0
-    progress = ProgressLog(prefix, shard_size(generation), log_interval_seconds)
+    progress = ProgressLog(prefix, generation.shard_sentences(), log_interval_seconds)
     tmp = shard_file + ".tmp"
     with open(tmp, "w", encoding="utf-8") as out:
         for sample in generation.batches(prefix, num_workers=cfg.dataset.num_workers):
