@@ -86,11 +86,15 @@ def main():
         lines.append(f"| {runner.spec.name} | {cold:.1f} | {warm:.1f} | {new:.1f} |")
         table = profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
         tables += ["", f"## {runner.spec.name}", table]
-    text = "\n".join(lines + tables) + "\n"
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_profile.txt"), "w", encoding="utf-8") as f:
+        write(args.out, "\n".join(lines + tables) + "\n")  # a row at a time: a run cut off keeps what it measured
+    print("\n".join(lines + tables))
+
+
+def write(out: str, text: str):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu_profile.txt.tmp"), "w", encoding="utf-8") as f:
         f.write(text)
+    os.replace(os.path.join(out, "gpu_profile.txt.tmp"), os.path.join(out, "gpu_profile.txt"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
 # rehearses the whole script on the CPU, with the python3 on the PATH (no install, no CUDA tests). WORK may lie
 # outside the checkout (WORK=/tmp/natgpu/multi30k-gpu), where a later call's copy of the tree cannot touch the run.
 # The benchmark rewrites bench/progress.json after every timing round: each call returns it. Where the rows' time
-# goes on that machine: python dev/gpu_profile.py WORK OUT (cold and warm batch-1 passes, a profile per row).
+# goes on that machine: once the table is done the script runs dev/gpu_profile.py (cold and warm batch-1 passes, a
+# profile per row; PROFILE_SECONDS, default 100) and returns gpu_profile.txt.
 set -uo pipefail
 OUT=${1:?usage: gpu_table.sh OUT [SECONDS]}; LIMIT=${2:-540}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,8 +48,25 @@ PY
   (cd "$ROOT" && setsid nohup bash run_scripts/quickstart.sh > "$LOG" 2>&1 < /dev/null &)
   sleep 2
 fi
+CALL_END=$(( $(date +%s) + LIMIT ))
 bash "$ROOT/dev/wait_for_run.sh" "$LOG" "$WORK" "$LIMIT"
 status=$?
+# once the table is done, where the rows' time goes (dev/gpu_profile.py; PROFILE_SECONDS, default 100, 0: none): the
+# teacher's greedy search by fairseq and by the plugin's loop, the NAT, exact speculative decoding; its file grows a
+# row at a time and comes back with every later call
+PROFILE=$WORK.profile
+if [ "$status" = 0 ] && [ "${PROFILE_SECONDS:-100}" -gt 0 ] && [ ! -d "$PROFILE" ]; then
+  mkdir -p "$PROFILE"
+  CPU_FLAG=${GPU_PRESET_ON_CPU:+--cpu}
+  (cd "$ROOT" && setsid nohup timeout "${PROFILE_SECONDS:-100}" python3 dev/gpu_profile.py "$WORK" "$PROFILE" \
+    --sentences "${PROFILE_SENTENCES:-10}" $CPU_FLAG \
+    --system "NAT, argmax fertility=$WORK/ckpt/fertility-nat/checkpoint_last.pt::--beam 1 --fertility-decoding argmax" \
+    --system "Speculative k=8, exact=$WORK/ckpt/spec-drafter-8/checkpoint_last.pt::--beam 1 --speculative-teacher \
+$WORK/ckpt/teacher/checkpoint_best.pt" > "$PROFILE/log.txt" 2>&1 < /dev/null &)
+  sleep 2
+fi
+while [ -d "$PROFILE" ] && pgrep -f dev/gpu_profile.py > /dev/null && [ "$(date +%s)" -lt "$CALL_END" ]; do sleep 5; done
+[ -f "$PROFILE/gpu_profile.txt" ] && cp "$PROFILE/gpu_profile.txt" "$OUT/" && head -n 12 "$PROFILE/gpu_profile.txt"
 [ -f "$TESTS_LOG" ] && tail -n 3 "$TESTS_LOG"
 cat "$WORK/logs/steps.tsv" 2>/dev/null
 # what comes back: the benchmark's progress.json (rewritten after every timing round) and, once the run finished,
