@@ -414,9 +414,9 @@ def test_logits_at_scored_positions_are_the_full_logits_there(task):
 
 
 def test_nad_in_length_groups_gives_the_same_loss_and_gradients(task):
-    """The NAD run in groups of similar length (NADADEncoder.nad_by_length) == the whole batch padded to its
-    longest (the implementation before, length_buckets = 1): nad_ad_loss and every gradient, without dropout, on a
-    batch whose distilled lengths go from 1 to 30 tokens."""
+    """The NAD run in groups of similar length (NADADEncoder.nad_by_length, --nad-length-buckets 4, the default) ==
+    the whole batch padded to its longest (--nad-length-buckets 1): nad_ad_loss and every gradient, without dropout,
+    on a batch whose distilled lengths go from 1 to 30 tokens; fewer than one group is refused."""
     sample = batch(task, range(8))
     dictionary = task.target_dictionary
     lengths = torch.tensor([13, 1, 30, 2, 8, 3, 21, 5])
@@ -427,12 +427,11 @@ def test_nad_in_length_groups_gives_the_same_loss_and_gradients(task):
     side_task = SimpleNamespace(cfg=SimpleNamespace(use_distilled="side"), target_dictionary=dictionary)
     criterion = NADADLoss(side_task, label_smoothing=0.1, nad_weight=1.0, length_loss_weight=0.1)
     results = []
-    for buckets in (1, 4):
-        model = build(task).train()  # the groups are a training-time saving (decoding runs the NAD once)
+    for buckets in (1, 4):  # --nad-length-buckets: 1 on a GPU (fewer kernel launches), 4 by default (the CPU's)
+        model = build(task, extra=["--nad-length-buckets", str(buckets)]).train()  # decoding runs the NAD once
         for module in model.modules():
             if isinstance(module, FairseqDropout):
                 module.p = 0.0
-        model.encoder.length_buckets = buckets
         calls = []
         model.encoder.nad.register_forward_hook(
             lambda _module, args, _out, calls=calls: calls.append(args[0].shape[:2])
@@ -446,6 +445,9 @@ def test_nad_in_length_groups_gives_the_same_loss_and_gradients(task):
     assert grads.keys() == grouped_grads.keys()
     for name, grad in grads.items():
         assert torch.allclose(grad, grouped_grads[name], atol=1e-6), name
+    assert build(task).encoder.length_buckets == 4
+    with pytest.raises(ValueError, match="--nad-length-buckets must be at least 1"):
+        build(task, extra=["--nad-length-buckets", "0"])
 
 
 def test_one_training_step_reaches_every_parameter(distilled_bin):

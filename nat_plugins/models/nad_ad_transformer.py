@@ -219,10 +219,11 @@ class NADADEncoder(TransformerEncoderBase):
     """fairseq's Transformer encoder followed by the NAD (module docstring): its output dict also holds the NAD
     memory the AD attends to, so it is computed once per sentence and reordered with the beam."""
 
-    length_buckets = 4  # the NAD runs in up to this many groups of sentences of similar NAD length (nad_by_length)
-
-    def __init__(self, cfg, dictionary, embed_tokens, nad_layers, input_copy, max_length, max_fertility):
+    def __init__(
+        self, cfg, dictionary, embed_tokens, nad_layers, input_copy, max_length, max_fertility, length_buckets=4
+    ):
         super().__init__(cfg, dictionary, embed_tokens)
+        self.length_buckets = length_buckets  # training: the NAD's groups of similar NAD length (nad_by_length)
         if cfg.encoder.embed_dim != cfg.decoder.embed_dim:
             raise ValueError(
                 "nad_ad_transformer copies source embeddings into the NAD: --encoder-embed-dim "
@@ -383,11 +384,21 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
             help="fertility classes 0..L-1 of the fertility predictor (fertility copy; default "
             f"{DEFAULT_MAX_FERTILITY})",
         )
+        parser.add_argument(
+            "--nad-length-buckets",
+            type=int,
+            metavar="N",
+            help="in training, run the NAD in up to N groups of sentences of similar NAD length, each padded to its "
+            "own longest (fewer padded positions: the CPU's choice); 1 runs it once per batch (fewer kernel "
+            "launches: a GPU's); default 4",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         nad_ad_base_architecture(args)
+        if args.nad_length_buckets < 1:
+            raise ValueError(f"--nad-length-buckets must be at least 1, got {args.nad_length_buckets}")
         if args.nad_layers < 1:
             raise ValueError(f"--nad-layers must be at least 1, got {args.nad_layers}")
         if args.nad_max_length < 2:
@@ -397,9 +408,9 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         nad_layers, input_copy = cfg.nad_layers, cfg.nad_input_copy
-        max_length, max_fertility = cfg.nad_max_length, cfg.max_fertility
+        max_length, max_fertility, buckets = cfg.nad_max_length, cfg.max_fertility, cfg.nad_length_buckets
         cfg = TransformerConfig.from_namespace(cfg)
-        return NADADEncoder(cfg, src_dict, embed_tokens, nad_layers, input_copy, max_length, max_fertility)
+        return NADADEncoder(cfg, src_dict, embed_tokens, nad_layers, input_copy, max_length, max_fertility, buckets)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
@@ -489,6 +500,8 @@ def nad_ad_base_architecture(args):
         args.nad_max_length = 256
     if getattr(args, "max_fertility", None) is None:
         args.max_fertility = DEFAULT_MAX_FERTILITY
+    if getattr(args, "nad_length_buckets", None) is None:
+        args.nad_length_buckets = 4
     args.init_from_ar = getattr(args, "init_from_ar", None)
 
 
