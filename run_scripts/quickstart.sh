@@ -102,14 +102,14 @@ step() {  # step NAME COMMAND...: run once; a marker file records success; the o
       [ -z "$line" ] || [ "$line" = "$shown" ] || log "$name: $line"
       shown=$line
     done ) &
-  local reporter=$!
-  if ! "$@" > "$WORK/logs/$name.log" 2>&1; then
-    kill "$reporter" 2> /dev/null || true
+  local reporter=$! status=0
+  "$@" > "$WORK/logs/$name.log" 2>&1 || status=$?
+  kill "$reporter" 2> /dev/null || true
+  if [ "$status" != 0 ]; then
     tail -n 40 "$WORK/logs/$name.log" >&2
     log "$name failed after $(( $(date +%s) - started )) s: the last lines of $WORK/logs/$name.log are above" >&2
     exit 1
   fi
-  kill "$reporter" 2> /dev/null || true
   touch "$WORK/.$name.done"
   # for the report: name, seconds, and "side by side" for a step that ran beside others (their phase has its own line)
   printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - started ))" "${STEP_PHASE:-}" >> "$WORK/logs/steps.tsv"

@@ -352,12 +352,7 @@ def exact_check(
             t = first_difference(ids, other)
             value = gap(i, ids[:t], ids[t], other[t]) if t < min(len(ids), len(other)) else None
             divergences.append({"sentence": i, "position": t, "log_prob_gap": value})
-    return {
-        "sentences": len(outputs),
-        "differ": len(divergences),
-        "near_ties": sum(d["log_prob_gap"] is not None and d["log_prob_gap"] < tolerance for d in divergences),
-        "divergences": divergences,
-    }
+    return pass_check(len(outputs), divergences, tolerance)
 
 
 def solo_exact_check(
@@ -375,8 +370,14 @@ def solo_exact_check(
             continue
         unchecked = {"sentence": i, "position": None, "log_prob_gap": None}
         divergences.append(checked[i] if texts[i] == own[i].text and i in checked else unchecked)
+    return pass_check(len(texts), divergences, tolerance)
+
+
+def pass_check(sentences: int, divergences: List[dict], tolerance: float) -> dict:
+    """One timed pass's exact check: its ``sentences``, how many ``differ``, how many of those are ``near_ties`` (a
+    ``log_prob_gap`` below ``tolerance``) and the ``divergences`` themselves."""
     return {
-        "sentences": len(texts),
+        "sentences": sentences,
         "differ": len(divergences),
         "near_ties": sum(d["log_prob_gap"] is not None and d["log_prob_gap"] < tolerance for d in divergences),
         "divergences": divergences,

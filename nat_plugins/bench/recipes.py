@@ -65,8 +65,8 @@ INIT_ALL = (
 class Preset:
     """What a preset changes in the benchmark: the options of its protocol on its device, the default number of
     batch-1 latency sentences (None: the whole test set), the decoding options of the rows whose layers only draft
-    (``Row.drafts``) and, for a preset with a ``--time-budget``, the rows timed at batch 1 only if it leaves time for
-    them (``--optional-row``, highest priority first)."""
+    (``Row.drafts``) and, for a preset with a ``--time-budget``, the rows decoded only if it leaves time for them
+    (``--optional-row``, highest priority first)."""
 
     device_options: Tuple[str, ...]
     latency_sentences: Optional[int]
@@ -143,9 +143,9 @@ BUDGETS: Dict[str, Budget] = {
 # draft (blockwise heads 2..k, the speculative drafter) in int8: the output is the same, each call reads fewer bytes.
 # GPU (fp16): 210 sentences at batch 1 (the first 10 warm-up), batch 64; no CTranslate2 (its newest wheel,
 # 4.8.5, is built against CUDA 12's cuBLAS, which the GPU machines here, CUDA 13, lack). The GPU machine is lent for
-# 15 minutes: the benchmark gets 3 of them (--time-budget), spent on every row's BLEU (the batched passes), then on
-# batch 1 for the teacher rows and the headline rows, then the GPU_OPTIONAL_ROWS while time is left (eager decoding at
-# batch 1 is kernel launches and Python: ~100 ms a sentence, 17 rows x 200 sentences did not end in 6 minutes).
+# 15 minutes: the benchmark gets 3 of them (--time-budget), planned from every row's warm-up: the teacher rows and the
+# headline rows first, then the GPU_OPTIONAL_ROWS while time is left (eager decoding at batch 1 is kernel launches and
+# Python: ~100 ms a sentence, 17 rows x 200 sentences did not end in 6 minutes).
 # The quickstart times batch 1 and 64 (its --batch-size); cpu-long adds 8 and 32 for the speed-against-batch-size
 # table and plot (the two middle sizes are a third of the quickstart's benchmark time).
 # --solo: every greedy engine also timed alone in its own process, at its best OpenMP setting (bench/solo.py)

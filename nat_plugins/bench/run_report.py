@@ -84,9 +84,9 @@ def reference_note(results: dict, work: str) -> List[str]:
     without REFERENCE) lost the words their dictionary lacks, which lowers every row's BLEU against what the raw text
     would give; empty otherwise."""
     reference = results["meta"].get("reference")
-    if reference is None or not os.path.exists(os.path.join(work, reference)):
+    path = reference and os.path.join(work, reference)
+    if not path or not os.path.exists(path):
         return []
-    path = os.path.join(work, reference)
     with open(path, encoding="utf-8") as f:
         unknown = f.read().count("<unk>")
     if not unknown:

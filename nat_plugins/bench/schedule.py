@@ -11,11 +11,11 @@ is the same: its inputs (source ids) prepared, then ``decode`` (best hypothesis 
 (text, counts) after it. After the last round the anchor row (fairseq's greedy teacher) decodes block 0 again: its
 start-vs-end drift says how much the machine changed while the rows were timed.
 
-With a time budget (:class:`TimeBudget`, the benchmark's ``--time-budget``) the batched passes run first (they give
-every row's hypotheses, hence its BLEU), then batch 1 on a plan made from each row's warm-up: the rows that must be
-timed at every number of sentences the budget allows, then the optional rows in their priority order while the
-estimate still fits; a round that ends past the deadline is the last one (the rounds not timed are counted, never
-silent).
+With a time budget (:class:`TimeBudget`, the benchmark's ``--time-budget``) a plan comes first, made from each row's
+timed warm-up (:func:`make_plan`): every required row on as many batch-1 sentences as the budget allows, then the
+optional rows in their priority order while the estimate still fits. The rows kept decode the first batched size
+(every row's hypotheses, hence its BLEU), then batch 1, then the other batched sizes that still fit; a round that ends
+past the deadline is the last one (the rounds not timed are counted, never silent).
 
 Per row and round the ratio to the anchor (the anchor's block time / the row's, > 1: faster) is paired: both timed
 on the same block in the same round. Every "×" the benchmark reports is the median of such per-round ratios
@@ -100,15 +100,6 @@ class Rounds:
     def ratios(self, row: int) -> List[float]:
         """Per round: the anchor's seconds / ``row``'s on the same block (> 1: ``row`` is faster)."""
         return [a / b for a, b in zip(self.totals(self.anchor), self.totals(row))]
-
-    def subset(self, keep: List[int]) -> "Rounds":
-        """The timings of the rows ``keep`` (indices, the anchor among them), renumbered in that order."""
-        index = {row: i for i, row in enumerate(keep)}
-        order = [[index[row] for row in round_order if row in index] for round_order in self.order]
-        seconds = [self.seconds[row] for row in keep]
-        return Rounds(
-            self.batch_size, self.blocks, seconds, order, index[self.anchor], self.anchor_end, self.rounds_cut
-        )
 
     @property
     def drift(self) -> float:

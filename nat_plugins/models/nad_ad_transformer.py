@@ -220,7 +220,7 @@ class NADADEncoder(TransformerEncoderBase):
     memory the AD attends to, so it is computed once per sentence and reordered with the beam."""
 
     def __init__(
-        self, cfg, dictionary, embed_tokens, nad_layers, input_copy, max_length, max_fertility, length_buckets=4
+        self, cfg, dictionary, embed_tokens, nad_layers, input_copy, max_length, max_fertility, length_buckets
     ):
         super().__init__(cfg, dictionary, embed_tokens)
         self.length_buckets = length_buckets  # training: the NAD's groups of similar NAD length (nad_by_length)
