@@ -1,4 +1,4 @@
-"""Time a linear layer's product both ways on this CPU, cold cache (docs/design-notes.md, modules/cpu_linear.py):
+"""Time a linear layer's product both ways on this CPU, cold cache (docs/design-notes.md, engine/cpu_linear.py):
 torch's F.linear (x·Wᵀ) against W·xᵀ as the W·xᵀ layout computes it (``cpu_linear.weight_first_linear``), for the
 teacher's layer shapes and row counts; then the pass ``NAT_LINEAR_LAYOUT=auto`` times to choose the layout, over one
 layer of each of these shapes (``cpu_linear.time_layouts``, warm cache), and the layout it would choose.
@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nat_plugins.modules.cpu_linear import TORCH, WEIGHT_FIRST, time_layouts, weight_first_linear
+from nat_plugins.engine.cpu_linear import TORCH, WEIGHT_FIRST, time_layouts, weight_first_linear
 
 SHAPES = [(256, 256), (1024, 256), (256, 1024), (7800, 256)]  # (out, in): attention, FFN in/out, output projection
 ROWS = [1, 2, 3, 4, 8, 16, 64, 256, 512]

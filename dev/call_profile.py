@@ -51,8 +51,8 @@ import nat_plugins
 from nat_plugins.bench import recipes
 from nat_plugins.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
 from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
+from nat_plugins.engine.block_call import IncrementalCache
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
-from nat_plugins.modules.verify_accept import IncrementalCache
 
 WARMUP = 5
 PROFILED = 10

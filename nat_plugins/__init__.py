@@ -4,11 +4,10 @@ Importing the package (or ``--user-dir nat_plugins``) registers its task, models
 fairseq and lets torch >= 2.6 load fairseq checkpoints (see :mod:`nat_plugins.compat`). Nothing is printed.
 """
 
-__version__ = "0.1.0"
-
 from . import (  # noqa: F401  (registration)
     compat,  # noqa: F401  (must come before anything loads a checkpoint)
     criterions,
     models,
     tasks,
 )
+from .version import __version__  # noqa: F401

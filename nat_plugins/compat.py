@@ -39,6 +39,8 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq import options as fairseq_options
 
+from .version import __version__
+
 
 def numpy_reconstructors():
     """NumPy's ``scalar`` and ``_reconstruct`` (what a pickled numpy scalar or array calls), each under the
@@ -137,8 +139,6 @@ class PluginCheckpointMarker:
     """Stored in the task state of every ``translation_nat`` checkpoint (see :func:`plugin_checkpoint_loaded`)."""
 
     def __reduce__(self):
-        from . import __version__
-
         return plugin_checkpoint_loaded, (__version__,)
 
 

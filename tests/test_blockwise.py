@@ -72,7 +72,7 @@ def random_model(task, block_size, seed, identity_first_head=False):
 
 def verify_accept(model, task, sample, use_cache=True, **options):
     """Blockwise decoding of ``sample``, drafting at every step whatever the batch size (the CPU default takes
-    greedy steps while more than one sentence decodes: tests/test_verify_accept.py)."""
+    greedy steps while more than one sentence decodes: tests/test_block_call.py)."""
     options.setdefault("max_drafting_sentences", math.inf)
     generator = BlockwiseGenerator(
         [model], with_task_options(task, **options), Namespace(beam=1, max_len_b=MAX_LEN_B), use_cache=use_cache

@@ -1,4 +1,4 @@
-"""The CPU linear layers of verify-accept decoding (modules/cpu_linear.py): in the W·xᵀ layout F.linear's results up
+"""The CPU linear layers of verify-accept decoding (engine/cpu_linear.py): in the W·xᵀ layout F.linear's results up
 to rounding, F.linear itself wherever the layout does not apply, parameters untouched, int8 draft copies still
 quantized; the layout chosen per machine (measured with a fake clock here), forced by NAT_LINEAR_LAYOUT, cached."""
 
@@ -12,9 +12,8 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
 from nat_plugins.bench import report
-from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
-from nat_plugins.modules import cpu_linear
-from nat_plugins.modules.cpu_linear import (
+from nat_plugins.engine import cpu_linear, prepare_for_decoding
+from nat_plugins.engine.cpu_linear import (
     MAX_ROWS,
     MIN_WEIGHT_FOR_ONE_ROW,
     REPEATS,
@@ -23,6 +22,7 @@ from nat_plugins.modules.cpu_linear import (
     WeightFirstLinear,
     use_weight_first_linears,
 )
+from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
 
 from .test_blockwise import random_model
 from .test_speculative import drafter, random_teacher, speculative
@@ -37,7 +37,7 @@ def force_layout(monkeypatch, layout):
 
 
 def count_weight_first_products(monkeypatch):
-    """A list that receives one entry (the device) per W·xᵀ product of :mod:`~nat_plugins.modules.cpu_linear`, the
+    """A list that receives one entry (the device) per W·xᵀ product of :mod:`~nat_plugins.engine.cpu_linear`, the
     layout forced to W·xᵀ wherever it applies (whatever this CPU measures)."""
     force_layout(monkeypatch, WEIGHT_FIRST)
     calls = []
@@ -107,7 +107,7 @@ def test_swapping_keeps_parameters_and_state_dict(toy_task):
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     parameters = [id(p) for p in model.parameters()]
     linears = [layer for layer in model.modules() if isinstance(layer, nn.Linear)]
-    BlockwiseGenerator([model], toy_task, Namespace(beam=1))
+    toy_task.build_generator([model], Namespace(beam=1))
     assert linears and all(type(layer) is WeightFirstLinear for layer in linears)
     assert [id(p) for p in model.parameters()] == parameters
     after = model.state_dict()
@@ -116,7 +116,7 @@ def test_swapping_keeps_parameters_and_state_dict(toy_task):
 
 def test_int8_drafts_are_still_quantized(toy_task, tmp_path):
     """torch quantizes nn.Linear itself only: int8_copy must turn the generator's WeightFirstLinear layers back."""
-    model = random_model(toy_task, 3, seed=0, identity_first_head=True)
+    model = prepare_for_decoding(random_model(toy_task, 3, seed=0, identity_first_head=True))  # as the task does
     blockwise = BlockwiseGenerator([model], with_task_options(toy_task, int8_drafts=True), Namespace(beam=1))
     assert type(blockwise.draft_projection) is Int8Linear
     assert all(type(layer) is Int8Linear for layer in blockwise.draft_heads.fc2)
@@ -124,8 +124,8 @@ def test_int8_drafts_are_still_quantized(toy_task, tmp_path):
 
     path = str(tmp_path / "teacher.pt")
     random_teacher(toy_task, 0, path)
-    int8 = speculative(drafter(toy_task, 2, 0), toy_task, path, int8_drafts=True)
-    fp32 = speculative(drafter(toy_task, 2, 0), toy_task, path)
+    int8 = speculative(prepare_for_decoding(drafter(toy_task, 2, 0)), toy_task, path, int8_drafts=True)
+    fp32 = speculative(prepare_for_decoding(drafter(toy_task, 2, 0)), toy_task, path)
     assert type(int8.drafter_decoder.output_projection) is Int8Linear
     assert type(fp32.drafter_decoder.output_projection) is WeightFirstLinear
     assert type(fp32.verifier.decoder.output_projection) is WeightFirstLinear
@@ -262,7 +262,7 @@ def test_the_first_product_chooses_over_the_registered_models(cache_home, monkey
     [
         ("measured", "measured in this run: one pass of the models' products 1.00 ms in W·xᵀ, 2.00 ms in F.linear"),
         ("cache", "measured by an earlier run on this machine (`c.json`): one pass"),
-        ("override", "forced by NAT_LINEAR_LAYOUT (modules"),
+        ("override", "forced by NAT_LINEAR_LAYOUT (engine"),
     ],
 )
 def test_results_md_names_the_layout_and_how_it_was_chosen(source, how):

@@ -33,8 +33,8 @@ from nat_plugins.cli import fertility as fert_cli
 from nat_plugins.criterions import nat_rkl_finetune
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune, NATRKLFinetuneConfig, rkl_loss, without_dropout
-from nat_plugins.generators import fertility_decoding
-from nat_plugins.generators.fertility_decoding import FertilityNATGenerator, first_occurrences
+from nat_plugins.generators import fertility_nat_decoding
+from nat_plugins.generators.fertility_nat_decoding import FertilityNATGenerator, first_occurrences
 from nat_plugins.modules import fertility as fertility_helpers
 from nat_plugins.modules.fertility import cap_total, nat_output, sample_fertilities
 from nat_plugins.modules.log_probs import token_log_probs
@@ -475,7 +475,7 @@ def test_npd_decodes_each_distinct_fertility_sequence_once(fert_data_bin, task, 
         return first_occurrences(fertility)
 
     monkeypatch.setattr(model, "decode", recorded_decode)
-    monkeypatch.setattr(fertility_decoding, "first_occurrences", recorded_first_occurrences)
+    monkeypatch.setattr(fertility_nat_decoding, "first_occurrences", recorded_first_occurrences)
     # an untrained predictor, and lengths capped to 2 tokens so that many of the 8 samples coincide
     gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher, gen={"max_len_b": 2})
     torch.manual_seed(0)
@@ -760,7 +760,7 @@ def test_fertility_helpers_are_shared_from_modules():
             if isinstance(node, ast.ImportFrom)
         ]
         assert not [name for name in imports if "generators" in name], module.__name__
-    for module in (fertility_decoding, nat_rkl_finetune):
+    for module in (fertility_nat_decoding, nat_rkl_finetune):
         for name in ("average_fertility", "cap_total", "ensure_nonempty", "nat_output", "sample_fertilities"):
             assert getattr(module, name) is getattr(fertility_helpers, name), (module.__name__, name)
 

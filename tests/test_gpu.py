@@ -10,7 +10,7 @@ float32, float16 and bfloat16, and the CPU linear layout stays off the GPU.
   maximum-length rules), and the plugin's token there must be less than ``NEAR_TIE`` below fairseq's best; nothing
   is compared after that position. Up to it, positional scores agree to ``NEAR_TIE``. At most ``MAX_DIVERGED`` of
   the sentences may diverge, so that the rule cannot hide a wrong decoder.
-* :mod:`~nat_plugins.modules.cpu_linear`'s W·xᵀ product (a layout for CPU float32) is never computed for models on
+* :mod:`~nat_plugins.engine.cpu_linear`'s W·xᵀ product (a layout for CPU float32) is never computed for models on
   CUDA, whatever their dtype: every generator (blockwise, speculative with its teacher, fairseq's for an AR model
   through translation_nat) decodes through ``F.linear`` there. The probe first sees the layout used on the CPU in
   float32, so it can see it.
@@ -28,7 +28,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
 from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
-from nat_plugins.generators.speculative_decoding import SpeculativeGenerator
+from nat_plugins.generators.spec_drafter_decoding import SpeculativeGenerator
 
 from .test_blockwise import random_model
 from .test_cpu_linear import count_weight_first_products

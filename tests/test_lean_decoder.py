@@ -1,4 +1,4 @@
-"""The lean decoding forward of fairseq's decoder layers (nat_plugins/modules/lean_decoder.py): the same features as
+"""The lean decoding forward of fairseq's decoder layers (nat_plugins/engine/lean_decoder.py): the same features as
 fairseq's layers, with a cache (batches with padding, post-norm and pre-norm) and without one
 (``test_fused_projections_follow_the_weights``), and the cache it leaves is the one fairseq's layers would leave, its
 self-attention and encoder-attention entries alike, after every call, rollback and reorder. Every comparison checks
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
-from nat_plugins.modules.lean_decoder import lean_unsupported
-from nat_plugins.modules.verify_accept import decoder_stack_features, rollback_cache, self_attention_buffers
+from nat_plugins.engine.block_call import decoder_stack_features, rollback_cache, self_attention_buffers
+from nat_plugins.engine.lean_decoder import lean_unsupported
 
 from .test_blockwise import build_model
 from .utils import REPO_ROOT, TINY_TRANSFORMER, random_batch

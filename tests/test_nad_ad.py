@@ -21,9 +21,9 @@ from torch import nn
 
 from nat_plugins.cli import distill
 from nat_plugins.criterions.nad_ad_loss import NADADLoss, nad_targets
+from nat_plugins.engine.cpu_linear import WeightFirstLinear
 from nat_plugins.generators.nad_ad_decoding import NADADGenerator
 from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
-from nat_plugins.modules.cpu_linear import WeightFirstLinear
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
 from .utils import (

@@ -16,7 +16,7 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
-from nat_plugins.generators.speculative_decoding import SpeculativeGenerator
+from nat_plugins.generators.spec_drafter_decoding import SpeculativeGenerator
 from nat_plugins.modules.draft_masks import HIDDEN, draft_attention_mask, every_cut_attention_mask
 
 from .test_blockwise import (

@@ -1,4 +1,4 @@
-"""The static-shape decoder step (nat_plugins/modules/static_cache.py): its features equal a full recomputation by
+"""The static-shape decoder step (nat_plugins/engine/static_cache.py): its features equal a full recomputation by
 fairseq's decoder of the prefixes each sentence accepted, whatever was rejected before, after sentences leave the
 batch, pre- and post-norm; verify-accept decoding uses it wherever it runs the verifier, fairseq's cache elsewhere."""
 
@@ -10,18 +10,18 @@ import torch
 from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
+from nat_plugins.engine.block_call import IncrementalCache
+from nat_plugins.engine.static_cache import StaticCache, static_unsupported
 from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
 from nat_plugins.modules.segments import DEL_SYMBOL
-from nat_plugins.modules.static_cache import StaticCache, static_unsupported
-from nat_plugins.modules.verify_accept import IncrementalCache
 
+from .test_block_call import random_transformer
 from .test_blockwise import MAX_LEN_B, build_model, greedy
 from .test_recover_sat import build_recover_sat
 from .test_recover_sat import decode as recover_sat_decode
 from .test_sat import batch as sat_batch
 from .test_sat import build_sat
 from .test_sat import decode as sat_decode
-from .test_verify_accept import random_transformer
 from .utils import TINY_TRANSFORMER, random_batch, sub_batch, with_task_options
 
 

@@ -167,7 +167,7 @@ class DecoderPassCounter:
     """Counts decoder passes while decoding, with forward pre-hooks on the self-attention layer norm of the first
     layer of every decoder stack (:func:`decoder_stacks`) of the ensemble ``models`` and the generator's
     ``auxiliary`` models: every pass runs it once, through fairseq's layer forward or the lean forward of
-    :mod:`~nat_plugins.modules.lean_decoder` (which does not call the layer itself).
+    :mod:`~nat_plugins.engine.lean_decoder` (which does not call the layer itself).
 
     ``passes`` = the most passes of any ensemble member (members are called together, one pass each per step)
     + the auxiliary models' passes. Not observable (None) when a model has no such decoder layers."""

@@ -16,7 +16,7 @@ import torch
 import nat_plugins
 
 from ..cli.rep_mis import DEFAULT_WINDOW, repeated_ratio
-from ..modules import cpu_linear
+from ..engine import cpu_linear
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
 from .rows import CTRANSLATE2_ROLES, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path
@@ -111,7 +111,7 @@ def run_metadata(
         "distilled_targets": distilled_targets_stats(args.distilled_targets, args.work_dir),
         "ctranslate2_fastest_greedy": fastest and {"latency": fastest[0].name, "throughput": fastest[1].name},
         "ctranslate2_agreement": ctranslate2_agreement(rows),
-        # the layout of the plugin rows' CPU linear layers in this process (modules/cpu_linear.py)
+        # the layout of the plugin rows' CPU linear layers in this process (engine/cpu_linear.py)
         "linear_layout": None if use_cuda or not cpu_linear.MODEL_SHAPES else cpu_linear.choice().to_json(),
     }
 
@@ -366,7 +366,7 @@ def layout_line(meta: dict) -> str:
     return (
         f"- CPU linear layout of the plugin rows and *AR teacher, greedy (plugin layout)*: **{chosen['layout']}** "
         f"({'W·xᵀ' if chosen['layout'] == cpu_linear.WEIGHT_FIRST else 'F.linear, x·Wᵀ'}) at {chosen['threads']} "
-        f"thread{'s' if chosen['threads'] > 1 else ''}, {how}{times} (modules/cpu_linear.py)"
+        f"thread{'s' if chosen['threads'] > 1 else ''}, {how}{times} (engine/cpu_linear.py)"
     )
 
 

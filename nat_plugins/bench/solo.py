@@ -14,7 +14,7 @@ process of its own, in the setting a short measurement picks for it:
 * calibration, per engine: for each runtime family (torch: fairseq and plugin rows; CTranslate2) one process per
   setting times every engine of the family on the first ``--solo-calibration-sentences`` timed sentences (after one
   untimed pass over them); each engine takes the setting of its least median time per sentence. The first torch
-  process at a thread count also chooses the CPU linear layout there (:mod:`nat_plugins.modules.cpu_linear`), which
+  process at a thread count also chooses the CPU linear layout there (:mod:`nat_plugins.engine.cpu_linear`), which
   every later process at that thread count is given (``NAT_LINEAR_LAYOUT``). A run timing fewer sentences than the
   default calibration's 8 (a smoke run) is not calibrated: every engine runs in the runtimes' default setting;
 * rounds: one process per engine, loaded once in its setting, times the same batch-1 block of round ``r`` as every
@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..modules import cpu_linear
+from ..engine import cpu_linear
 from .ctranslate2_rows import ctranslate2_runners
 from .measure import FairseqRunner, generation_cfg, load_split
 from .report import ratio_cell

@@ -11,7 +11,7 @@ drafts must be what exact verification accepts, the teacher's argmax.
 Logged besides ``loss``/``nll_loss`` (per scored slot): ``acc`` (slots whose argmax is the target) and
 ``accepted_drafts``: per cut, how many leading slots are right — on distilled targets the drafts exact
 verification would accept at that prefix, so 1 + ``accepted_drafts`` estimates the tokens per teacher call of
-:mod:`nat_plugins.generators.speculative_decoding` (validation uses the real references, so there it is only a
+:mod:`nat_plugins.generators.spec_drafter_decoding` (validation uses the real references, so there it is only a
 proxy).
 """
 

@@ -10,8 +10,7 @@ import torch
 from fairseq.dataclass.configs import GenerationConfig
 from torch import nn
 
-from ..modules.cpu_linear import use_weight_first_linears
-from ..modules.static_cache import StaticCache
+from ..engine.static_cache import StaticCache
 
 # fairseq generation options no plugin decoder implements, with their "off" values
 UNSUPPORTED_OPTIONS = {
@@ -53,7 +52,7 @@ class PluginGenerator:
         def option(name):
             return getattr(gen_args, name, getattr(GenerationConfig, name))
 
-        self.model = use_weight_first_linears(models[0])  # CPU: faster few-row products (modules/cpu_linear.py)
+        self.model = models[0]
         self.tgt_dict = task.target_dictionary
         self.pad, self.eos, self.unk = self.tgt_dict.pad(), self.tgt_dict.eos(), self.tgt_dict.unk()
         self.beam_size = getattr(gen_args, "beam", self.default_beam)

@@ -14,7 +14,7 @@ Acceptance (§3, §5):
   the drafts can change.
 
 The batched loop and the acceptance rule are :mod:`nat_plugins.generators.verify_accept_loop`, the block call and the
-cache rollback :mod:`nat_plugins.modules.verify_accept` (shared with speculative decoding): sentences of a batch accept
+cache rollback :mod:`nat_plugins.engine.block_call` (shared with speculative decoding): sentences of a batch accept
 different numbers of tokens per step and leave the batch when they end. Exact acceptance prints the hypotheses
 ``fairseq-generate --beam 1`` prints for p1 (up to floating-point near-ties: see the loop's module). Each hypothesis
 also carries ``steps`` (decoder calls for its sentence, the first call on BOS included) and ``mean_accepted_block``
@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from ..modules.cpu_linear import int8_copy
+from ..engine.cpu_linear import int8_copy
 from .verify_accept_loop import VerifyAcceptLoop
 
 

@@ -15,16 +15,13 @@ the benchmark's calls-per-sentence work) and ``hypo["nad_draft"]``: the NAD's ar
 (tokens, EOS and padding excluded), which ``--print-nad-draft`` (task option) has the task print as ``NAD-<id>`` lines
 (:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
 
-Like every model the plugin decodes (the plugin generators, AR models through ``translation_nat``), the models' linear
-layers become :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (faster few-row products on the CPU, the
-same parameters; ``F.linear`` elsewhere), so Encoder-NAD-AD is timed in the layout its AR baseline is timed in.
+Like every model the task decodes, it goes through the decoding engine's switch first
+(:func:`~nat_plugins.engine.prepare_for_decoding`), so Encoder-NAD-AD is timed in the layout of its AR baseline.
 """
 
 import torch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from fairseq.tasks import FairseqTask
-
-from ..modules.cpu_linear import use_weight_first_linears
 
 
 class NADADEnsembleModel(EnsembleModel):
@@ -42,8 +39,7 @@ class NADADEnsembleModel(EnsembleModel):
 class NADADGenerator(SequenceGenerator):
     """fairseq's beam search over the AD with the NAD memory cached like the encoder's (module docstring), built as
     every plugin generator is, ``NADADGenerator(models, task, gen_args)``: fairseq's ``build_generator``
-    turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options. The models' linear layers are
-    made :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (module docstring)."""
+    turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options."""
 
     def __init__(self, models, task, gen_args):
         if getattr(gen_args, "print_alignment", None):
@@ -51,8 +47,6 @@ class NADADGenerator(SequenceGenerator):
         options = FairseqTask.build_generator(
             task, models, gen_args, seq_gen_cls=lambda _models, _tgt_dict, **options: options
         )
-        for model in models:  # CPU decoding: faster few-row products, as for the AR baseline (modules/cpu_linear.py)
-            use_weight_first_linears(model)
         super().__init__(NADADEnsembleModel(models), task.target_dictionary, **options)
 
     @torch.no_grad()

@@ -8,9 +8,9 @@ after it as the next ŷ. With exact acceptance the output is the verifier's gree
 fairseq's ``SequenceGenerator`` with beam 1, token for token, except at floating-point near-ties (two tokens whose
 log-probabilities differ by less than the rounding of fairseq's running score or of the verifier's logits).
 
-The key/value cache is the static step's (:mod:`~nat_plugins.modules.static_cache`: a rejected slot is overwritten
+The key/value cache is the static step's (:mod:`~nat_plugins.engine.static_cache`: a rejected slot is overwritten
 later) or, for decoders it does not run, fairseq's, rolled back per sentence
-(:func:`~nat_plugins.modules.verify_accept.rollback_cache`). A call on k tokens of every sentence costs about k greedy
+(:func:`~nat_plugins.engine.block_call.rollback_cache`). A call on k tokens of every sentence costs about k greedy
 steps once the batch keeps the device busy, so with exact acceptance the loop takes plain greedy steps while more than
 ``--max-drafting-sentences`` sentences are decoding (:meth:`VerifyAcceptLoop.block_width`).
 
@@ -25,10 +25,10 @@ import math
 
 import torch
 
-from ..modules.cpu_linear import int8_decoder_copy
-from ..modules.lean_decoder import lean_unsupported
-from ..modules.static_cache import StaticCache, static_unsupported
-from ..modules.verify_accept import IncrementalCache, decoder_block_features, inexact_verifier
+from ..engine.block_call import IncrementalCache, decoder_block_features, inexact_verifier
+from ..engine.cpu_linear import int8_decoder_copy
+from ..engine.lean_decoder import lean_unsupported
+from ..engine.static_cache import StaticCache, static_unsupported
 from .base import UNSUPPORTED_OPTIONS, PluginGenerator
 
 # the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone. On 2 cores with the
@@ -175,7 +175,7 @@ class VerifyAcceptLoop(PluginGenerator):
         return greedy, best - logsumexp, logits, logsumexp
 
     def new_cache(self, encoder_out, length):
-        """The verifier's cache for a batch: the static step (:mod:`~nat_plugins.modules.static_cache`, ``length``
+        """The verifier's cache for a batch: the static step (:mod:`~nat_plugins.engine.static_cache`, ``length``
         slots per sentence) where it runs the verifier's decoder, else fairseq's ``incremental_state`` rolled back
         after every call."""
         decoder = self.verifier.decoder
@@ -319,10 +319,10 @@ class VerifyAcceptLoop(PluginGenerator):
 class GreedyLoop(VerifyAcceptLoop):
     """An autoregressive model's greedy search as the loop without drafts (block size 1): fairseq's
     ``SequenceGenerator`` with beam 1 token for token, up to floating-point near-ties (see the module), each step
-    one static decoder step (:mod:`~nat_plugins.modules.static_cache`) and an argmax, no per-sentence Python work.
+    one static decoder step (:mod:`~nat_plugins.engine.static_cache`) and an argmax, no per-sentence Python work.
     ``TranslationNATTask.build_generator`` decodes a plain AR model at ``--beam 1`` with it where
     :func:`greedy_loop_refusal` finds nothing against it. ``--int8-decoder``: the greedy output of the model with an
-    int8 copy of its decoder (:func:`~nat_plugins.modules.cpu_linear.int8_decoder_copy`)."""
+    int8 copy of its decoder (:func:`~nat_plugins.engine.cpu_linear.int8_decoder_copy`)."""
 
     name = "greedy search (the plugin's loop)"
 

@@ -25,9 +25,9 @@ from fairseq.models.transformer import (
     transformer_wmt_en_de_big,
 )
 
+from ..engine.block_call import decoder_block_features
 from ..generators.blockwise_decoding import BlockwiseGenerator
 from ..modules.block_heads import BlockHeads
-from ..modules.verify_accept import decoder_block_features
 from .plugin_model import NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
           targets).
         * ``positions`` (B, T): decode ``prev_output_tokens`` as new tokens at these target positions (0 = BOS),
           attending causally among themselves and to every unmasked slot of ``incremental_state``
-          (:func:`~nat_plugins.modules.verify_accept.decoder_block_features`); ``None`` is fairseq's behaviour.
+          (:func:`~nat_plugins.engine.block_call.decoder_block_features`); ``None`` is fairseq's behaviour.
         """
         if positions is None:
             x, extra = self.extract_features(

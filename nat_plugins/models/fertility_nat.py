@@ -19,7 +19,7 @@ Translation"): model ``fertility_nat``.
 
 Targets exclude EOS (the task's fertility convention: fertilities sum to the target length without EOS); the
 generator appends EOS. Training: criterions ``fertility_nat_loss`` and ``nat_rkl_finetune``; decoding:
-:mod:`..generators.fertility_decoding` (``--fertility-decoding argmax|average|npd`` are *task* options, so they
+:mod:`..generators.fertility_nat_decoding` (``--fertility-decoding argmax|average|npd`` are *task* options, so they
 are not frozen into the checkpoint).
 """
 
@@ -35,7 +35,7 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.fertility_decoding import FertilityNATGenerator
+from ..generators.fertility_nat_decoding import FertilityNATGenerator
 from ..modules.nad import (
     FertilityPredictor,
     NonAutoregressiveDecoder,

@@ -8,6 +8,7 @@ from fairseq import checkpoint_utils
 
 from ..modules.teacher import check_teacher_dictionaries
 from ..tasks.translation_nat import TranslationNATTask
+from ..version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ class NATPluginModel:
         except RuntimeError as err:
             if "Error(s) in loading state_dict" not in str(err):
                 raise
-            from .. import __version__
-
             written_by = self.checkpoint_plugin_version or "a version before 0.1.0 or unknown"
             raise ValueError(
                 f"the checkpoint's parameters do not fit the {type(self).__name__} built from its options "

@@ -3,7 +3,7 @@ Speculative Execution for Accelerating Seq2seq Generation", §3 Spec-Drafter): m
 
 A non-autoregressive model that proposes the next k tokens y_{j+1..j+k} of a translation given the source and the
 prefix y_{<=j} accepted so far, in one pass; the AR teacher verifies all k in one call
-(:mod:`nat_plugins.generators.speculative_decoding`), so the output is the teacher's whatever the drafter proposes.
+(:mod:`nat_plugins.generators.spec_drafter_decoding`), so the output is the teacher's whatever the drafter proposes.
 
 * encoder: fairseq's Transformer encoder, initialised from the teacher (``--init-from-ar``; the paper's drafter
   is "deep encoder, shallow decoder");
@@ -32,9 +32,9 @@ from fairseq.models.transformer import (
 )
 from torch import nn
 
-from ..generators.speculative_decoding import SpeculativeGenerator
+from ..engine.block_call import decoder_stack_features, with_cached_columns
+from ..generators.spec_drafter_decoding import SpeculativeGenerator
 from ..modules.draft_masks import draft_attention_mask, every_cut_attention_mask, every_cut_slots
-from ..modules.verify_accept import decoder_stack_features, with_cached_columns
 from .plugin_model import NATPluginModel, logits_at_positions
 
 
@@ -79,7 +79,7 @@ class SpecDrafterDecoder(TransformerDecoder):
         With fairseq's ``incremental_state`` (decoding), the cache holds the prefix read by earlier calls and
         ``prefix_tokens`` are the new prefix tokens only, the first at position ``prefix_start`` (B,), padded after
         ``prefix_lengths``; the call appends P + k slots, of which the caller keeps the new prefix tokens
-        (:func:`~nat_plugins.modules.verify_accept.rollback_cache` with ``prefix_lengths - prefix_start``)."""
+        (:func:`~nat_plugins.engine.block_call.rollback_cache` with ``prefix_lengths - prefix_start``)."""
         if prefix_lengths is None:
             prefix_lengths = prefix_tokens.ne(self.padding_idx).long().sum(dim=1)
         k, (bsz, width), device = self.draft_size, prefix_tokens.shape, prefix_tokens.device

@@ -5,7 +5,7 @@ every position of groups 0..g, :func:`~nat_plugins.modules.sat_masks.relaxed_cau
 decoding, add one whole group (the last K positions) to the key/value cache per call; they differ only in the
 positional part of the input embedding (:meth:`GroupedTransformerDecoder.add_positions`).
 
-Decoding keeps that cache in a :class:`~nat_plugins.modules.static_cache.StaticCache` where the static step runs the
+Decoding keeps that cache in a :class:`~nat_plugins.engine.static_cache.StaticCache` where the static step runs the
 decoder (:meth:`GroupedTransformerDecoder.new_cache`): a group's K slots are written in place and see every slot
 written so far (the relaxed causal mask needs no mask in a step), padded inputs (RecoverSAT's ended segments) hidden as
 fairseq's key padding mask hides them; else in fairseq's ``incremental_state``.
@@ -14,9 +14,9 @@ fairseq's key padding mask hides them; else in fairseq's ``incremental_state``.
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
 
-from .lean_decoder import padding_bias
+from ..engine.lean_decoder import padding_bias
+from ..engine.static_cache import StaticCache, static_unsupported
 from .sat_masks import relaxed_causal_mask
-from .static_cache import StaticCache, static_unsupported
 
 
 class GroupedTransformerDecoder(TransformerDecoderBase):

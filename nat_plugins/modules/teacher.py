@@ -23,7 +23,7 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDecoderModel
 from fairseq.models.nat import FairseqNATModel
 
-from .cpu_linear import use_weight_first_linears
+from ..engine import prepare_for_decoding
 from .log_probs import token_log_probs
 
 logger = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class FrozenTeacher:
         model.eval()
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        self.model = use_weight_first_linears(model)  # CPU decoding: faster few-row products
+        self.model = prepare_for_decoding(model)
         self.cfg = cfg  # the checkpoint's own configuration (the data it was trained on, ...)
         self.option = option
 

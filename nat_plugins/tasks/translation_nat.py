@@ -42,8 +42,8 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from ..compat import PluginCheckpointMarker
+from ..engine import prepare_for_decoding
 from ..generators.verify_accept_loop import CPU_MAX_DRAFTING_SENTENCES, GreedyLoop, greedy_loop_refusal
-from ..modules.cpu_linear import use_weight_first_linears
 from ..modules.teacher import stored_dictionaries
 
 logger = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class TranslationNATConfig(TranslationConfig):
         default=False,
         metadata={"help": "nad_ad_transformer: print the NAD's argmax draft of each sentence as a NAD-<id> line"},
     )
-    # NAT with fertility (fertility_nat, Gu et al. 2018): decoding options (generators/fertility_decoding.py)
+    # NAT with fertility (fertility_nat, Gu et al. 2018): decoding options (generators/fertility_nat_decoding.py)
     fertility_decoding: FERTILITY_DECODING_MODES = field(
         default="argmax",
         metadata={
@@ -454,13 +454,13 @@ class TranslationNATTask(TranslationTask):
         plugin's greedy loop at ``--beam 1`` (:class:`~nat_plugins.generators.verify_accept_loop.GreedyLoop`, where
         :func:`~nat_plugins.generators.verify_accept_loop.greedy_loop_refusal` allows) or fairseq's generator, and
         fairseq's scorer for ``--score-reference`` where the model declares ``scored_by_fairseq``.
-        Every model's linear layers become :class:`~nat_plugins.modules.cpu_linear.WeightFirstLinear` (CPU decoding).
+        Every model goes through the decoding engine's switch first (:func:`~nat_plugins.engine.prepare_for_decoding`).
         A declared generator takes no ``prefix_allowed_tokens_fn`` (the hub's ``generate``): refused."""
         self.check_decoding_options(models[0])
+        for model in models:
+            prepare_for_decoding(model)  # the decoding engine's switch (nat_plugins.engine)
         generator_class = getattr(models[0], "generator_class", None)
         if generator_class is None or (getattr(args, "score_reference", False) and models[0].scored_by_fairseq):
-            for model in models:  # CPU decoding: faster few-row products, as in the plugin's own generators
-                use_weight_first_linears(model)
             extra = dict(seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra_gen_cls_kwargs, **kwargs)
             refusal = greedy_loop_refusal(models, args, **extra) if generator_class is None else "a declared generator"
             if refusal is None:

@@ -1,6 +1,6 @@
 """A lean decoding forward of fairseq's ``TransformerDecoderLayer`` stack: the same parameters and the same
 incremental cache (fairseq's ``incremental_state`` buffers, so
-:func:`~nat_plugins.modules.verify_accept.rollback_cache` and ``reorder_incremental_state`` keep working), computed
+:func:`~nat_plugins.engine.block_call.rollback_cache` and ``reorder_incremental_state`` keep working), computed
 with fewer operations.
 
 At batch size 1 on a CPU, a decoder call on a few tokens of a small model pays per operation as much as for its

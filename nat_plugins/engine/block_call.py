@@ -6,7 +6,7 @@ decoding).
 
 * :func:`decoder_block_features` runs any fairseq ``TransformerDecoder`` (a plain ``transformer`` checkpoint
   included) on several new tokens at explicit positions against its cache (:func:`decoder_stack_features`: the layers
-  on given embeddings; the layers' lean forward, :mod:`~nat_plugins.modules.lean_decoder`, where it supports them);
+  on given embeddings; the layers' lean forward, :mod:`~nat_plugins.engine.lean_decoder`, where it supports them);
 * :func:`rollback_cache` keeps the accepted slots per sentence: the cache stays compact (each row's accepted prefix
   first, as long as the longest prefix, one shared key padding mask; batch 1: exactly the prefix, no mask);
 * :func:`inexact_verifier` says why these functions would not compute a decoder's own features (a decoder or layer
@@ -113,7 +113,7 @@ def decoder_stack_features(
     ``project_in_dim``) at target ``positions`` (B, T), with an additive ``self_attn_mask`` (T, cached + T) and a key
     ``self_attn_padding_mask`` (B, T; appended to the cache's) or None; the new slots are appended to the cache when
     ``incremental_state`` is given. Returns (B, T, d) features (after the final layer norm and ``project_out_dim``).
-    In evaluation the layers run their lean forward (:mod:`~nat_plugins.modules.lean_decoder`) where it supports
+    In evaluation the layers run their lean forward (:mod:`~nat_plugins.engine.lean_decoder`) where it supports
     them; ``lean=False``: fairseq's layer forward (the reference the tests compare with)."""
     if getattr(decoder, "cross_self_attention", False):
         raise ValueError("verify-accept decoding does not support --cross-self-attention")
@@ -204,7 +204,7 @@ def rollback_cache(decoder, incremental_state, num_new, accepted, kept_length=No
 
 
 class IncrementalCache:
-    """fairseq's ``incremental_state`` behind the interface of :class:`~nat_plugins.modules.static_cache.StaticCache`
+    """fairseq's ``incremental_state`` behind the interface of :class:`~nat_plugins.engine.static_cache.StaticCache`
     (for the decoders the static step does not run): :func:`decoder_block_features` calls, :func:`rollback_cache`
     after a call on several tokens, and fairseq's reorder."""
 

@@ -3,21 +3,21 @@ allocated once per batch.
 
 fairseq's incremental cache is a dict of per-layer dicts whose keys and values grow by ``torch.cat`` at every call
 (each call copies the whole cache), and verify-accept decoding must cut rejected slots out of it again
-(:func:`~nat_plugins.modules.verify_accept.rollback_cache`: a gather per layer at batch > 1). Here every layer's
+(:func:`~nat_plugins.engine.block_call.rollback_cache`: a gather per layer at batch > 1). Here every layer's
 self-attention keys and values live in (B, heads, L, d) buffers, L the batch's longest output + the block: a token at
 target position p is written into slot p in place, and a query at slot p attends to the slots <= p of its own
 sentence. A rejected draft needs no rollback (its slot is overwritten when that position is decoded again, and no
 query attends past its own slot in the meantime); a sentence leaving the batch is an index on the buffers'
 first dimension; the encoder's keys, values and padding mask are computed once per batch. The layers are those of
-:mod:`~nat_plugins.modules.lean_decoder` (fused q/k/v product, ``scaled_dot_product_attention``, no attention
+:mod:`~nat_plugins.engine.lean_decoder` (fused q/k/v product, ``scaled_dot_product_attention``, no attention
 weights), so the features equal fairseq's up to rounding (tests/test_static_cache.py) and the decoders it runs are
-those :func:`~nat_plugins.modules.lean_decoder.lean_unsupported` accepts, in evaluation.
+those :func:`~nat_plugins.engine.lean_decoder.lean_unsupported` accepts, in evaluation.
 """
 
 import torch
 
+from .block_call import layer_inputs, layer_outputs
 from .lean_decoder import attend, feed_forward, lean_unsupported, padding_bias, project_qkv, residual_block, split_heads
-from .verify_accept import layer_inputs, layer_outputs
 
 
 def static_unsupported(decoder, encoder_out):

@@ -33,16 +33,16 @@ import math
 
 import torch
 
-from ..modules.cpu_linear import int8_copy
+from ..engine.block_call import inexact_verifier, rollback_cache
+from ..engine.cpu_linear import int8_copy
 from ..modules.teacher import TEACHER_FIX, FrozenTeacher
-from ..modules.verify_accept import inexact_verifier, rollback_cache
 from .verify_accept_loop import VerifyAcceptLoop
 
 
 def check_teacher(teacher, path, option="--speculative-teacher"):
     """Refuse a teacher (:class:`~nat_plugins.modules.teacher.FrozenTeacher`, which refused non-autoregressive
     checkpoints and other dictionaries) whose decoder the verifier would not reproduce exactly
-    (:func:`~nat_plugins.modules.verify_accept.inexact_verifier`)."""
+    (:func:`~nat_plugins.engine.block_call.inexact_verifier`)."""
     reason = inexact_verifier(teacher.model.decoder)
     if reason is not None:
         raise ValueError(
@@ -136,7 +136,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
 
         The drafter's cache holds the prefix it read in its last call; it reads the tokens accepted since and ŷ_{j+1}
         (the k+1 a drafting step adds at most, more after greedy steps of the loop; with batch size 1 exactly those)
-        and its k queries, then drops the queries from its cache (:func:`~nat_plugins.modules.verify_accept.
+        and its k queries, then drops the queries from its cache (:func:`~nat_plugins.engine.block_call.
         rollback_cache`)."""
         decoder, width = self.drafter_decoder, tokens.size(1)
         if self.drafted_width is None:

@@ -1,5 +1,5 @@
 """The shared verify-accept machinery (nat_plugins/generators/verify_accept_loop.py and the decoder helpers of
-nat_plugins/modules/verify_accept.py) on a plain fairseq ``transformer`` verifier, as speculative decoding uses it:
+nat_plugins/engine/block_call.py) on a plain fairseq ``transformer`` verifier, as speculative decoding uses it:
 exact acceptance == the verifier's greedy decoding whatever the drafts (batched and alone, cache on and off), and
 drafts that are always right are accepted k per call."""
 
@@ -11,13 +11,13 @@ import torch
 from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.sequence_generator import SequenceGenerator
 
-from nat_plugins.generators.verify_accept_loop import VerifyAcceptLoop
-from nat_plugins.modules.verify_accept import (
+from nat_plugins.engine.block_call import (
     cached_length,
     decoder_block_features,
     rollback_cache,
     target_position_embeddings,
 )
+from nat_plugins.generators.verify_accept_loop import VerifyAcceptLoop
 
 from .test_blockwise import MAX_LEN_B, build_model, greedy
 from .utils import TINY_TRANSFORMER, random_batch, sub_batch
