@@ -13,10 +13,9 @@ from typing import Callable, Dict, List, Optional
 import fairseq
 import torch
 
-import nat_plugins
-
 from ..cli.rep_mis import DEFAULT_WINDOW, repeated_ratio
 from ..engine import cpu_linear
+from ..version import __version__
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
 from .rows import CTRANSLATE2_ROLES, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkError, Row, relative_path
@@ -90,7 +89,7 @@ def run_metadata(
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "device": device_name(use_cuda),
         **library_versions(),
-        "nat_plugins": nat_plugins.__version__,
+        "nat_plugins": __version__,
         "precision": "fp16" if args.fp16 else "fp32",
         "data_bin": relative_path(args.data_bin, args.work_dir),
         "gen_subset": args.gen_subset,

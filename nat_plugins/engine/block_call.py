@@ -1,31 +1,31 @@
-"""The decoder-level machinery of verify-accept decoding: a fairseq ``TransformerDecoder`` run on several new tokens
-at explicit positions against its incremental key/value cache in one call, and that cache rolled back per sentence to
-the tokens it accepted. The batched loop that uses them is
-:class:`~nat_plugins.generators.verify_accept_loop.VerifyAcceptLoop` (blockwise parallel decoding and speculative
-decoding).
+"""A fairseq ``TransformerDecoder`` run on several new tokens per sentence, at explicit positions, against its
+incremental key/value cache in one call, and that cache rolled back per sentence to the tokens it accepted. Called by
+the verify-accept loop (nat_plugins/generators/verify_accept_loop.py: blockwise parallel and speculative decoding, on
+the decoders :mod:`.static_cache` does not run) and by the blockwise and spec_drafter models' decoders.
 
 * :func:`decoder_block_features` runs any fairseq ``TransformerDecoder`` (a plain ``transformer`` checkpoint
-  included) on several new tokens at explicit positions against its cache (:func:`decoder_stack_features`: the layers
-  on given embeddings; the layers' lean forward, :mod:`~nat_plugins.engine.lean_decoder`, where it supports them);
+  included) on the new tokens (:func:`decoder_stack_features`: the layers on given embeddings, through
+  :mod:`.lean_decoder` where it supports them);
 * :func:`rollback_cache` keeps the accepted slots per sentence: the cache stays compact (each row's accepted prefix
   first, as long as the longest prefix, one shared key padding mask; batch 1: exactly the prefix, no mask);
 * :func:`inexact_verifier` says why these functions would not compute a decoder's own features (a decoder or layer
-  class other than fairseq's, which may add sublayers or change the forward), so that such a verifier is refused
-  rather than silently approximated.
+  class other than fairseq's, which may add sublayers), so that such a verifier is refused, not silently approximated.
 """
+
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 from fairseq.models.transformer import TransformerDecoder, TransformerDecoderBase
 from fairseq.modules import SinusoidalPositionalEmbedding
 
-from .lean_decoder import FAIRSEQ_DECODER_LAYERS, lean_layer_stack, lean_unsupported
+from .lean_decoder import FAIRSEQ_DECODER_LAYERS, IncrementalState, lean_layer_stack, lean_unsupported
 
 # the decoder classes whose forward decoder_stack_features recomputes: fairseq's Transformer decoder (not a subclass)
 FAIRSEQ_DECODERS = (TransformerDecoderBase, TransformerDecoder)
 
 
-def target_position_embeddings(decoder, positions):
+def target_position_embeddings(decoder: TransformerDecoderBase, positions: torch.Tensor) -> torch.Tensor:
     """Positional embeddings of explicit target ``positions`` (0 = BOS; fairseq numbers position p as
     padding_idx + 1 + p)."""
     index = positions + decoder.padding_idx + 1
@@ -39,7 +39,7 @@ def target_position_embeddings(decoder, positions):
     return F.embedding(index, embed.weight)
 
 
-def inexact_verifier(decoder):
+def inexact_verifier(decoder: TransformerDecoderBase) -> Optional[str]:
     """Why :func:`decoder_block_features` would not compute ``decoder``'s own features (a string naming the class or
     option), or None when it computes what fairseq's forward computes (up to rounding): for fairseq's
     ``TransformerDecoder`` with fairseq's ``TransformerDecoderLayer`` layers, not subclasses, without
@@ -56,12 +56,14 @@ def inexact_verifier(decoder):
     return None
 
 
-def self_attention_buffers(decoder, incremental_state):
+def self_attention_buffers(
+    decoder: TransformerDecoderBase, incremental_state: IncrementalState
+) -> List[Dict[str, Optional[torch.Tensor]]]:
     """The self-attention cache of every layer of ``decoder`` (fairseq's dicts, edited in place)."""
     return [layer.self_attn._get_input_buffer(incremental_state) for layer in decoder.layers]
 
 
-def cached_length(decoder, incremental_state):
+def cached_length(decoder: TransformerDecoderBase, incremental_state: Optional[IncrementalState]) -> int:
     """Number of slots in ``decoder``'s self-attention cache (0 without one)."""
     if incremental_state is None:
         return 0
@@ -69,12 +71,18 @@ def cached_length(decoder, incremental_state):
     return saved["prev_key"].size(2) if "prev_key" in saved else 0
 
 
-def cached_padding_mask(decoder, incremental_state):
-    """The key padding mask of ``decoder``'s self-attention cache (B, slots; 1 = hidden), None when none is stored."""
+def cached_padding_mask(decoder: TransformerDecoderBase, incremental_state: IncrementalState) -> Optional[torch.Tensor]:
+    """The key padding mask of ``decoder``'s self-attention cache ((B, slots), 1 = hidden), None when none is stored."""
     return decoder.layers[0].self_attn._get_input_buffer(incremental_state).get("prev_key_padding_mask")
 
 
-def decoder_block_features(decoder, tokens, positions, encoder_out, incremental_state):
+def decoder_block_features(
+    decoder: TransformerDecoderBase,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    encoder_out: Optional[Dict[str, List[torch.Tensor]]],
+    incremental_state: Optional[IncrementalState],
+) -> torch.Tensor:
     """Output of a fairseq ``TransformerDecoder`` for new ``tokens`` (B, T) at target ``positions`` (B, T), one call.
 
     fairseq's incremental path feeds one token per call (the last of ``prev_output_tokens``); verify-accept feeds
@@ -97,7 +105,9 @@ def decoder_block_features(decoder, tokens, positions, encoder_out, incremental_
     )
 
 
-def with_cached_columns(decoder, incremental_state, self_attn_mask):
+def with_cached_columns(
+    decoder: TransformerDecoderBase, incremental_state: Optional[IncrementalState], self_attn_mask: torch.Tensor
+) -> torch.Tensor:
     """An additive self-attention mask (T, T) among T new slots, widened to (T, cached + T): every cached slot
     visible (the cache's key padding mask hides those a sentence does not use)."""
     cached = cached_length(decoder, incremental_state)
@@ -107,9 +117,16 @@ def with_cached_columns(decoder, incremental_state, self_attn_mask):
 
 
 def decoder_stack_features(
-    decoder, embedded, positions, encoder_out, incremental_state, self_attn_mask, self_attn_padding_mask, lean=True
-):
-    """The layers of a fairseq ``TransformerDecoder`` on ``embedded`` inputs (B, T, C: scaled embeddings, before
+    decoder: TransformerDecoderBase,
+    embedded: torch.Tensor,
+    positions: torch.Tensor,
+    encoder_out: Optional[Dict[str, List[torch.Tensor]]],
+    incremental_state: Optional[IncrementalState],
+    self_attn_mask: Optional[torch.Tensor],
+    self_attn_padding_mask: Optional[torch.Tensor],
+    lean: bool = True,
+) -> torch.Tensor:
+    """The layers of a fairseq ``TransformerDecoder`` on ``embedded`` inputs ((B, T, C): scaled embeddings, before
     ``project_in_dim``) at target ``positions`` (B, T), with an additive ``self_attn_mask`` (T, cached + T) and a key
     ``self_attn_padding_mask`` (B, T; appended to the cache's) or None; the new slots are appended to the cache when
     ``incremental_state`` is given. Returns (B, T, d) features (after the final layer norm and ``project_out_dim``).
@@ -141,7 +158,7 @@ def decoder_stack_features(
     return layer_outputs(decoder, x)
 
 
-def layer_inputs(decoder, embedded, positions):
+def layer_inputs(decoder: TransformerDecoderBase, embedded: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """A fairseq ``TransformerDecoder``'s layer input (before dropout) from scaled token embeddings (B, T, C) at
     target ``positions`` (B, T): ``project_in_dim``, positional embeddings, ``layernorm_embedding``."""
     x = embedded
@@ -154,7 +171,7 @@ def layer_inputs(decoder, embedded, positions):
     return x
 
 
-def layer_outputs(decoder, x):
+def layer_outputs(decoder: TransformerDecoderBase, x: torch.Tensor) -> torch.Tensor:
     """A fairseq ``TransformerDecoder``'s features from its last layer's output ``x``: the final layer norm and
     ``project_out_dim``."""
     if decoder.layer_norm is not None:
@@ -164,9 +181,15 @@ def layer_outputs(decoder, x):
     return x
 
 
-def rollback_cache(decoder, incremental_state, num_new, accepted, kept_length=None):
+def rollback_cache(
+    decoder: TransformerDecoderBase,
+    incremental_state: IncrementalState,
+    num_new: int,
+    accepted: torch.Tensor,
+    kept_length: Optional[int] = None,
+) -> None:
     """Keep the first ``accepted[b]`` of the ``num_new`` slots the last call appended to ``decoder``'s cache for
-    sentence b (``accepted`` (B,) long).
+    sentence b (``accepted``: (B,), long).
 
     The cache stays compact: sentence b's slots are the first ones of its row (its accepted prefix, BOS included),
     the row is as long as the longest sentence's prefix, and the stored key padding mask (one tensor for every
@@ -208,18 +231,26 @@ class IncrementalCache:
     (for the decoders the static step does not run): :func:`decoder_block_features` calls, :func:`rollback_cache`
     after a call on several tokens, and fairseq's reorder."""
 
-    def __init__(self, decoder):
+    def __init__(self, decoder: TransformerDecoderBase) -> None:
         self.decoder, self.state = decoder, {}
 
-    def step(self, tokens, positions, slots, used, encoder_out):
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        used: int,
+        encoder_out: Optional[Dict[str, List[torch.Tensor]]],
+    ) -> torch.Tensor:
         """:func:`decoder_block_features` (the cache is compact: ``slots`` and ``used`` are not needed)."""
         return decoder_block_features(self.decoder, tokens, positions, encoder_out, self.state)
 
-    def accept(self, width, accepted, kept_length):
+    def accept(self, width: int, accepted: torch.Tensor, kept_length: int) -> None:
         """After a call on ``width`` tokens per sentence, keep ``accepted`` (B,) of them (``kept_length``: the
         longest kept prefix)."""
         if width > 1:  # a one-token call accepts its token
             rollback_cache(self.decoder, self.state, width, accepted, kept_length=kept_length)
 
-    def reorder(self, keep):
+    def reorder(self, keep: torch.Tensor) -> None:
+        """Keep sentences ``keep`` (indices into the batch), in that order (fairseq's reorder)."""
         self.decoder.reorder_incremental_state_scripting(self.state, keep)

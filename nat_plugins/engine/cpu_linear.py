@@ -1,24 +1,21 @@
-"""Linear layers of decoding on a CPU, where a call multiplies a few rows by every weight matrix and the weights come
-from memory, not from the cache.
+"""Linear layers of decoding on a CPU, where a call multiplies a few rows by every weight matrix. Called through
+:func:`~nat_plugins.engine.prepare_for_decoding` (every ``nn.Linear`` of a decoded model), by the lean layers
+(:func:`linear`) and by the generators' ``--int8-drafts``/``--int8-decoder`` (:func:`int8_copy`,
+:func:`int8_decoder_copy`).
 
 * :class:`WeightFirstLinear` computes the product in the layout this machine runs faster (:func:`layout`): W·xᵀ
-  (:func:`weight_first_linear`) or torch's ``F.linear`` (x·Wᵀ, BLAS with the weight as the transposed right operand).
-  W·xᵀ was several times faster for few-row products on one AMD CPU (docs/design-notes.md,
-  ``dev/bench_linear_layout.py``): one row takes BLAS's matrix-vector path either way unless it is passed as two equal
-  columns, which pays only for big weights; from a few hundred rows on the two orders cost about the same. On an Intel
-  Xeon the teacher decoded in W·xᵀ ran 0.74× fairseq's own, hence the measurement. Every output is the same dot product,
-  so results change by rounding only. Training (gradients enabled), other devices and dtypes keep ``F.linear``. Plugin
-  generators, frozen teachers and models decoded through ``translation_nat`` use it (:func:`use_weight_first_linears`).
+  (:func:`weight_first_linear`) or torch's ``F.linear`` (x·Wᵀ). Every output is the same dot product, so results
+  change by rounding only; training (gradients enabled), other devices and dtypes keep ``F.linear``. Why, and what it
+  gains on which CPU: see docs/design-notes.md, *CPU linear layers*.
 * :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft;
   :func:`int8_decoder_copy` (``--int8-decoder``): a model whose decoder is such a copy.
 
-The layout (environment variable ``NAT_LINEAR_LAYOUT``): ``auto`` (the default) measures both at the first product on
-the CPU, at torch's thread count then: one pass over every linear layer of each model given to
-:func:`use_weight_first_linears` (random weights of their shapes, one row and :data:`FEW_ROWS` rows, as greedy and
-verify-accept steps multiply), each layout timed :data:`REPEATS` times interleaved, the median pass wins. The choice is
-kept for the process (per thread count) and on disk (``$XDG_CACHE_HOME/nat_plugins/linear_layout.json``, by default
-under ``~/.cache``), keyed by the CPU model, torch version, thread count and the models' weight shapes, so the
-processes of one benchmark decide alike; delete the file to measure again. ``weight-first`` or ``torch`` forces one.
+The layout (environment variable ``NAT_LINEAR_LAYOUT``): ``auto`` (the default) times both at the first product on the
+CPU, at torch's thread count then (:func:`time_layouts`: the linear layers of every model given to
+:func:`use_weight_first_linears`, one row and :data:`FEW_ROWS` rows), and keeps the choice for the process and on disk
+(``$XDG_CACHE_HOME/nat_plugins/linear_layout.json``, by default under ``~/.cache``; keyed by CPU model, torch version,
+thread count and weight shapes, so the processes of one benchmark decide alike; delete the file to measure again).
+``weight-first`` or ``torch`` forces one.
 """
 
 import copy
@@ -30,16 +27,16 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# from about this many rows on, W·xᵀ is no faster than F.linear (docs/design-notes.md)
+# from about this many rows on, W·xᵀ is no faster than F.linear (docs/design-notes.md, *CPU linear layers*)
 MAX_ROWS = 256
 # one row is a matrix-vector product either way; as two columns it gains only on big weights such as the output
-# projection (dev/bench_linear_layout.py)
+# projection (same note)
 MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 
 LAYOUT_ENV = "NAT_LINEAR_LAYOUT"
@@ -64,7 +61,7 @@ class LayoutChoice:
     torch_version: str = ""
     cache_file: Optional[str] = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Dict[str, Any]:
         return asdict(self)
 
 
@@ -73,7 +70,7 @@ CHOICES: Dict[int, LayoutChoice] = {}  # this process's layout per torch thread 
 MODEL_SHAPES: Dict[Tuple[Tuple[int, int, bool], ...], None] = {}
 
 
-def weight_first_linear(x, weight, bias=None):
+def weight_first_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` in the W·xᵀ layout: (W·xᵀ)ᵀ, a transposed view, for 2..:data:`MAX_ROWS` rows
     (and for one row, as two equal columns, when the weight has at least :data:`MIN_WEIGHT_FOR_ONE_ROW` entries);
     ``F.linear`` for the other row counts."""
@@ -82,7 +79,7 @@ def weight_first_linear(x, weight, bias=None):
     if 1 < num_rows <= MAX_ROWS:
         # xᵀ as a transposed view of row-major rows: BLAS reads it column-major, the fast case. Rows that are
         # themselves a transposed product (another such layer's output: fc1 -> fc2) are copied row-major first:
-        # read as they lie, BLAS takes its slow path (dev/bench_linear_layout.py)
+        # read as they lie, BLAS takes its slow path (docs/design-notes.md, *CPU linear layers*)
         product = weight_first(weight, bias, rows.contiguous().t())
     elif num_rows == 1 and weight.numel() >= MIN_WEIGHT_FOR_ONE_ROW:
         product = weight_first(weight, bias, rows.repeat(2, 1).t())[:1]  # two equal columns: the matrix-matrix path
@@ -91,8 +88,8 @@ def weight_first_linear(x, weight, bias=None):
     return product if x.dim() == 2 else product.view(*x.shape[:-1], weight.size(0))
 
 
-def weight_first(weight, bias, columns):
-    """(W·columns + b)ᵀ: rows x out_features, a transposed view."""
+def weight_first(weight: torch.Tensor, bias: Optional[torch.Tensor], columns: torch.Tensor) -> torch.Tensor:
+    """(W·columns + b)ᵀ, (rows, out_features): a transposed view."""
     if bias is None:
         return torch.mm(weight, columns).t()
     return torch.addmm(bias.unsqueeze(1), weight, columns).t()
@@ -101,7 +98,7 @@ def weight_first(weight, bias, columns):
 PRODUCTS: Dict[str, Callable] = {WEIGHT_FIRST: weight_first_linear, TORCH: F.linear}
 
 
-def linear(x, weight, bias=None):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; for float32 on the CPU without gradients computed in this machine's layout
     (:func:`layout`)."""
     if not x.is_cpu or x.dtype is not torch.float32 or torch.is_grad_enabled():
@@ -109,14 +106,14 @@ def linear(x, weight, bias=None):
     return PRODUCTS[layout(weight)](x, weight, bias)
 
 
-def layout(weight) -> str:
+def layout(weight: torch.Tensor) -> str:
     """The layout of :func:`linear` at torch's current thread count (:func:`choice`; ``weight``: the product asking,
     measured alone when no model was registered)."""
     chosen = CHOICES.get(torch.get_num_threads())
     return (chosen or choice(weight)).layout
 
 
-def choice(weight=None) -> LayoutChoice:
+def choice(weight: Optional[torch.Tensor] = None) -> LayoutChoice:
     """This process's layout at torch's current thread count, chosen once (:func:`choose`) over the linear layers of
     every model given to :func:`use_weight_first_linears` so far, else over ``weight`` alone; kept for the process
     (a model registered later does not change it)."""
@@ -129,7 +126,9 @@ def choice(weight=None) -> LayoutChoice:
     return CHOICES[threads]
 
 
-def choose(shapes: List[Tuple[int, int, bool]], threads: int, clock: Callable[[], float] = time.perf_counter):
+def choose(
+    shapes: List[Tuple[int, int, bool]], threads: int, clock: Callable[[], float] = time.perf_counter
+) -> LayoutChoice:
     """The :class:`LayoutChoice` for products of the weight ``shapes`` (out, in, bias) at ``threads`` threads: the one
     ``NAT_LINEAR_LAYOUT`` forces; else the one cached for this CPU model, torch version, thread count and shapes;
     else W·xᵀ where :func:`time_layouts` times it faster than ``F.linear``, cached."""
@@ -162,7 +161,9 @@ def choose(shapes: List[Tuple[int, int, bool]], threads: int, clock: Callable[[]
     )
 
 
-def time_layouts(shapes: List[Tuple[int, int, bool]], clock: Callable[[], float] = time.perf_counter):
+def time_layouts(
+    shapes: List[Tuple[int, int, bool]], clock: Callable[[], float] = time.perf_counter
+) -> Dict[str, float]:
     """Median seconds of one pass of each layout (:data:`PRODUCTS`) over one weight per shape of ``shapes`` (out, in,
     bias; random values), at one row and at :data:`FEW_ROWS` rows: one untimed pass each, then :data:`REPEATS` timed
     passes each, the layouts alternating which goes first."""
@@ -173,7 +174,7 @@ def time_layouts(shapes: List[Tuple[int, int, bool]], clock: Callable[[], float]
     ]
     inputs = [torch.randn(rows, weight.size(1), generator=generator) for rows in (1, FEW_ROWS) for weight, _ in layers]
 
-    def one_pass(product):
+    def one_pass(product: Callable[..., torch.Tensor]) -> None:
         for x, (weight, bias) in zip(inputs, layers + layers):
             product(x, weight, bias)
 
@@ -211,7 +212,7 @@ def cache_key(shapes: List[Tuple[int, int, bool]], threads: int) -> str:
     return f"{cpu_model()} | torch {torch.__version__} | {threads} threads | shapes {digest}"
 
 
-def read_cache(path: str) -> dict:
+def read_cache(path: str) -> Dict[str, Any]:
     """The cached choices (an empty dict when the file is missing or unreadable)."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -220,7 +221,7 @@ def read_cache(path: str) -> dict:
         return {}
 
 
-def write_cache(path: str, key: str, entry: dict):
+def write_cache(path: str, key: str, entry: Dict[str, Any]) -> None:
     """Add ``entry`` under ``key`` (written to a temporary file, then renamed: a reader never sees half a file); an
     unwritable cache only costs a measurement per process."""
     entries = {**read_cache(path), key: entry}
@@ -236,11 +237,11 @@ def write_cache(path: str, key: str, entry: dict):
 class WeightFirstLinear(nn.Linear):
     """``nn.Linear`` computed by :func:`linear`."""
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
 
 
-def use_weight_first_linears(module):
+def use_weight_first_linears(module: nn.Module) -> nn.Module:
     """Make every ``nn.Linear`` of ``module`` a :class:`WeightFirstLinear`, in place (the same parameters, state dict
     and results up to rounding; idempotent), and register its layers' shapes for the choice of the layout
     (:func:`choice`); returns ``module``."""
@@ -254,7 +255,7 @@ def use_weight_first_linears(module):
     return module
 
 
-def int8_copy(module, owner, option="--int8-drafts"):
+def int8_copy(module: nn.Module, owner: str, option: str = "--int8-drafts") -> nn.Module:
     """A copy of ``module`` whose linear layers hold int8 weights (torch's dynamic quantization: activations
     quantized per call, int8 matrix products on the CPU), for layers that only draft (``--int8-drafts``) or a
     decoder decoded in int8 (``--int8-decoder``): on a CPU a small model's decoding step is bound by reading weights,
@@ -273,7 +274,7 @@ def int8_copy(module, owner, option="--int8-drafts"):
     return torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
-def int8_decoder_copy(model, owner, option):
+def int8_decoder_copy(model: nn.Module, owner: str, option: str) -> nn.Module:
     """``model`` with an int8 copy of its decoder (:func:`int8_copy`), everything else shared: the model of
     ``--int8-decoder``, whose output is the int8 decoder's greedy output, not the float32 model's."""
     copied = copy.copy(model)

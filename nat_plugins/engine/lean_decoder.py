@@ -1,26 +1,26 @@
-"""A lean decoding forward of fairseq's ``TransformerDecoderLayer`` stack: the same parameters and the same
-incremental cache (fairseq's ``incremental_state`` buffers, so
-:func:`~nat_plugins.engine.block_call.rollback_cache` and ``reorder_incremental_state`` keep working), computed
-with fewer operations.
+"""A lean evaluation forward of fairseq's ``TransformerDecoderLayer`` stack: the same parameters and the same
+incremental cache (fairseq's ``incremental_state`` buffers, so :func:`~.block_call.rollback_cache` and
+``reorder_incremental_state`` keep working), computed with fewer operations. Called by :mod:`.block_call` (the
+verify-accept verifier, the speculative drafter) and :mod:`.static_cache` (whose layers these are).
 
-At batch size 1 on a CPU, a decoder call on a few tokens of a small model pays per operation as much as for its
-arithmetic: fairseq's ``MultiheadAttention`` reshapes between (T, B, C) and (B·heads, T, d) and checks its inputs in
-Python on every call, and its encoder attention also averages attention weights over heads (``need_weights`` in
-evaluation). This forward keeps (B, T, C) throughout, projects q, k and v in one product (their weights concatenated
-once, :func:`fused_projections`), attends with ``F.scaled_dot_product_attention`` (one call for q·kᵀ, mask, softmax
-and ·v), keeps the encoder's padding as an additive mask in the cache (none when the batch has no padding) and
-computes no attention weights. Its features equal fairseq's up to rounding (tests/test_lean_decoder.py),
-as those of one call on several new tokens already differ from fairseq's token-by-token calls; verify-accept decoding
-runs its verifier and the speculative drafter with it.
+It keeps (B, T, C) throughout instead of fairseq's (T, B, C) <-> (B·heads, T, d) reshapes and Python input checks,
+projects q, k and v in one product (:func:`fused_projections`), attends with ``F.scaled_dot_product_attention``, keeps
+the encoder's padding as an additive mask in the cache and computes no attention weights: at batch 1 on a CPU a call
+pays per operation as much as for its arithmetic (docs/design-notes.md, *What a decoder call costs at batch 1*).
+Features equal fairseq's up to rounding (tests/test_lean_decoder.py; near-ties: the module docstring of
+nat_plugins/generators/verify_accept_loop.py).
 
-Layers with features it does not implement (a layer class other than fairseq's ``TransformerDecoderLayer``, whose extra
-sublayers it would skip; NormFormer's extra norms and scales, ``--cross-self-attention``, bias key/values, zero
-attention, xformers, a query scaling other than fairseq's head_dim ** -0.5) are reported by :func:`lean_unsupported`,
-and callers keep the layers' own forward; in training (dropout) fairseq's forward runs too.
+Layers it does not implement (a layer class other than fairseq's, whose extra sublayers it would skip; NormFormer's
+norms and scales, ``--cross-self-attention``, bias key/values, zero attention, xformers, a query scaling other than
+head_dim ** -0.5) are reported by :func:`lean_unsupported`; callers then keep fairseq's forward, as in training.
 """
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.modules import MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayer, TransformerDecoderLayerBase
 from torch import nn
 
@@ -28,9 +28,11 @@ from .cpu_linear import linear
 
 # the layer classes this forward implements: fairseq's Transformer decoder layer (a subclass may add sublayers)
 FAIRSEQ_DECODER_LAYERS = (TransformerDecoderLayerBase, TransformerDecoderLayer)
+# fairseq's incremental cache: per attention module, its buffers (prev_key, prev_value, prev_key_padding_mask, ...)
+IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
 
 
-def lean_unsupported(decoder):
+def lean_unsupported(decoder: TransformerDecoderBase) -> Optional[str]:
     """Why the lean forward cannot run ``decoder``'s layers (a string), or None when it can."""
     for index, layer in enumerate(decoder.layers):
         if type(layer) not in FAIRSEQ_DECODER_LAYERS:
@@ -54,12 +56,18 @@ def lean_unsupported(decoder):
     return None
 
 
-def split_heads(x, attention):
+def split_heads(x: torch.Tensor, attention: MultiheadAttention) -> torch.Tensor:
     """(B, T, C) -> (B, heads, T, head_dim)."""
     return x.view(x.size(0), x.size(1), attention.num_heads, attention.head_dim).transpose(1, 2)
 
 
-def attend(attention, queries, keys, values, bias):
+def attend(
+    attention: MultiheadAttention,
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: Optional[torch.Tensor],
+) -> torch.Tensor:
     """``attention``'s output projection of softmax(q·kᵀ·scaling + bias)·v for (B, heads, T, d) ``queries`` and
     (B, heads, S, d) keys and values; ``bias``: an additive mask broadcast to (B, heads, T, S), or None. The scaling is
     ``F.scaled_dot_product_attention``'s default, d ** -0.5, which is fairseq's (:func:`lean_unsupported` checks it):
@@ -68,8 +76,8 @@ def attend(attention, queries, keys, values, bias):
     return attention.out_proj(x.transpose(1, 2).flatten(2))
 
 
-def fused_projections(attention):
-    """The q, k and v projections of ``attention`` as one (3C x C) weight and bias, concatenated once and again when
+def fused_projections(attention: MultiheadAttention) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The q, k and v projections of ``attention`` as one (3C, C) weight and bias, concatenated once and again when
     one of them changes (another tensor or an in-place update); None unless all three are plain ``nn.Linear`` layers
     with biases (int8 copies are not)."""
     layers = (attention.q_proj, attention.k_proj, attention.v_proj)
@@ -86,7 +94,7 @@ def fused_projections(attention):
     return cached[1:]
 
 
-def project_qkv(attention, x):
+def project_qkv(attention: MultiheadAttention, x: torch.Tensor) -> List[torch.Tensor]:
     """q, k and v of ``x`` (B, T, C), each (B, heads, T, d); one product where :func:`fused_projections` allows."""
     fused = fused_projections(attention)
     if fused is None:
@@ -96,14 +104,20 @@ def project_qkv(attention, x):
     return [split_heads(part, attention) for part in projected]
 
 
-def padding_bias(mask, reference):
+def padding_bias(mask: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
     """A key padding ``mask`` (B, S; nonzero = hidden) as an additive (B, 1, 1, S) mask."""
     return torch.zeros(mask.shape, dtype=reference.dtype, device=reference.device).masked_fill_(
         mask.bool(), float("-inf")
     )[:, None, None, :]
 
 
-def self_attention(layer, x, incremental_state, attn_mask, padding_mask):
+def self_attention(
+    layer: TransformerDecoderLayerBase,
+    x: torch.Tensor,
+    incremental_state: Optional[IncrementalState],
+    attn_mask: Optional[torch.Tensor],
+    padding_mask: Optional[torch.Tensor],
+) -> torch.Tensor:
     """``layer``'s self-attention on the new slots ``x`` (B, T, C), appended to its cache (fairseq's layout:
     keys/values (B, heads, S, d), key padding mask (B, S) float or absent)."""
     attention = layer.self_attn
@@ -127,7 +141,13 @@ def self_attention(layer, x, incremental_state, attn_mask, padding_mask):
     return attend(attention, queries, keys, values, bias)
 
 
-def encoder_attention(layer, x, enc, enc_padding_mask, incremental_state):
+def encoder_attention(
+    layer: TransformerDecoderLayerBase,
+    x: torch.Tensor,
+    enc: torch.Tensor,
+    enc_padding_mask: Optional[torch.Tensor],
+    incremental_state: Optional[IncrementalState],
+) -> torch.Tensor:
     """``layer``'s encoder attention; the encoder's keys and values are computed once and kept in the cache."""
     attention = layer.encoder_attn
     saved = attention._get_input_buffer(incremental_state) if incremental_state is not None else {}
@@ -148,19 +168,33 @@ def encoder_attention(layer, x, enc, enc_padding_mask, incremental_state):
     return attend(attention, queries, saved["prev_key"], saved["prev_value"], saved.get("lean_padding_bias"))
 
 
-def feed_forward(layer, x):
+def feed_forward(layer: TransformerDecoderLayerBase, x: torch.Tensor) -> torch.Tensor:
     """``layer``'s feed-forward block (no dropout)."""
     return layer.fc2(layer.activation_fn(layer.fc1(x)))
 
 
-def residual_block(layer, norm, x, block, *args):
+def residual_block(
+    layer: TransformerDecoderLayerBase,
+    norm: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    block: Callable[..., torch.Tensor],
+    *args: Any,
+) -> torch.Tensor:
     """``x`` + ``block(layer, ·, *args)`` with ``layer``'s pre-norm (normalised input) or post-norm (normalised sum)."""
     if layer.normalize_before:
         return x + block(layer, norm(x), *args)
     return norm(x + block(layer, x, *args))
 
 
-def lean_layer_stack(decoder, x, enc, enc_padding_mask, incremental_state, attn_mask, padding_mask):
+def lean_layer_stack(
+    decoder: TransformerDecoderBase,
+    x: torch.Tensor,
+    enc: Optional[torch.Tensor],
+    enc_padding_mask: Optional[torch.Tensor],
+    incremental_state: Optional[IncrementalState],
+    attn_mask: Optional[torch.Tensor],
+    padding_mask: Optional[torch.Tensor],
+) -> torch.Tensor:
     """``decoder``'s layers on ``x`` (B, T, C), in evaluation (no dropout): the encoder states ``enc`` (S, B, C) and
     their ``enc_padding_mask`` (B, S), an additive ``attn_mask`` (T, cached + T) and a key ``padding_mask`` (B, T)
     of the new slots, both optional, as fairseq's layer takes them. Returns (B, T, C)."""

@@ -1,26 +1,30 @@
 """A static-shape decoder step: fairseq ``TransformerDecoder`` weights run on new tokens against key/value buffers
-allocated once per batch.
+allocated once per batch. Called by the verify-accept loop (nat_plugins/generators/verify_accept_loop.py) and by
+:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache` (SAT, RecoverSAT); the layers are
+those of :mod:`.lean_decoder`, so it runs the decoders :func:`~.lean_decoder.lean_unsupported` accepts, in evaluation.
 
-fairseq's incremental cache is a dict of per-layer dicts whose keys and values grow by ``torch.cat`` at every call
-(each call copies the whole cache), and verify-accept decoding must cut rejected slots out of it again
-(:func:`~nat_plugins.engine.block_call.rollback_cache`: a gather per layer at batch > 1). Here every layer's
-self-attention keys and values live in (B, heads, L, d) buffers, L the batch's longest output + the block: a token at
-target position p is written into slot p in place, and a query at slot p attends to the slots <= p of its own
-sentence. A rejected draft needs no rollback (its slot is overwritten when that position is decoded again, and no
-query attends past its own slot in the meantime); a sentence leaving the batch is an index on the buffers'
-first dimension; the encoder's keys, values and padding mask are computed once per batch. The layers are those of
-:mod:`~nat_plugins.engine.lean_decoder` (fused q/k/v product, ``scaled_dot_product_attention``, no attention
-weights), so the features equal fairseq's up to rounding (tests/test_static_cache.py) and the decoders it runs are
-those :func:`~nat_plugins.engine.lean_decoder.lean_unsupported` accepts, in evaluation.
+Every layer's self-attention keys and values live in (B, heads, L, d) buffers, L the batch's longest output + the
+block: a token at target position p is written into slot p in place, and a query at slot p attends to the slots <= p
+of its own sentence. A rejected draft needs no rollback (its slot is overwritten when that position is decoded again,
+and no query attends past its own slot meanwhile); a sentence leaving the batch is an index on the buffers' first
+dimension; the encoder's keys, values and padding mask are computed once per batch. Features equal fairseq's up to
+rounding (tests/test_static_cache.py). Against fairseq's growing cache: see docs/design-notes.md, *The static decoder
+step against fairseq's incremental cache*.
 """
 
+from typing import Dict, List, Optional
+
 import torch
+from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from .block_call import layer_inputs, layer_outputs
 from .lean_decoder import attend, feed_forward, lean_unsupported, padding_bias, project_qkv, residual_block, split_heads
 
 
-def static_unsupported(decoder, encoder_out):
+def static_unsupported(
+    decoder: TransformerDecoderBase, encoder_out: Optional[Dict[str, List[torch.Tensor]]]
+) -> Optional[str]:
     """Why :class:`StaticCache` cannot run ``decoder`` on ``encoder_out`` (a string), or None when it can."""
     if decoder.training:
         return "the decoder is in training mode (dropout)"
@@ -31,7 +35,15 @@ def static_unsupported(decoder, encoder_out):
     return lean_unsupported(decoder)
 
 
-def self_attention(layer, x, keys, values, index, used, bias):
+def self_attention(
+    layer: TransformerDecoderLayerBase,
+    x: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    index: torch.Tensor,
+    used: int,
+    bias: Optional[torch.Tensor],
+) -> torch.Tensor:
     """``layer``'s self-attention for new slots ``x`` (B, T, C): their keys and values written into the ``keys`` and
     ``values`` buffers (B, heads, L, d) at ``index`` (their slots, expanded to (B, heads, T, d)), their queries
     attending to the first ``used`` slots under the additive ``bias`` (or None: every one of them visible)."""
@@ -41,7 +53,13 @@ def self_attention(layer, x, keys, values, index, used, bias):
     return attend(layer.self_attn, queries, keys[:, :, :used], values[:, :, :used], bias)
 
 
-def encoder_attention(layer, x, keys, values, bias):
+def encoder_attention(
+    layer: TransformerDecoderLayerBase,
+    x: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: Optional[torch.Tensor],
+) -> torch.Tensor:
     """``layer``'s encoder attention against the encoder's cached ``keys`` and ``values``."""
     attention = layer.encoder_attn
     return attend(attention, split_heads(attention.q_proj(x), attention), keys, values, bias)
@@ -52,7 +70,9 @@ class StaticCache:
     sentence) and its encoder keys and values (see the module). :meth:`step` runs the decoder; :meth:`reorder` keeps
     some sentences."""
 
-    def __init__(self, decoder, encoder_out, length):
+    def __init__(
+        self, decoder: TransformerDecoderBase, encoder_out: Dict[str, List[torch.Tensor]], length: int
+    ) -> None:
         reason = static_unsupported(decoder, encoder_out)
         if reason is not None:
             raise ValueError(f"the static decoder step cannot run this decoder: {reason}")
@@ -72,7 +92,14 @@ class StaticCache:
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
 
-    def step(self, tokens, positions, slots, used, encoder_out=None):
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        used: int,
+        encoder_out: Optional[Dict[str, List[torch.Tensor]]] = None,
+    ) -> torch.Tensor:
         """Decoder features (B, T, C; after the final layer norm and ``project_out_dim``) of the new ``tokens``
         (B, T) at target ``positions`` (B, T; their positional embeddings), written into cache ``slots`` (B, T),
         each seeing the slots <= its own among the first ``used`` (``used`` > every slot: the caller knows it on
@@ -81,15 +108,14 @@ class StaticCache:
         decoder = self.decoder
         x = layer_inputs(decoder, decoder.embed_scale * decoder.embed_tokens(tokens), positions)
         bias = None
-        if (
-            tokens.size(0) > 1 or tokens.size(1) > 1
-        ):  # one sentence's single new slot is the last used one: it sees them all
+        # one sentence's single new slot is the last used one: it sees them all, no bias
+        if tokens.size(0) > 1 or tokens.size(1) > 1:
             hidden = torch.arange(used, device=slots.device) > slots.unsqueeze(-1)  # (B, T, used)
             bias = torch.zeros(hidden.shape, dtype=x.dtype, device=x.device).masked_fill_(hidden, float("-inf"))
             bias = bias.unsqueeze(1)
         return self.run(x, slots, used, bias)
 
-    def run(self, x, slots, used, bias=None):
+    def run(self, x: torch.Tensor, slots: torch.Tensor, used: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The decoder's layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T), which
         attend to the first ``used`` slots under the additive ``bias`` (broadcast to (B, heads, T, used); None:
         every one of them visible). Returns features as :meth:`step`."""
@@ -112,13 +138,13 @@ class StaticCache:
             x = residual_block(layer, layer.final_layer_norm, x, feed_forward)
         return layer_outputs(self.decoder, x)
 
-    def accept(self, width, accepted, kept_length):
+    def accept(self, width: int, accepted: torch.Tensor, kept_length: int) -> None:
         """Nothing to roll back: a rejected slot is overwritten when its position is decoded again."""
 
-    def reorder(self, keep):
+    def reorder(self, keep: torch.Tensor) -> None:
         """Keep sentences ``keep`` (indices into the batch), in that order."""
 
-        def select(tensors):
+        def select(tensors: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
             return [None if t is None else t.index_select(0, keep) for t in tensors]
 
         self.keys, self.values = select(self.keys), select(self.values)

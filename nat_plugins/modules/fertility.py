@@ -9,36 +9,39 @@ rewards and the outputs the teacher scores are exactly those the generator would
   maximum length, cut from the end of the source);
 * :func:`nat_output`: what the NAT emits for decoder logits (argmax without pad and EOS).
 
-Fertilities are B x S integers aligned with ``src_tokens`` (0 on padding and EOS); fertility log-probabilities are
-B x S x L (a softmax over 0..L-1).
+Fertilities are (B, S) integers aligned with ``src_tokens`` (0 on padding and EOS); fertility log-probabilities are
+(B, S, L) (a softmax over 0..L-1).
 """
 
 import math
+from typing import Optional, Tuple
 
 import torch
 
 from .log_probs import logsumexp_fp32
 
 
-def average_fertility(fertility_lprobs):
-    """Round(E[f]) at every position (B x S, long) of ``fertility_lprobs`` (B x S x L log-probabilities): Gu et al.
+def average_fertility(fertility_lprobs: torch.Tensor) -> torch.Tensor:
+    """Round(E[f]) at every position ((B, S), long) of ``fertility_lprobs`` ((B, S, L) log-probabilities): Gu et al.
     §4.1 "average decoding", also the baseline of the REINFORCE term of eq. 11. ``torch.round`` rounds halves to
     even."""
     values = torch.arange(fertility_lprobs.size(-1), device=fertility_lprobs.device, dtype=fertility_lprobs.dtype)
     return (fertility_lprobs.exp() * values).sum(dim=-1).round().long()
 
 
-def sample_fertilities(fertility_lprobs, num_samples):
-    """``num_samples`` x B x S fertilities drawn from p_F (``fertility_lprobs``: B x S x L), every position
+def sample_fertilities(fertility_lprobs: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """(``num_samples``, B, S) fertilities drawn from p_F (``fertility_lprobs``: (B, S, L)), every position
     independently (Gu et al. §4.1 NPD's samples, §4.2 the REINFORCE samples); from torch's global random state."""
     # validate_args=False: the check of the logits would be a host-device synchronisation
     return torch.distributions.Categorical(logits=fertility_lprobs, validate_args=False).sample((num_samples,))
 
 
-def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
-    """Give fertility 1 to the source position least likely to have fertility 0 in every row whose fertilities sum
-    to 0 (rows without a copyable position copy their last non-padding position, the EOS); branch-free (no
-    host-device synchronisation): other rows get 0 added."""
+def ensure_nonempty(
+    fertility: torch.Tensor, fertility_lprobs: torch.Tensor, copyable: torch.Tensor, nonpad: torch.Tensor
+) -> torch.Tensor:
+    """Give fertility 1 to the source position least likely to have fertility 0 in every row of ``fertility`` (B, S)
+    whose fertilities sum to 0 (rows without a ``copyable`` position, (B, S) bool, copy their last ``nonpad`` position,
+    the EOS); branch-free (no host-device synchronisation): other rows get 0 added."""
     empty = fertility.sum(dim=1).eq(0)
     candidates = copyable | (~copyable.any(dim=1, keepdim=True) & nonpad)
     key = (-fertility_lprobs[..., 0]).masked_fill(~candidates, -math.inf)
@@ -46,22 +49,29 @@ def ensure_nonempty(fertility, fertility_lprobs, copyable, nonpad):
     return fertility.scatter_add(1, position, empty.long().unsqueeze(1))
 
 
-def cap_total(fertility, max_length):
-    """Cut fertilities from the end of the source so that each row sums to at most ``max_length`` (B)."""
+def cap_total(fertility: torch.Tensor, max_length: torch.Tensor) -> torch.Tensor:
+    """Cut fertilities (B, S) from the end of the source so that each row sums to at most ``max_length`` (B,)."""
     ends = fertility.cumsum(dim=1)
     limit = max_length.view(-1, 1)
     return ends.clamp(max=limit) - (ends - fertility).clamp(max=limit)
 
 
-def nat_output(logits, padding, pad, eos, unk=None, unk_penalty=0.0):
-    """What the NAT emits for decoder ``logits`` (B x T x V) and the target ``padding`` mask (B x T): at every
+def nat_output(
+    logits: torch.Tensor,
+    padding: torch.Tensor,
+    pad: int,
+    eos: int,
+    unk: Optional[int] = None,
+    unk_penalty: float = 0.0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the NAT emits for decoder ``logits`` (B, T, V) and the target ``padding`` mask (B, T): at every
     position the most probable token other than pad and EOS (the NAT's targets contain neither; the generator
     appends EOS), with ``unk_penalty`` subtracted from ``unk``'s logit; pad on padding positions.
 
-    Returns ``tokens`` (B x T), their log-probabilities under the NAT (B x T, 0 on padding) and ``lengths`` (B).
+    Returns ``tokens`` (B, T), their log-probabilities under the NAT ((B, T), 0 on padding) and ``lengths`` (B,).
     ``logits`` is left unchanged (the top-4 candidates hold the best token that is none of pad/EOS/unk). Top-k and
     the log-sum-exp run on the logits' own dtype, the scores are fp32 (:func:`.log_probs.logsumexp_fp32`: no fp32
-    copy of the B x T x V logits)."""
+    copy of the (B, T, V) logits)."""
     values, indices = logits.topk(min(4, logits.size(-1)), dim=-1)
     values = values.float().masked_fill(indices.eq(pad) | indices.eq(eos), -math.inf)
     if unk_penalty:

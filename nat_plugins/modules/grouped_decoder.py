@@ -11,29 +11,47 @@ written so far (the relaxed causal mask needs no mask in a step), padded inputs 
 fairseq's key padding mask hides them; else in fairseq's ``incremental_state``.
 """
 
-import torch
-from fairseq.models.transformer import TransformerDecoderBase
+from typing import Dict, List, Optional, Tuple, Union
 
-from ..engine.lean_decoder import padding_bias
+import torch
+from fairseq.data import Dictionary
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
+from torch import nn
+
+from ..engine.lean_decoder import IncrementalState, padding_bias
 from ..engine.static_cache import StaticCache, static_unsupported
 from .sat_masks import relaxed_causal_mask
+
+# a batch's decoding cache (:meth:`GroupedTransformerDecoder.new_cache`)
+DecodingCache = Union[StaticCache, IncrementalState]
 
 
 class GroupedTransformerDecoder(TransformerDecoderBase):
     """``TransformerDecoderBase`` with groups of ``group_size`` positions (module docstring); subclasses implement
     :meth:`add_positions`."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, group_size, no_encoder_attn=False):
+    def __init__(
+        self,
+        cfg: TransformerConfig,
+        dictionary: Dictionary,
+        embed_tokens: nn.Embedding,
+        group_size: int,
+        no_encoder_attn: bool = False,
+    ) -> None:
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         self.group_size = group_size
 
-    def add_positions(self, x, prev_output_tokens, incremental_state):
-        """``x`` (B x T x C: the scaled token embeddings of the new positions, the last K of
+    def add_positions(
+        self, x: torch.Tensor, prev_output_tokens: torch.Tensor, incremental_state: Optional[DecodingCache]
+    ) -> torch.Tensor:
+        """``x`` ((B, T, C): the scaled token embeddings of the new positions, the last K of
         ``prev_output_tokens`` with an ``incremental_state``, else all of them) plus their positional input."""
         raise NotImplementedError
 
-    def layer_inputs(self, prev_output_tokens, incremental_state):
-        """The first layer's input (B x T x C, before dropout) of the new positions: all of ``prev_output_tokens``,
+    def layer_inputs(
+        self, prev_output_tokens: torch.Tensor, incremental_state: Optional[DecodingCache]
+    ) -> torch.Tensor:
+        """The first layer's input ((B, T, C), before dropout) of the new positions: all of ``prev_output_tokens``,
         or its last K with an ``incremental_state`` (any non-None value: a dict or a :class:`StaticCache`)."""
         tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size :]
         x = self.embed_scale * self.embed_tokens(tokens.contiguous())
@@ -46,15 +64,20 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
             x = self.layernorm_embedding(x)
         return x
 
-    def new_cache(self, encoder_out, length):
+    def new_cache(self, encoder_out: Optional[Dict[str, List[torch.Tensor]]], length: int) -> DecodingCache:
         """The decoding cache of a batch: a :class:`StaticCache` of ``length`` slots where the static step runs this
         decoder (in evaluation, fairseq's layers), else fairseq's ``incremental_state`` (a dict)."""
         if static_unsupported(self, encoder_out) is None:
             return StaticCache(self, encoder_out, length)
         return {}
 
-    def group_features(self, prev_output_tokens, encoder_out, cache):
-        """Features (B x K x C) of the last group of ``prev_output_tokens`` (whole groups), the earlier ones being in
+    def group_features(
+        self,
+        prev_output_tokens: torch.Tensor,
+        encoder_out: Optional[Dict[str, List[torch.Tensor]]],
+        cache: DecodingCache,
+    ) -> torch.Tensor:
+        """Features (B, K, C) of the last group of ``prev_output_tokens`` (whole groups), the earlier ones being in
         ``cache`` (:meth:`new_cache`), which this call extends by the group."""
         if not isinstance(cache, StaticCache):
             return self.extract_features(prev_output_tokens, encoder_out=encoder_out, incremental_state=cache)[0]
@@ -65,15 +88,15 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         bias = padding_bias(padded, x) if padded.any() else None
         return cache.run(x, slots.expand(x.size(0), -1), used, bias)
 
-    def reorder_cache(self, cache, keep):
+    def reorder_cache(self, cache: DecodingCache, keep: torch.Tensor) -> None:
         """Keep the sentences ``keep`` (indices into the batch) of ``cache`` (:meth:`new_cache`)."""
         if isinstance(cache, StaticCache):
             cache.reorder(keep)
         else:
             self.reorder_incremental_state_scripting(cache, keep)
 
-    def buffered_future_mask(self, tensor):
-        """The relaxed causal mask (built once for the longest length seen, then sliced)."""
+    def buffered_future_mask(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The relaxed causal mask (T, T) for ``tensor`` (T, B, C), built once for the longest T seen, then sliced."""
         dim = tensor.size(0)
         if self._future_mask.size(0) < dim or self._future_mask.device != tensor.device:
             self._future_mask = relaxed_causal_mask(dim, self.group_size)
@@ -82,13 +105,13 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
 
     def extract_features_scriptable(
         self,
-        prev_output_tokens,
-        encoder_out,
-        incremental_state=None,
-        full_context_alignment=False,
-        alignment_layer=None,
-        alignment_heads=None,
-    ):
+        prev_output_tokens: torch.Tensor,
+        encoder_out: Optional[Dict[str, List[torch.Tensor]]],
+        incremental_state: Optional[DecodingCache] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ) -> Tuple[torch.Tensor, Dict[str, List[Optional[torch.Tensor]]]]:
         """fairseq's decoder pass with :meth:`add_positions` for the positional input; with ``incremental_state``
         the last K positions of ``prev_output_tokens`` (one group) are new: they attend to the cached groups and
         to each other."""
@@ -101,7 +124,7 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
 
         tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size :]
         x = self.layer_inputs(prev_output_tokens, incremental_state)
-        x = self.dropout_module(x).transpose(0, 1)  # B x T x C -> T x B x C
+        x = self.dropout_module(x).transpose(0, 1)  # (B, T, C) -> (T, B, C)
 
         self_attn_padding_mask = None
         if self.cross_self_attention or tokens.eq(self.padding_idx).any():

@@ -12,15 +12,17 @@ and the NAD of ``nad_ad_transformer`` (Zhou, Zhang & Zong 2020, §3).
   hidden states as value) -> encoder attention -> FFN, pre- or post-norm as fairseq's ``--decoder-normalize-before``;
 * :class:`NonAutoregressiveDecoder`: target positional embeddings + a stack of :class:`NADLayer` -> states.
 
-Conventions: source tensors are as fairseq batches them (either padding side, EOS last); fertilities are B x S
+Conventions: source tensors are as fairseq batches them (either padding side, EOS last); fertilities are (B, S)
 integers aligned with ``src_tokens`` with 0 on padding and EOS (``translation_nat`` batches them so); NAD
 targets exclude EOS; the copied inputs are right-padded (``True`` in the padding mask = padding).
 """
 
 import re
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.models.transformer import TransformerConfig
 from fairseq.modules import FairseqDropout, LayerNorm, MultiheadAttention, PositionalEmbedding
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
@@ -38,7 +40,7 @@ AR_DECODER_SUBLAYER = re.compile(
 )
 
 
-def ar_decoder_parameter_name(name, nad_prefix):
+def ar_decoder_parameter_name(name: str, nad_prefix: str) -> Optional[str]:
     """The AR checkpoint's name of the NAD parameter ``name`` (a NAD held at ``nad_prefix``, e.g. ``"decoder.nad."``),
     for ``--init-from-ar``: the NAD layers start as the teacher's decoder layers where they share sublayers (the
     positional attention stays random). ``None`` for other names under the prefix; names elsewhere are returned
@@ -54,17 +56,19 @@ def ar_decoder_parameter_name(name, nad_prefix):
     return None
 
 
-def fertility_copy_index(fertility, max_length=None):
+def fertility_copy_index(
+    fertility: torch.Tensor, max_length: Optional[int] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Source position copied to every target position, and the target padding mask.
 
-    ``fertility``: B x S non-negative integers. Returns ``index`` (B x T, long) with ``index[b, t] = j`` for
-    ``sum(fertility[b, :j]) <= t < sum(fertility[b, :j + 1])`` and ``padding`` (B x T, bool), where
+    ``fertility``: (B, S) non-negative integers. Returns ``index`` ((B, T), long) with ``index[b, t] = j`` for
+    ``sum(fertility[b, :j]) <= t < sum(fertility[b, :j + 1])`` and ``padding`` ((B, T), bool), where
     T = max(1, longest total) (or ``max_length`` when given; longer totals are cut). Padding positions point at
     source position 0 (any valid index: they are masked).
     """
     if fertility.dim() != 2:
-        raise ValueError(f"fertility must be B x S, got shape {tuple(fertility.shape)}")
-    ends = fertility.long().cumsum(dim=1)  # B x S: end (exclusive) of each source position's span
+        raise ValueError(f"fertility must be (B, S), got shape {tuple(fertility.shape)}")
+    ends = fertility.long().cumsum(dim=1)  # (B, S): end (exclusive) of each source position's span
     lengths = ends[:, -1]
     if max_length is None:  # one host-device synchronisation for the check and the length
         smallest, longest = torch.stack([fertility.min().long(), lengths.max()]).tolist()
@@ -79,11 +83,11 @@ def fertility_copy_index(fertility, max_length=None):
     return index.masked_fill(padding, 0), padding
 
 
-def uniform_fertility(copyable, target_lengths):
-    """Fertilities that spread ``target_lengths`` (B) evenly over the copyable source positions (``copyable``:
-    B x S bool, e.g. neither padding nor EOS), in order: target position t copies the floor(t * n / T)-th
+def uniform_fertility(copyable: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+    """Fertilities that spread ``target_lengths`` (B,) evenly over the copyable source positions (``copyable``:
+    (B, S) bool, e.g. neither padding nor EOS), in order: target position t copies the floor(t * n / T)-th
     copyable position (n copyable, T target positions). Sentences with no copyable position get fertility 0."""
-    n = copyable.long().sum(dim=1, keepdim=True)  # B x 1
+    n = copyable.long().sum(dim=1, keepdim=True)  # (B, 1)
     rank = copyable.long().cumsum(dim=1) - 1  # rank of each copyable position among them
     target_lengths = target_lengths.long().unsqueeze(1)
     # target positions t with floor(t * n / T) == r are those in [ceil(r * T / n), ceil((r + 1) * T / n))
@@ -93,8 +97,8 @@ def uniform_fertility(copyable, target_lengths):
     return (end - start).masked_fill(~copyable, 0)
 
 
-def copy_source(source, index, order=None):
-    """``source`` (B x S x C) gathered at ``index`` (N x T) -> N x T x C, row n from sentence ``order[n]`` (N rows;
+def copy_source(source: torch.Tensor, index: torch.Tensor, order: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``source`` (B, S, C) gathered at ``index`` (N, T) -> (N, T, C), row n from sentence ``order[n]`` (N rows;
     ``order`` None: N = B, row n from sentence n), so several rows of a sentence copy one computation of its
     vectors."""
     if order is None:
@@ -102,8 +106,8 @@ def copy_source(source, index, order=None):
     return source.flatten(0, 1)[order.unsqueeze(1) * source.size(1) + index]
 
 
-def self_attention_mask(length, mask_diagonal, reference):
-    """Additive T x T self-attention mask of the NAD: None (all visible) or each query's own key hidden."""
+def self_attention_mask(length: int, mask_diagonal: bool, reference: torch.Tensor) -> Optional[torch.Tensor]:
+    """Additive (T, T) self-attention mask of the NAD: None (all visible) or each query's own key hidden."""
     if not mask_diagonal:
         return None
     return torch.zeros(length, length, dtype=reference.dtype, device=reference.device).fill_diagonal_(HIDDEN)
@@ -116,7 +120,7 @@ class FertilityPredictor(nn.Module):
     neural network with a softmax classifier" as that one layer); 1 (default, as before the option existed): a ReLU
     hidden layer of the encoder's width, with dropout, before it (parameters ``hidden`` and ``out``)."""
 
-    def __init__(self, embed_dim, max_fertility, dropout=0.0, hidden_layers=1):
+    def __init__(self, embed_dim: int, max_fertility: int, dropout: float = 0.0, hidden_layers: int = 1) -> None:
         super().__init__()
         if max_fertility < 2:
             raise ValueError(f"--max-fertility must be at least 2, got {max_fertility}")
@@ -130,8 +134,8 @@ class FertilityPredictor(nn.Module):
             self.hidden = None
         self.out = nn.Linear(embed_dim, max_fertility)
 
-    def forward(self, encoder_states):
-        """Logits (B x S x L) of the fertility of every source position (``encoder_states``: B x S x C)."""
+    def forward(self, encoder_states: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, L) of the fertility of every source position (``encoder_states``: (B, S, C))."""
         if self.hidden is not None:
             encoder_states = self.dropout_module(F.relu(self.hidden(encoder_states)))
         return self.out(encoder_states)
@@ -140,19 +144,19 @@ class FertilityPredictor(nn.Module):
 class LengthPredictor(nn.Module):
     """Target length (EOS excluded) from the mean of the unpadded top encoder states, a softmax over 0..max-1."""
 
-    def __init__(self, embed_dim, max_length):
+    def __init__(self, embed_dim: int, max_length: int) -> None:
         super().__init__()
         self.max_length = max_length
         self.out = nn.Linear(embed_dim, max_length)
 
-    def forward(self, encoder_states, encoder_padding_mask):
-        """Logits (B x max_length); ``encoder_states`` B x S x C, ``encoder_padding_mask`` B x S (True = pad)."""
+    def forward(self, encoder_states: torch.Tensor, encoder_padding_mask: torch.Tensor) -> torch.Tensor:
+        """Logits (B, max_length); ``encoder_states`` (B, S, C), ``encoder_padding_mask`` (B, S) (True = pad)."""
         keep = (~encoder_padding_mask).unsqueeze(-1).float()  # pooled in fp32: an fp16 sum over S overflows
         pooled = (encoder_states.float() * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
         return self.out(pooled.to(encoder_states.dtype))
 
 
-def reject_normformer_options(layer, who):
+def reject_normformer_options(layer: nn.Module, who: str) -> None:
     """Fail on fairseq's NormFormer/scale sublayers (``--scale-attn`` etc.), which these layers' forward skips."""
     for extra in ("attn_ln", "c_attn", "ffn_layernorm", "w_resid"):
         if getattr(layer, extra, None) is not None:
@@ -162,7 +166,12 @@ def reject_normformer_options(layer, who):
             )
 
 
-def residual_sublayer(layer, x, layer_norm, fn):
+def residual_sublayer(
+    layer: TransformerDecoderLayerBase,
+    x: torch.Tensor,
+    layer_norm: Callable[[torch.Tensor], torch.Tensor],
+    fn: Callable[[torch.Tensor], Tuple[torch.Tensor, Optional[torch.Tensor]]],
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One residual sublayer of a fairseq decoder layer ``layer``, with its pre-/post-norm placement
     (``layer.normalize_before``) and dropout: ``fn(x)`` returns (output, extra); returns (new x, extra)."""
     residual = x
@@ -179,23 +188,19 @@ class NADLayer(TransformerDecoderLayerBase):
     """A NAD layer: self-attention -> positional attention -> encoder attention -> FFN, each a residual sublayer
     (fairseq's pre-/post-norm choice). Reuses fairseq's decoder layer for the self/encoder attention and FFN."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__(cfg)
         reject_normformer_options(self, "the non-autoregressive decoder layer")
         self.pos_attn = self.build_positional_attention(self.embed_dim, cfg)
         self.pos_attn_layer_norm = LayerNorm(self.embed_dim, export=cfg.export)
 
-    def build_positional_attention(self, embed_dim, cfg):
+    def build_positional_attention(self, embed_dim: int, cfg: TransformerConfig) -> MultiheadAttention:
         """Gu et al. §3.1 positional attention: positional encodings as query and key, the decoder states as value.
 
-        fairseq's ``MultiheadAttention`` with neither ``self_attention`` nor ``encoder_decoder_attention`` set: its
-        general branch projects query, key and value each from its own input on every path. (As encoder-decoder
-        attention, fairseq's reference path computes ``v_proj(key)``: the values would be the positions wherever
-        fairseq leaves the fused ``F.multi_head_attention_forward``: with an ``incremental_state``, under
-        TorchScript, ONNX export, ``skip_embed_dim_check``.) Parameter names, shapes and initialisation are those of
-        the encoder attention this sublayer was built as before (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``;
-        the encoder and decoder widths are equal wherever it ran, the copied inputs need it), so checkpoints load
-        unchanged."""
+        fairseq's ``MultiheadAttention`` with neither ``self_attention`` nor ``encoder_decoder_attention`` set, whose
+        general branch projects query, key and value each from its own input on every path; parameter names and
+        shapes are an encoder attention's, so checkpoints load unchanged (see docs/design-notes.md, *The NAD's
+        positional attention: fairseq's general attention branch*)."""
         return MultiheadAttention(
             embed_dim,
             cfg.decoder.attention_heads,
@@ -207,25 +212,34 @@ class NADLayer(TransformerDecoderLayerBase):
             xformers_att_config=cfg.decoder.xformers_att_config,
         )
 
-    def forward(self, x, positions, encoder_out, encoder_padding_mask, self_attn_mask=None, padding_mask=None):
-        """``x``, ``positions``: T x B x C; ``encoder_out``: S x B x C; masks as fairseq's (True = padding)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        encoder_out: Optional[torch.Tensor],
+        encoder_padding_mask: Optional[torch.Tensor],
+        self_attn_mask: Optional[torch.Tensor] = None,
+        padding_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """The layer's output (T, B, C) for ``x`` and ``positions`` (T, B, C), ``encoder_out`` (S, B, C) or None;
+        masks as fairseq's (True = padding)."""
 
-        def self_attention(h):
+        def self_attention(h: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
             return self.self_attn(
                 query=h, key=h, value=h, key_padding_mask=padding_mask, attn_mask=self_attn_mask, need_weights=False
             )
 
-        def positional_attention(h):
+        def positional_attention(h: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
             return self.pos_attn(
                 query=positions, key=positions, value=h, key_padding_mask=padding_mask, need_weights=False
             )
 
-        def encoder_attention(h):
+        def encoder_attention(h: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
             return self.encoder_attn(
                 query=h, key=encoder_out, value=encoder_out, key_padding_mask=encoder_padding_mask, need_weights=False
             )
 
-        def feed_forward(h):
+        def feed_forward(h: torch.Tensor) -> Tuple[torch.Tensor, None]:
             h = self.activation_dropout_module(self.activation_fn(self.fc1(h)))
             return self.fc2(h), None
 
@@ -242,7 +256,7 @@ class NonAutoregressiveDecoder(nn.Module):
     ``cfg`` is fairseq's ``TransformerConfig`` (its decoder sizes, dropout, normalize_before, learned_pos are used);
     ``mask_self_diagonal`` hides each query's own position in self-attention (Gu et al. §3.1)."""
 
-    def __init__(self, cfg, num_layers, padding_idx, mask_self_diagonal):
+    def __init__(self, cfg: TransformerConfig, num_layers: int, padding_idx: int, mask_self_diagonal: bool) -> None:
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"the non-autoregressive decoder needs at least one layer, got {num_layers}")
@@ -256,18 +270,21 @@ class NonAutoregressiveDecoder(nn.Module):
         self.layers = nn.ModuleList([NADLayer(cfg) for _ in range(num_layers)])
         self.layer_norm = LayerNorm(embed_dim, export=cfg.export) if cfg.decoder.normalize_before else None
 
-    def max_positions(self):
+    def max_positions(self) -> int:
+        """The most target positions the positional embeddings cover (``--max-target-positions``)."""
         return self.embed_positions.max_positions
 
-    def positions(self, padding_mask):
-        """Positional embeddings (B x T x C) of right-padded target positions (zero vectors on padding for
+    def positions(self, padding_mask: torch.Tensor) -> torch.Tensor:
+        """Positional embeddings (B, T, C) of right-padded target positions (zero vectors on padding for
         sinusoids, as fairseq's)."""
         pseudo_tokens = padding_mask.long().mul(self.padding_idx) + (~padding_mask).long().mul(self.padding_idx + 1)
         return self.embed_positions(pseudo_tokens)
 
-    def forward(self, inputs, padding_mask, encoder_out):
-        """States (B x T x C) of the NAD for copied ``inputs`` (B x T x C, right-padded), ``padding_mask`` (B x T)
-        and fairseq's ``encoder_out`` dict; also a dict with the per-layer ``inner_states`` (T x B x C)."""
+    def forward(
+        self, inputs: torch.Tensor, padding_mask: torch.Tensor, encoder_out: Dict[str, List[torch.Tensor]]
+    ) -> Tuple[torch.Tensor, Dict[str, List[torch.Tensor]]]:
+        """States (B, T, C) of the NAD for copied ``inputs`` ((B, T, C), right-padded), ``padding_mask`` (B, T)
+        and fairseq's ``encoder_out`` dict; also a dict with the per-layer ``inner_states`` (T, B, C)."""
         if inputs.size(1) > self.max_positions():
             raise ValueError(
                 f"the non-autoregressive decoder got {inputs.size(1)} target positions, more than its "

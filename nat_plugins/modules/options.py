@@ -9,7 +9,7 @@ DEFAULT_MAX_FERTILITY = 50
 COPY_MODES = ("fertility", "uniform")
 
 
-def check_label_smoothing(epsilon):
+def check_label_smoothing(epsilon: float) -> float:
     """``--label-smoothing`` epsilon of a label-smoothed NLL (fairseq's ``label_smoothed_nll_loss``)."""
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"--label-smoothing must be in [0, 1), got {epsilon}")

@@ -4,8 +4,8 @@ import torch
 from fairseq import utils
 
 
-def relaxed_causal_mask(size, group_size):
-    """Additive ``size x size`` mask (0 = visible, -inf = hidden) for target positions grouped by ``group_size`` K.
+def relaxed_causal_mask(size: int, group_size: int) -> torch.Tensor:
+    """Additive (size, size) mask (0 = visible, -inf = hidden) for target positions grouped by ``group_size`` K.
 
     The query at position i belongs to group g = i // K and sees every key position j < (g + 1) * K: all of
     its own group and everything before it (the paper's relaxed causal mask). K = 1 is the causal mask of

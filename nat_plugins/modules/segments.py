@@ -5,27 +5,27 @@ pseudo-repetitive segment injection (§3.2), training batches of segments and th
 A target y_1..y_n (without EOS) is cut at split points 0 <= c_1 <= ... <= c_{K-1} <= n into K segments
 S_k = y[c_{k-1}:c_k] (c_0 = 0, c_K = n); equal points give empty segments, which are just BOS -> EOS.
 By default a split point may fall at any subword position, as in the paper's EQUAL(n, m) = {ceil(i*n/(m+1))}
-and RAND over [1, n] (eq. 5-6; the released code's rule against splitting inside a word never fired, so the
-paper's numbers come from such splits). With ``boundary_tables`` (:func:`word_boundary_tables`; the criterion's
+and RAND over [1, n] (eq. 5-6). With ``boundary_tables`` (:func:`word_boundary_tables`; the criterion's
 ``--split-at-word-starts``) a point i (between y_{i-1} and y_i) is allowed only when y_i starts a word
 (sentencepiece: it begins with ``▁``, when the dictionary is a sentencepiece one) and y_{i-1} does not continue
-into the next token (subword-nmt: it does not end with ``@@``); word-level vocabularies allow every point. Snapping
-to word starts leaves many segments empty at large K (12 subwords in 5 words at K = 10: 5 empty segments).
+into the next token (subword-nmt: it does not end with ``@@``); word-level vocabularies allow every point. On the
+released code's split rules: see docs/design-notes.md, *RecoverSAT split points and the released code*.
 
 Decoder layout ("step-major"): the K segments advance together, so position t*K + k holds step t of segment k.
 A query at step t sees every key at steps <= t in all segments (§3.1), which in this layout is the relaxed causal
 mask of SAT with group size K (:func:`~nat_plugins.modules.sat_masks.relaxed_causal_mask`).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.data import Dictionary
 
 DEL_SYMBOL = "<del>"
 
 
-def add_segment_symbols(dictionary):
+def add_segment_symbols(dictionary: Dictionary) -> int:
     """Add the DEL symbol to ``dictionary`` (once; adding again is a no-op) and return its index.
 
     The end of every segment is the dictionary's EOS (the last segment's end is the sentence end), so K = 1 is
@@ -33,7 +33,7 @@ def add_segment_symbols(dictionary):
     return dictionary.add_symbol(DEL_SYMBOL)
 
 
-def word_boundary_tables(dictionary):
+def word_boundary_tables(dictionary: Dictionary) -> Tuple[torch.Tensor, torch.Tensor]:
     """Two bool tensors over the vocabulary: ``starts_word[v]`` (a split may come before v) and
     ``continues_word[v]`` (no split may come right after v): sentencepiece ``▁`` and subword-nmt ``@@`` aware."""
     symbols = dictionary.symbols
@@ -53,12 +53,12 @@ class SegmentDraws(NamedTuple):
     target columns, K segments). Each decision of the per-sentence procedure uses draws of its own, so the batch is
     segmented in a few tensor operations with the distribution of that procedure:
 
-    * ``inject`` (B): the sentence gets a pseudo-repetitive segment when ``inject < q``;
-    * ``rand`` (B): RAND rather than EQUAL split points when ``rand < p``;
-    * ``point_keys`` (B x T): RAND takes the candidate points with the smallest keys (i.i.d. keys: every subset of
+    * ``inject`` (B,): the sentence gets a pseudo-repetitive segment when ``inject < q``;
+    * ``rand`` (B,): RAND rather than EQUAL split points when ``rand < p``;
+    * ``point_keys`` (B, T): RAND takes the candidate points with the smallest keys (i.i.d. keys: every subset of
       the candidates of that size equally likely, as sampling without replacement);
-    * ``segment_keys`` (B x K): the repeated segment is the non-empty one with the smallest key (uniform among them);
-    * ``prefix`` (B): the repeated prefix has 1 + floor(prefix * |S|) tokens (uniform on 1..|S|)."""
+    * ``segment_keys`` (B, K): the repeated segment is the non-empty one with the smallest key (uniform among them);
+    * ``prefix`` (B,): the repeated prefix has 1 + floor(prefix * |S|) tokens (uniform on 1..|S|)."""
 
     inject: torch.Tensor
     rand: torch.Tensor
@@ -67,10 +67,17 @@ class SegmentDraws(NamedTuple):
     prefix: torch.Tensor
 
     @classmethod
-    def sample(cls, batch_size, num_columns, num_segments, generator=None, device=None):
+    def sample(
+        cls,
+        batch_size: int,
+        num_columns: int,
+        num_segments: int,
+        generator: Optional[torch.Generator] = None,
+        device: Optional[torch.device] = None,
+    ) -> "SegmentDraws":
         """Fresh draws from ``generator`` (a ``torch.Generator`` on ``device``)."""
 
-        def uniform(*shape):
+        def uniform(*shape: int) -> torch.Tensor:
             return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
 
         return cls(
@@ -82,8 +89,10 @@ class SegmentDraws(NamedTuple):
         )
 
 
-def allowed_split_mask(target, lengths, boundary_tables=None):
-    """B x T bool: point i (between ``target[:, i-1]`` and ``target[:, i]``) is an interior split point 1..n-1 of
+def allowed_split_mask(
+    target: torch.Tensor, lengths: torch.Tensor, boundary_tables: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+) -> torch.Tensor:
+    """(B, T) bool: point i (between ``target[:, i-1]`` and ``target[:, i]``) is an interior split point 1..n-1 of
     its sentence (``lengths``: n, EOS excluded); with ``boundary_tables`` (``word_boundary_tables`` on the device),
     only those that do not cut a word."""
     grid = point_grid(target)
@@ -94,32 +103,36 @@ def allowed_split_mask(target, lengths, boundary_tables=None):
     return allowed
 
 
-def point_grid(target):
-    """1 x T: the split points 0..T-1 a B x T target can have (n <= T-1: EOS is last)."""
+def point_grid(target: torch.Tensor) -> torch.Tensor:
+    """(1, T): the split points 0..T-1 a (B, T) target can have (n <= T-1: EOS is last)."""
     return torch.arange(target.size(1), device=target.device).unsqueeze(0)
 
 
-def equal_split_points(lengths, num_parts, allowed, num_points):
-    """EQUAL(n, m-1) = {ceil(i*n/m) : i = 1..m-1} (§3.3; the released code's version is broken) of every sentence,
-    B x ``num_points``: ``lengths`` n and ``num_parts`` m (B each); slots i >= m hold n. Each point moves to the
-    nearest of {0} + ``allowed`` (B x T, :func:`allowed_split_mask`) + {n} (ties: the earlier one), so the points
-    stay sorted (with every interior point allowed, none moves; with word starts only, words stay whole)."""
+def equal_split_points(
+    lengths: torch.Tensor, num_parts: torch.Tensor, allowed: torch.Tensor, num_points: int
+) -> torch.Tensor:
+    """EQUAL(n, m-1) = {ceil(i*n/m) : i = 1..m-1} (§3.3) of every sentence, (B, ``num_points``): ``lengths`` n
+    and ``num_parts`` m ((B,) each); slots i >= m hold n. Each point moves to the nearest of {0} + ``allowed``
+    ((B, T), :func:`allowed_split_mask`) + {n} (ties: the earlier one), so the points stay sorted (with every interior
+    point allowed, none moves; with word starts only, words stay whole)."""
     n, m = lengths.unsqueeze(1), num_parts.unsqueeze(1)
     i = torch.arange(1, num_points + 1, device=lengths.device).unsqueeze(0)
-    points = ((i * n + m - 1) // m).clamp(max=n)  # B x P
+    points = ((i * n + m - 1) // m).clamp(max=n)  # (B, P)
     grid = point_grid(allowed)
-    candidates = allowed | grid.eq(0) | grid.eq(n)  # B x T
-    distance = (grid.unsqueeze(1) - points.unsqueeze(2)).abs()  # B x P x T
+    candidates = allowed | grid.eq(0) | grid.eq(n)  # (B, T)
+    distance = (grid.unsqueeze(1) - points.unsqueeze(2)).abs()  # (B, P, T)
     columns = allowed.size(1)
     key = (distance * columns + grid.unsqueeze(1)).masked_fill(~candidates.unsqueeze(1), columns * columns)
     return key.argmin(dim=2)
 
 
-def random_split_points(lengths, num_parts, allowed, keys, num_points):
-    """RAND(n, m-1) of every sentence, B x ``num_points``: min(m-1, c) distinct points drawn uniformly from the c
-    candidates, the ``allowed`` interior points and n (n > 0; a point at n leaves the last segment empty: BOS -> EOS;
-    the range of EQUAL's points and of the released code's split indices) — those with the smallest ``keys``
-    (B x T, i.i.d. uniform) — then n in the remaining slots; sorted."""
+def random_split_points(
+    lengths: torch.Tensor, num_parts: torch.Tensor, allowed: torch.Tensor, keys: torch.Tensor, num_points: int
+) -> torch.Tensor:
+    """RAND(n, m-1) (§3.3) of every sentence, (B, ``num_points``): min(m-1, c) distinct points drawn uniformly from
+    the c candidates, the ``allowed`` interior points and n (n > 0; a point at n leaves the last segment empty:
+    BOS -> EOS; the range of EQUAL's points and of the released code's split indices) — those with the smallest
+    ``keys`` ((B, T), i.i.d. uniform) — then n in the remaining slots; sorted."""
     n = lengths.unsqueeze(1)
     grid = point_grid(allowed)
     candidates = allowed | (grid.eq(n) & n.gt(0))
@@ -131,10 +144,19 @@ def random_split_points(lengths, num_parts, allowed, keys, num_points):
 
 
 def segment_targets(
-    target, num_segments, pad, eos, del_index, boundary_tables=None, p=0.0, q=0.0, draws=None, pseudo_tokens=False
-):
-    """Decoder inputs and targets (B x L*K, step-major) of a batch of ``target`` s (B x T, right-padded, EOS last)
-    cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment (B bool). Split
+    target: torch.Tensor,
+    num_segments: int,
+    pad: int,
+    eos: int,
+    del_index: int,
+    boundary_tables: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+    p: float = 0.0,
+    q: float = 0.0,
+    draws: Optional[SegmentDraws] = None,
+    pseudo_tokens: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoder inputs and targets ((B, L·K), step-major) of a batch of ``target`` s ((B, T), right-padded, EOS last)
+    cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment ((B,) bool). Split
     points fall at any subword position, or only at word starts with ``boundary_tables`` (module docstring).
 
     With ``draws`` (:class:`SegmentDraws`; training): mixed annealing dividing (§3.3: RAND split points with
@@ -160,7 +182,7 @@ def segment_targets(
         points = torch.where(draws.rand.lt(p).unsqueeze(1), rand, points)
     zero = lengths.new_zeros(batch_size, 1)
     bounds = torch.cat([zero, points, lengths.unsqueeze(1)], dim=1)
-    starts, sizes = bounds[:, :-1], bounds[:, 1:] - bounds[:, :-1]  # B x K
+    starts, sizes = bounds[:, :-1], bounds[:, 1:] - bounds[:, :-1]  # (B, K)
     segment = torch.arange(K, device=target.device).unsqueeze(0)
     pseudo = torch.zeros_like(sizes, dtype=torch.bool)
     if training:
@@ -174,9 +196,9 @@ def segment_targets(
         sizes = torch.where(pseudo, prefix, sizes.gather(1, source))
     steps = int(sizes.max()) + 1
     step = torch.arange(steps, device=target.device)
-    sizes = sizes.unsqueeze(2)  # B x K x 1
+    sizes = sizes.unsqueeze(2)  # (B, K, 1)
     index = (starts.unsqueeze(2) + step).clamp(max=columns - 1).view(batch_size, -1)
-    tokens = target.gather(1, index).view(batch_size, K, steps)  # B x K x L: the segment's tokens from its start
+    tokens = target.gather(1, index).view(batch_size, K, steps)  # (B, K, L): the segment's tokens from its start
     end = torch.where(pseudo, del_index, eos).unsqueeze(2)
     trained_tokens = step < sizes if pseudo_tokens else (step < sizes) & ~pseudo.unsqueeze(2)
     targets = torch.where(trained_tokens, tokens, torch.where(step == sizes, end, pad))
@@ -185,11 +207,11 @@ def segment_targets(
     return step_major(inputs), step_major(targets), inject
 
 
-def step_major(per_segment):
-    """B x K x L (segment by segment) -> B x L*K (position t*K + k = step t of segment k)."""
+def step_major(per_segment: torch.Tensor) -> torch.Tensor:
+    """(B, K, L) (segment by segment) -> (B, L·K) (position t*K + k = step t of segment k)."""
     return per_segment.transpose(1, 2).reshape(per_segment.size(0), -1)
 
 
-def segment_ids(num_positions, num_segments, device=None):
-    """Segment index of every position of the step-major layout (0..K-1 repeated)."""
+def segment_ids(num_positions: int, num_segments: int, device: Optional[torch.device] = None) -> torch.Tensor:
+    """Segment index of every position of the step-major layout, (num_positions,): 0..K-1 repeated."""
     return torch.arange(num_segments, device=device).repeat(num_positions // num_segments)

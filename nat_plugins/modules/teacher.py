@@ -16,12 +16,14 @@ ids, so a dictionary of the same size with other symbols gives meaningless score
 
 import logging
 import os
+from typing import Any, Collection, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.data import Dictionary, data_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDecoderModel
 from fairseq.models.nat import FairseqNATModel
+from fairseq.tasks import FairseqTask
 
 from ..engine import prepare_for_decoding
 from .log_probs import token_log_probs
@@ -36,20 +38,20 @@ TEACHER_FIX = (
 EMBEDDINGS = {"source": "encoder.embed_tokens.weight", "target": "decoder.embed_tokens.weight"}
 
 
-def stored_dictionaries(task):
+def stored_dictionaries(task: FairseqTask) -> Dict[str, List[str]]:
     """The dictionaries' symbols as ``translation_nat`` stores them in its task state, hence in every checkpoint it
     writes (:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.state_dict`): what
     :func:`check_teacher_dictionaries` compares when the checkpoint's data directory is gone."""
     return {"source": list(task.source_dictionary.symbols), "target": list(task.target_dictionary.symbols)}
 
 
-def checkpoint_arch(state):
+def checkpoint_arch(state: Dict[str, Any]) -> Optional[str]:
     """The architecture name of a loaded checkpoint (``state``: fairseq's ``load_checkpoint_to_cpu``)."""
     model_cfg = state["cfg"]["model"]
     return getattr(model_cfg, "_name", None) or getattr(model_cfg, "arch", None)
 
 
-def refuse_non_autoregressive(state, path, option):
+def refuse_non_autoregressive(state: Dict[str, Any], path: str, option: str) -> None:
     """Refuse a checkpoint whose architecture is not an autoregressive encoder-decoder that fairseq's
     ``SequenceGenerator`` decodes, before its model is built (building a RecoverSAT model would add its DEL symbol to
     the student's dictionary): a teacher's decoder is run teacher-forced or step by step like a Transformer's, which
@@ -73,7 +75,7 @@ def refuse_non_autoregressive(state, path, option):
     )
 
 
-def teacher_symbols(state, side):
+def teacher_symbols(state: Dict[str, Any], side: str) -> Tuple[Optional[List[str]], str]:
     """The symbols of the teacher's ``side`` ("source"/"target") dictionary and where they come from: stored in its
     checkpoint's task state (``translation_nat``), else ``dict.{lang}.txt`` in its checkpoint's data directory; else
     None and why."""
@@ -96,7 +98,7 @@ def teacher_symbols(state, side):
     return Dictionary.load(path).symbols, path
 
 
-def first_difference(theirs, ours):
+def first_difference(theirs: List[str], ours: List[str]) -> str:
     """Where two symbol lists first differ, in words."""
     for index, (their, our) in enumerate(zip(theirs, ours)):
         if their != our:
@@ -104,7 +106,14 @@ def first_difference(theirs, ours):
     return f"{len(theirs)} symbols there, {len(ours)} here"
 
 
-def check_teacher_dictionaries(state, dictionaries, option, path, fix, added_symbols=()):
+def check_teacher_dictionaries(
+    state: Dict[str, Any],
+    dictionaries: Sequence[Dictionary],
+    option: str,
+    path: str,
+    fix: str,
+    added_symbols: Collection[str] = (),
+) -> None:
     """Refuse a teacher checkpoint (``state``) trained with other dictionaries than ``dictionaries`` (the student
     data-bin's source and target dictionaries; ``added_symbols``: symbols the student's model appended to them, e.g.
     RecoverSAT's DEL, left out).
@@ -142,7 +151,7 @@ class FrozenTeacher:
     ``option`` names the command-line option in error messages (``--teacher-path``, ``--npd-teacher``,
     ``--speculative-teacher``)."""
 
-    def __init__(self, path, task, option):
+    def __init__(self, path: str, task: FairseqTask, option: str) -> None:
         if not path:
             raise ValueError(f"{option} PATH (an AR Transformer checkpoint trained on this data-bin) is required")
         if not os.path.exists(path):
@@ -164,7 +173,7 @@ class FrozenTeacher:
         self.cfg = cfg  # the checkpoint's own configuration (the data it was trained on, ...)
         self.option = option
 
-    def to(self, reference):
+    def to(self, reference: torch.Tensor) -> FairseqEncoderDecoderModel:
         """The teacher on ``reference``'s device and floating-point dtype (moved once, then reused)."""
         parameter = next(self.model.parameters())
         if parameter.device != reference.device or parameter.dtype != reference.dtype:
@@ -172,32 +181,53 @@ class FrozenTeacher:
         return self.model
 
     @torch.no_grad()
-    def score(self, src_tokens, src_lengths, tokens, lengths, order=None):
+    def score(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        order: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced log-probabilities, one parallel pass (Gu et al. §4.2 L_RKL, which needs the teacher's full
         distributions; NPD's rescoring needs only :meth:`token_scores`).
 
-        ``tokens`` (N x T, right-padded with the dictionary's pad, no EOS) of lengths ``lengths`` (N); row n of
-        ``tokens`` translates sentence ``order[n]`` of ``src_tokens`` (B x S; ``order`` None: N = B, row n = sentence
-        n). The encoder runs once per sentence, the decoder once over all N rows. Returns ``lprobs`` (N x (T+1) x V,
-        the teacher's distributions for positions 0..T, the one at ``lengths`` being that of EOS) and ``target``
-        (N x (T+1): tokens then EOS, padded)."""
+        ``tokens`` ((N, T), right-padded with the dictionary's pad, no EOS) of lengths ``lengths`` (N,); row n of
+        ``tokens`` translates sentence ``order[n]`` of ``src_tokens`` ((B, S); ``order`` None: N = B, row n =
+        sentence n). The encoder runs once per sentence, the decoder once over all N rows. Returns ``lprobs``
+        ((N, T+1, V), the teacher's distributions for positions 0..T, the one at ``lengths`` being that of EOS) and
+        ``target`` ((N, T+1): tokens then EOS, padded)."""
         net_output, target = self.teacher_forced(src_tokens, src_lengths, tokens, lengths, order)
         return self.model.get_normalized_probs(net_output, log_probs=True), target
 
     @torch.no_grad()
-    def token_scores(self, src_tokens, src_lengths, tokens, lengths, order=None):
+    def token_scores(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        order: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """The teacher's log-probability of every target token, one parallel pass (Gu et al. §4.1, NPD's eq. 8):
-        arguments as :meth:`score`; returns N x (T+1) fp32 values, those of ``tokens`` then EOS, 0 on padding.
+        arguments as :meth:`score`; returns (N, T+1) fp32 values, those of ``tokens`` then EOS, 0 on padding.
         Each is the target's logit minus the log-sum-exp over the vocabulary reduced in fp32
-        (:func:`.log_probs.token_log_probs`): no N x (T+1) x V log-softmax, nor an fp32 copy of the logits."""
+        (:func:`.log_probs.token_log_probs`): no (N, T+1, V) log-softmax, nor an fp32 copy of the logits."""
         if getattr(self.model.decoder, "adaptive_softmax", None) is not None:  # its output is no logits
             raise ValueError(f"{self.option}: a teacher with --adaptive-softmax-cutoff cannot rescore candidates")
         net_output, target = self.teacher_forced(src_tokens, src_lengths, tokens, lengths, order)
         pad = self.model.decoder.dictionary.pad()
         return token_log_probs(net_output[0], target).masked_fill_(target.eq(pad), 0.0)
 
-    def teacher_forced(self, src_tokens, src_lengths, tokens, lengths, order):
-        """The teacher's decoder output (logits N x (T+1) x V, extra) on ``tokens`` then EOS, and that target."""
+    def teacher_forced(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        order: Optional[torch.Tensor],
+    ) -> Tuple[Tuple[torch.Tensor, Dict[str, Any]], torch.Tensor]:
+        """The teacher's decoder output (logits (N, T+1, V), extra) on ``tokens`` then EOS, and that target."""
         model = self.model
         dictionary = model.decoder.dictionary
         pad, eos = dictionary.pad(), dictionary.eos()
