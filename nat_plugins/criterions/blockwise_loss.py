@@ -15,10 +15,8 @@ heads an update scores among the trainable ones (head 1 is not trainable under `
   head per minibatch", which saves memory). When the base trains, head 1 then gets 1/k of the updates while the
   other heads pull the shared trunk toward y_{t+i}: fine-tuning collapses into stutter.
 
-Why the defaults (``mean``, w = 0.1) and the recipe's two stages (heads first on a frozen base, then everything with
-``first-plus-random``): measured on the learning tests' synthetic task and on Multi30k, ``random`` collapses when the
-base trains, a small w keeps head 1 at the teacher's BLEU, and ``first-plus-random`` trains faster than ``mean`` to the
-same BLEU (docs/design-notes.md, "Blockwise head sampling").
+Why the defaults (``mean``, w = 0.1) and the recipe's two stages: see docs/design-notes.md, *Blockwise: why the
+loss's defaults*.
 
 Heads an update does not score keep no gradient (``.grad`` stays ``None``): their output layers are left out of
 the graph so that the optimizer does not move them (fairseq's Adam applies momentum and weight decay to every
@@ -35,6 +33,7 @@ number ``fairseq-generate --print-step`` reports (§5, "mean accepted block size
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 import torch
 from fairseq import utils
@@ -48,7 +47,10 @@ from omegaconf import II
 from ..generators.blockwise_decoding import BlockwiseGenerator
 from ..modules.block_heads import block_targets
 from ..modules.options import check_label_smoothing
-from ._metrics import log_bits, log_loss_and_nll, summed
+from ._metrics import LoggingOutput, Sample, log_bits, log_loss_and_nll, summed
+
+if TYPE_CHECKING:
+    from ..models.blockwise_transformer import BlockwiseTransformerModel
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ class BlockwiseLoss(FairseqCriterion):
         self.seed = seed
         self.warned = False
 
-    def heads_to_score(self, model):
+    def heads_to_score(self, model: "BlockwiseTransformerModel") -> List[int]:
         """0-based heads this forward scores: all k in validation; in training the trainable ones (``mean``), or
         draws from (seed, update) — the same heads on every rank, so distributed training sees one loss."""
         if not model.training:
@@ -149,18 +151,20 @@ class BlockwiseLoss(FairseqCriterion):
             return [rng.choice(heads)]
         return [0, rng.choice(heads[1:])]
 
-    def forward(self, model, sample, reduce=True):
+    def forward(
+        self, model: "BlockwiseTransformerModel", sample: Sample, reduce: bool = True
+    ) -> Tuple[torch.Tensor, float, LoggingOutput]:
         heads = self.heads_to_score(model)
         targets = block_targets(sample["target"], model.decoder.block_size, self.padding_idx)[..., heads]
-        scored = targets.ne(self.padding_idx)  # B x T x len(heads); past the end: no vocabulary projection
-        logits, _ = model(**sample["net_input"], heads=heads, logits_at=scored)  # N x V, N = scored predictions
+        scored = targets.ne(self.padding_idx)  # (B, T, len(heads)); past the end: no vocabulary projection
+        logits, _ = model(**sample["net_input"], heads=heads, logits_at=scored)  # (N, V), N = scored predictions
         targets = targets[scored]
         slot_of_row = torch.arange(len(heads), device=targets.device).expand_as(scored)[scored]
         lprobs = utils.log_softmax(logits, dim=-1)
         loss, nll_loss = label_smoothed_nll_loss(lprobs, targets, self.eps, reduce=False)
         correct = lprobs.argmax(dim=-1).eq(targets)
 
-        def per_slot(values):
+        def per_slot(values: torch.Tensor) -> torch.Tensor:
             return values.new_zeros(len(heads)).index_add_(0, slot_of_row, values)
 
         per_head_tokens = torch.bincount(slot_of_row, minlength=len(heads))
@@ -191,7 +195,7 @@ class BlockwiseLoss(FairseqCriterion):
             logging_output.update(self.accepted_block_counts(model, sample))
         return loss, sample_size, logging_output
 
-    def accepted_block_counts(self, model, sample):
+    def accepted_block_counts(self, model: "BlockwiseTransformerModel", sample: Sample) -> Dict[str, Any]:
         """Verify-accept decoding of the batch: ``block_tokens`` (tokens emitted, EOS included) and
         ``block_steps`` (decoder calls), summed over its sentences, as fairseq-generate counts them."""
         generator = BlockwiseGenerator([model], self.task, GenerationConfig(beam=1), draft_every_step=True)
@@ -202,7 +206,7 @@ class BlockwiseLoss(FairseqCriterion):
         }
 
     @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
+    def reduce_metrics(logging_outputs: List[LoggingOutput]) -> None:
         total = summed(logging_outputs)
         log_loss_and_nll(total, total("sample_size"), total("predicted"))
         heads = sorted(

@@ -16,6 +16,7 @@ token), ``fertility_loss`` (per source subword) and ``fertility_acc`` (argmax ac
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 from fairseq import utils
@@ -26,7 +27,10 @@ from fairseq.logging import metrics
 from omegaconf import II
 
 from ..modules.options import check_label_smoothing
-from ._metrics import log_bits, log_loss_and_nll, summed
+from ._metrics import LoggingOutput, Sample, log_bits, log_loss_and_nll, summed
+
+if TYPE_CHECKING:
+    from ..models.fertility_nat import FertilityNATModel, NamedOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +42,10 @@ class FertilityNATLossConfig(FairseqDataclass):
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
-def targets_without_eos(target, fertility, pad, length=None):
-    """``target`` (B x T, right-padded, EOS last) without EOS, padded to ``length`` columns, and its lengths;
+def targets_without_eos(
+    target: torch.Tensor, fertility: torch.Tensor, pad: int, length: Optional[int] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``target`` ((B, T), right-padded, EOS last) without EOS, padded to ``length`` columns, and its lengths;
     checks that every length equals the sentence's fertility sum."""
     lengths = target.ne(pad).long().sum(dim=1) - 1
     sums = fertility.long().sum(dim=1)
@@ -72,7 +78,9 @@ class FertilityNATLoss(FairseqCriterion):
         self.eos = task.target_dictionary.eos()
         self.warned_max_fertility = False
 
-    def terms(self, model, sample, net_output=None):
+    def terms(
+        self, model: "FertilityNATModel", sample: Sample, net_output: Optional["NamedOutputs"] = None
+    ) -> Tuple[Dict[str, Any], "NamedOutputs"]:
         """Summed translation loss/NLL, fertility NLL and counts for ``sample`` (the model is run when
         ``net_output`` is not given); also returns the net output (``nat_rkl_finetune`` reuses it)."""
         if "fertility" not in sample:
@@ -116,7 +124,9 @@ class FertilityNATLoss(FairseqCriterion):
             "nsource": int(fert_mask.sum()),
         }, net_output
 
-    def forward(self, model, sample, reduce=True):
+    def forward(
+        self, model: "FertilityNATModel", sample: Sample, reduce: bool = True
+    ) -> Tuple[torch.Tensor, float, LoggingOutput]:
         terms, _ = self.terms(model, sample)
         loss = terms["word_loss"] + self.fertility_loss_weight * terms["fertility_nll"]
         nsentences = sample["target"].size(0)
@@ -124,7 +134,9 @@ class FertilityNATLoss(FairseqCriterion):
         return loss, sample_size, self.logging_output(loss, terms, nsentences, sample_size, sample["ntokens"])
 
     @staticmethod
-    def logging_output(loss, terms, nsentences, sample_size, ntokens):
+    def logging_output(
+        loss: torch.Tensor, terms: Dict[str, Any], nsentences: int, sample_size: float, ntokens: int
+    ) -> LoggingOutput:
         return {
             "loss": loss.data,
             "nll_loss": terms["word_nll"].data,
@@ -139,7 +151,7 @@ class FertilityNATLoss(FairseqCriterion):
         }
 
     @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
+    def reduce_metrics(logging_outputs: List[LoggingOutput]) -> None:
         total = summed(logging_outputs)
         ntarget, nsource = total("ntarget"), total("nsource")
         log_loss_and_nll(total, total("sample_size"), ntarget)

@@ -19,6 +19,7 @@ AD's unsmoothed NLL per token, hence ``ppl``) and ``nad_nll_loss``.
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,10 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 
 from ..modules.options import check_label_smoothing
-from ._metrics import log_bits, summed
+from ._metrics import LoggingOutput, Sample, log_bits, summed
+
+if TYPE_CHECKING:
+    from ..models.nad_ad_transformer import NADADTransformerModel
 
 LOGGED_TERMS = ("ad_loss", "nad_loss", "length_loss", "fertility_loss", "nll_loss", "nad_nll_loss")
 
@@ -45,7 +49,7 @@ class NADADLossConfig(FairseqDataclass):
     )
 
 
-def nad_targets(kd_target, pad, length):
+def nad_targets(kd_target: torch.Tensor, pad: int, length: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Distilled targets without EOS, right-padded/cut to the NAD's ``length`` positions; and their lengths."""
     lengths = kd_target.ne(pad).long().sum(dim=1) - 1  # EOS excluded
     positions = torch.arange(kd_target.size(1), device=kd_target.device).unsqueeze(0)
@@ -78,7 +82,9 @@ class NADADLoss(FairseqCriterion):
         self.nad_weight = nad_weight
         self.length_loss_weight = length_loss_weight
 
-    def smoothed_nll(self, logits, target, model, extra):
+    def smoothed_nll(
+        self, logits: torch.Tensor, target: torch.Tensor, model: "NADADTransformerModel", extra: Dict[str, Any]
+    ) -> Tuple[torch.Tensor, torch.Tensor, int]:
         """(label-smoothed loss, NLL, tokens) per token of ``target`` (the targets of the N rows of ``logits``,
         padding ignored)."""
         lprobs = model.get_normalized_probs((logits, extra), log_probs=True)
@@ -86,7 +92,9 @@ class NADADLoss(FairseqCriterion):
         tokens = int(target.ne(self.padding_idx).sum())
         return loss / max(tokens, 1), nll / max(tokens, 1), tokens
 
-    def forward(self, model, sample, reduce=True):
+    def forward(
+        self, model: "NADADTransformerModel", sample: Sample, reduce: bool = True
+    ) -> Tuple[torch.Tensor, float, LoggingOutput]:
         if "kd_target" not in sample:
             raise ValueError(
                 "nad_ad_loss needs sample['kd_target']: train with --use-distilled side and the "
@@ -102,7 +110,7 @@ class NADADLoss(FairseqCriterion):
                 "computed on the distilled targets)"
             )
         target = sample["target"]
-        scored = target.ne(self.padding_idx)  # logits of the scored positions only (packed, N x V)
+        scored = target.ne(self.padding_idx)  # logits of the scored positions only (packed, (N, V))
         logits, extra = model(
             net_input["src_tokens"],
             net_input["src_lengths"],
@@ -147,7 +155,7 @@ class NADADLoss(FairseqCriterion):
         return loss, 1, logging_output
 
     @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
+    def reduce_metrics(logging_outputs: List[LoggingOutput]) -> None:
         total = summed(logging_outputs)
         sample_size = total("sample_size")
         log_bits("loss", total("loss"), sample_size)

@@ -5,13 +5,12 @@ paper writes (``--rkl-form ce``, the default):
 
     L_RKL(f) = - sum_t sum_y p_NA(y_t = y | x, f) * log p_AR(y_t = y | ŷ_<t, x)
 
-where ŷ is the NAT's own argmax output for f and p_AR the frozen teacher, teacher-forced on ŷ in one parallel pass.
-The paper chooses this reverse direction as "more favorable towards highly peaked student output distributions": it
-is lowest when p_NA puts all its mass on the teacher's best token. ``--rkl-form kl`` adds the student's negative
-entropy, sum_y p_NA log p_NA, giving the full reverse KL divergence KL(p_NA || p_AR); that term rewards a spread
-p_NA, working against the peaked outputs the paper's form favours.
+where ŷ is the NAT's own argmax output for f and p_AR the frozen teacher, teacher-forced on ŷ in one parallel pass
+(the paper's reverse direction: "more favorable towards highly peaked student output distributions"). ``--rkl-form
+kl`` adds the student's negative entropy, sum_y p_NA log p_NA: the full reverse KL divergence KL(p_NA || p_AR), whose
+extra term rewards a spread p_NA.
 
-Eq. 11, the fine-tuning objective implemented here:
+Eq. 11, the fine-tuning objective implemented here (the released salesforce code weighs the terms otherwise):
 
     L_FT = λ * ( E_{f ~ p_F}[ L_RKL(f) - L_RKL(f_avg) ] + L_RKL(f_gold) ) + (1 - λ) * L_KD
 
@@ -22,20 +21,15 @@ Eq. 11, the fine-tuning objective implemented here:
 * L_KD is ``fertility_nat_loss`` on the (distilled) training batch, reusing the same gold-fertility decoder pass;
 * λ = ``--rkl-weight`` (paper: 0.25).
 
-The released salesforce code mixes these terms differently (e.g. other weights between the REINFORCE, RKL and
-distillation terms); this follows the paper's eq. 11.
-
-Every pass of the student goes through ``model(...)`` (its ``forward``), so that DistributedDataParallel sees the
-forward it must reduce the gradients of (a call of ``model.encode``/``decode`` would bypass it: with several GPUs the
-gradients would not be all-reduced). There are two:
+Every pass of the student goes through ``model(...)`` (its ``forward``), so that DistributedDataParallel all-reduces
+its gradients (``model.encode``/``decode`` would bypass it). There are two:
 
 * the gold-fertility pass, with gradient and the training-time dropout: L_KD, L_RKL(f_gold) and log p_F(f);
 * one pass without gradient and **without dropout** over 3B rows, the gold, the sampled and the average fertilities:
-  it yields the NAT outputs ŷ that the teacher is fed, exactly what the generator would emit for those fertilities
-  (:func:`~nat_plugins.modules.fertility.nat_output`: argmax without pad and EOS), and the
-  distributions of L_RKL(f) and L_RKL(f_avg). Without dropout the REINFORCE reward L_RKL(f) - L_RKL(f_avg) is a
-  function of f alone, measured on the decode the generator would make; with dropout the two rows would carry
-  independent masks (and rows of different lengths cannot share one), adding noise that does not depend on f.
+  the NAT outputs ŷ that the teacher is fed, exactly what the generator would emit for those fertilities
+  (:func:`~nat_plugins.modules.fertility.nat_output`: argmax without pad and EOS), and the distributions of L_RKL(f)
+  and L_RKL(f_avg). Why without dropout: see docs/design-notes.md, *NAT RKL fine-tuning: a decode pass without
+  dropout*.
 
 The teacher (``--teacher-path``) is loaded once with the student's task, kept in eval mode with
 ``requires_grad=False`` in a plain holder (:class:`~nat_plugins.modules.teacher.FrozenTeacher`, not a submodule, so
@@ -50,16 +44,21 @@ are the L_KD terms. Logged on top of ``fertility_nat_loss``'s terms (per sentenc
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Tuple
 
 import torch
 from fairseq import utils
 from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
+from torch import nn
 
 from ..modules.fertility import average_fertility, cap_total, ensure_nonempty, nat_output, sample_fertilities
 from ..modules.teacher import FrozenTeacher
+from ._metrics import LoggingOutput, Sample
 from .fertility_nat_loss import FertilityNATLoss, FertilityNATLossConfig
+
+if TYPE_CHECKING:
+    from ..models.fertility_nat import FertilityNATModel
 
 RKL_FORMS = ChoiceEnum(["ce", "kl"])
 
@@ -88,9 +87,11 @@ class NATRKLFinetuneConfig(FertilityNATLossConfig):
     )
 
 
-def rkl_loss(nat_logits, teacher_lprobs, mask, form="ce"):
-    """Per-row L_RKL of Gu et al. eq. 10 (N): ``nat_logits`` (N x T x V), ``teacher_lprobs`` (N x T x V), ``mask``
-    (N x T, True = a real target position). ``form`` 'ce': -sum_t sum_y p_NA log p_AR (the paper's); 'kl': plus
+def rkl_loss(
+    nat_logits: torch.Tensor, teacher_lprobs: torch.Tensor, mask: torch.Tensor, form: str = "ce"
+) -> torch.Tensor:
+    """Per-row L_RKL of Gu et al. eq. 10, (N,): ``nat_logits`` (N, T, V), ``teacher_lprobs`` (N, T, V), ``mask``
+    ((N, T), True = a real target position). ``form`` 'ce': -sum_t sum_y p_NA log p_AR (the paper's); 'kl': plus
     sum_t sum_y p_NA log p_NA, the reverse KL divergence KL(p_NA || p_AR)."""
     if form not in ("ce", "kl"):
         raise ValueError(f"--rkl-form must be 'ce' or 'kl', got {form!r}")
@@ -104,7 +105,7 @@ def rkl_loss(nat_logits, teacher_lprobs, mask, form="ce"):
 
 
 @contextlib.contextmanager
-def without_dropout(model):
+def without_dropout(model: nn.Module) -> Iterator[None]:
     """Every submodule of ``model`` (a DDP wrapper included) in eval mode inside the block, then as before."""
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
@@ -137,7 +138,9 @@ class NATRKLFinetune(FertilityNATLoss):
         self.max_len_a, self.max_len_b = rkl_max_len_a, rkl_max_len_b
         self.teacher = FrozenTeacher(teacher_path, task, "--teacher-path")  # a plain object: not a submodule
 
-    def forward(self, model, sample, reduce=True):
+    def forward(
+        self, model: "FertilityNATModel", sample: Sample, reduce: bool = True
+    ) -> Tuple[torch.Tensor, float, LoggingOutput]:
         terms = self.losses(model, sample)
         loss = self.rkl_weight * (terms["reinforce"] + terms["rkl_gold"].sum()) + (1.0 - self.rkl_weight) * terms["kd"]
         bsz = sample["net_input"]["src_tokens"].size(0)
@@ -153,10 +156,10 @@ class NATRKLFinetune(FertilityNATLoss):
         )
         return loss, sample_size, logging_output
 
-    def losses(self, model, sample):
+    def losses(self, model: "FertilityNATModel", sample: Sample) -> Dict[str, Any]:
         """The terms of eq. 11 for one batch (module docstring), with what they were computed from: ``kd``,
-        ``rkl_gold`` (B, with gradient), ``reinforce`` (the score-function surrogate), ``rkl_sampled`` and
-        ``rkl_baseline`` (B, no gradient), ``sampled`` (the drawn f, B x S), ``sample_lprob`` (log p_F(f), B),
+        ``rkl_gold`` ((B,), with gradient), ``reinforce`` (the score-function surrogate), ``rkl_sampled`` and
+        ``rkl_baseline`` ((B,), no gradient), ``sampled`` (the drawn f, (B, S)), ``sample_lprob`` (log p_F(f), (B,)),
         ``fertility`` (the 3B decoded fertilities: gold, sampled, average), ``tokens``/``lengths`` (the 3B
         outputs fed to the teacher) and the ``fertility_nat_loss`` terms."""
         net_input = sample["net_input"]

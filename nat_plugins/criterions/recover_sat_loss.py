@@ -13,7 +13,8 @@ few tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`; no
 * pseudo-repetitive segments (§3.2), with probability ``--pseudo-rep-prob`` q per sentence: the sentence is divided
   into K-1 segments, a prefix of random length 1..|S| of a random non-empty segment S is copied, followed by DEL,
   right after S; only its DEL is trained, as in the released code (``--pseudo-rep-tokens``: its copied tokens too,
-  which teaches a segment to restart its predecessor: docs/design-notes.md).
+  which teaches a segment to restart its predecessor: see docs/design-notes.md, *RecoverSAT: a second segment that
+  restarts the sentence*).
 * empty segments are BOS -> EOS; the loss is label-smoothed NLL (``--label-smoothing``, the paper's 0.15).
 
 Randomness comes from a ``torch.Generator`` on the batch's device seeded with (``--seed``, update number, call within
@@ -24,7 +25,7 @@ Logged: ``loss``/``nll_loss`` per trained position, ``anneal_p`` and ``pseudo_re
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 from fairseq.criterions import FairseqCriterion, register_criterion
@@ -35,7 +36,10 @@ from omegaconf import II
 
 from ..modules.options import check_label_smoothing
 from ..modules.segments import DEL_SYMBOL, SegmentDraws, segment_targets, word_boundary_tables
-from ._metrics import log_loss_and_nll, summed
+from ._metrics import LoggingOutput, Sample, log_loss_and_nll, summed
+
+if TYPE_CHECKING:
+    from ..models.recover_sat import RecoverSATModel
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ class RecoverSATLossConfig(FairseqDataclass):
     max_update: int = II("optimization.max_update")
 
 
-def default_anneal_steps(max_update):
+def default_anneal_steps(max_update: Optional[int]) -> int:
     """``--anneal-steps`` when it is not given: the whole training, fairseq's ``--max-update`` (§3.3: p goes from 1
     to 0 during training); a clear error when training has no update limit."""
     if max_update is None or max_update <= 0:
@@ -87,7 +91,7 @@ def default_anneal_steps(max_update):
     return max_update
 
 
-def annealed_p(num_updates, anneal_steps):
+def annealed_p(num_updates: int, anneal_steps: int) -> float:
     """p of the mixed annealing dividing after ``num_updates`` updates (§3.3)."""
     if anneal_steps <= 0:
         return 0.0
@@ -126,7 +130,7 @@ class RecoverSATLoss(FairseqCriterion):
         self.boundary_tables = None  # --split-at-word-starts: built on first use (the model adds DEL to the dictionary)
         self.calls = (None, 0)  # (update number, batches seen in that update)
 
-    def draws(self, model, target):
+    def draws(self, model: "RecoverSATModel", target: torch.Tensor) -> SegmentDraws:
         """The draws of this batch (:class:`~nat_plugins.modules.segments.SegmentDraws`) from a ``torch.Generator`` on
         the target's device, seeded by (seed, update, batch within the update): the same on every rank."""
         update, calls = self.calls
@@ -136,8 +140,10 @@ class RecoverSATLoss(FairseqCriterion):
         generator.manual_seed((self.seed * 1_000_003 + model.num_updates) * 1_009 + calls)
         return SegmentDraws.sample(target.size(0), target.size(1), model.num_segments, generator, target.device)
 
-    def build_segments(self, model, target):
-        """Step-major decoder inputs and targets for ``target`` (B x T, right-padded, ending in EOS), built with
+    def build_segments(
+        self, model: "RecoverSATModel", target: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, float, torch.Tensor]:
+        """Step-major decoder inputs and targets for ``target`` ((B, T), right-padded, ending in EOS), built with
         tensor operations (:func:`~nat_plugins.modules.segments.segment_targets`); also p and the number of
         sentences that got a pseudo-repetitive segment (a tensor)."""
         dictionary = self.task.target_dictionary
@@ -160,7 +166,9 @@ class RecoverSATLoss(FairseqCriterion):
         )
         return inputs, targets, p, injected.sum()
 
-    def forward(self, model, sample, reduce=True):
+    def forward(
+        self, model: "RecoverSATModel", sample: Sample, reduce: bool = True
+    ) -> Tuple[torch.Tensor, float, LoggingOutput]:
         inputs, targets, p, injected = self.build_segments(model, sample["target"])
         net_input = sample["net_input"]
         scored = targets.ne(self.padding_idx)  # segment fillers are padding: no vocabulary projection there
@@ -183,7 +191,7 @@ class RecoverSATLoss(FairseqCriterion):
         return loss, sample_size, logging_output
 
     @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
+    def reduce_metrics(logging_outputs: List[LoggingOutput]) -> None:
         total = summed(logging_outputs)
         nsentences = total("nsentences")
         log_loss_and_nll(total, total("sample_size"), total("trained_positions"))

@@ -16,6 +16,7 @@ proxy).
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Tuple
 
 import torch
 from fairseq import utils
@@ -27,7 +28,10 @@ from omegaconf import II
 
 from ..modules.draft_masks import every_cut_slots
 from ..modules.options import check_label_smoothing
-from ._metrics import log_loss_and_nll, summed
+from ._metrics import LoggingOutput, Sample, log_loss_and_nll, summed
+
+if TYPE_CHECKING:
+    from ..models.spec_drafter import SpecDrafterModel
 
 
 @dataclass
@@ -36,8 +40,8 @@ class SpecDrafterLossConfig(FairseqDataclass):
     sentence_avg: bool = II("optimization.sentence_avg")
 
 
-def every_cut_targets(target, draft_size, pad):
-    """The draft targets of every cut of right-padded ``target`` (B x T: y_1..y_n, y_n = EOS, then pad): B x T·k,
+def every_cut_targets(target: torch.Tensor, draft_size: int, pad: int) -> torch.Tensor:
+    """The draft targets of every cut of right-padded ``target`` ((B, T): y_1..y_n, y_n = EOS, then pad): (B, T·k),
     slot i of cut c (the drafter read y_0..y_c) at column c·k + i is y_{c+1+i}, pad past EOS (so every slot of a
     cut c >= n is pad)."""
     padded = torch.cat([target, target.new_full((target.size(0), draft_size), pad)], dim=1)
@@ -51,7 +55,9 @@ class SpecDrafterLoss(FairseqCriterion):
         self.eps = check_label_smoothing(label_smoothing)
         self.sentence_avg = sentence_avg
 
-    def forward(self, model, sample, reduce=True):
+    def forward(
+        self, model: "SpecDrafterModel", sample: Sample, reduce: bool = True
+    ) -> Tuple[torch.Tensor, float, LoggingOutput]:
         net_input = sample["net_input"]
         draft_target = every_cut_targets(sample["target"], model.draft_size, self.padding_idx)
         scored = draft_target.ne(self.padding_idx)
@@ -80,7 +86,7 @@ class SpecDrafterLoss(FairseqCriterion):
         return loss, sample_size, logging_output
 
     @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
+    def reduce_metrics(logging_outputs: List[LoggingOutput]) -> None:
         total = summed(logging_outputs)
         predicted = total("predicted")
         log_loss_and_nll(total, total("sample_size"), predicted)

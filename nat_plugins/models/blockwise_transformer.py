@@ -2,19 +2,23 @@
 
 A fairseq Transformer whose decoder output feeds k proposal heads (:class:`~nat_plugins.modules.block_heads.
 BlockHeads`, §6); head i is trained to predict y_{t+i} (criterion ``blockwise_loss``) and decoding is
-verify-accept (:mod:`nat_plugins.generators.blockwise_decoding`). Recipes train on the teacher's distilled outputs (the
-heads must predict what p1 will emit) in two stages: the heads on the AR teacher (``--init-from-ar``
+verify-accept (:mod:`nat_plugins.generators.blockwise_decoding`). Recipes train on the teacher's distilled outputs
+(the heads must predict what p1 will emit) in two stages: the heads on the AR teacher (``--init-from-ar``
 ``--freeze-base``; with ``--identity-first-head`` p1 stays exactly the teacher, so exact acceptance reproduces its
-greedy output), then optionally everything (``--finetune-from-model`` the first stage's checkpoint), with head 1 in
-every update (see ``blockwise_loss``).
+greedy output, up to near-ties: see :mod:`nat_plugins.generators.verify_accept_loop`), then optionally everything
+(``--finetune-from-model`` the first stage's checkpoint), with head 1 in every update (see ``blockwise_loss``).
 
 The decoder's ``forward`` keeps fairseq's contract (logits of head 1, so fairseq's tools treat the model as the AR
 model p1) and adds ``heads=`` (0-based head indices) for the logits of several heads and ``positions=`` for decoding
 several new tokens per call against the incremental key/value cache.
 """
 
+import argparse
 import logging
+from typing import Any, Dict, Optional, Sequence, Tuple
 
+import torch
+from fairseq.data import Dictionary
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -24,11 +28,13 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de_big,
 )
+from fairseq.tasks import FairseqTask
+from torch import nn
 
 from ..engine.block_call import decoder_block_features
 from ..generators.blockwise_decoding import BlockwiseGenerator
 from ..modules.block_heads import BlockHeads
-from .plugin_model import NATPluginModel, logits_at_positions
+from .plugin_model import EncoderOut, IncrementalState, NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
 
@@ -57,29 +63,29 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
         )
 
     @property
-    def block_size(self):
+    def block_size(self) -> int:
         return self.block_heads.block_size
 
     def forward(
         self,
-        prev_output_tokens,
-        encoder_out=None,
-        incremental_state=None,
-        features_only=False,
-        full_context_alignment=False,
-        alignment_layer=None,
-        alignment_heads=None,
-        src_lengths=None,
-        return_all_hiddens=False,
-        heads=None,
-        positions=None,
-        logits_at=None,
-    ):
+        prev_output_tokens: torch.Tensor,
+        encoder_out: Optional[EncoderOut] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        src_lengths: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = False,
+        heads: Optional[Sequence[int]] = None,
+        positions: Optional[torch.Tensor] = None,
+        logits_at: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """fairseq's decoder forward with three additions.
 
         * ``heads``: distinct 0-based head indices (a ``range`` or a list); the logits come back as
           (B, T, len(heads), V) in that order. ``None`` (fairseq's callers) gives the logits of head 1 as (B, T, V).
-        * ``logits_at`` (B, T, len(heads) bool, with ``heads``): only those logits, packed N x V
+        * ``logits_at`` ((B, T, len(heads)) bool, with ``heads``): only those logits, packed (N, V)
           (:func:`~nat_plugins.models.plugin_model.logits_at_positions`; ``blockwise_loss`` passes its non-pad
           targets).
         * ``positions`` (B, T): decode ``prev_output_tokens`` as new tokens at these target positions (0 = BOS),
@@ -104,9 +110,11 @@ class BlockwiseTransformerDecoder(TransformerDecoder):
             return self.head_logits(x, range(1)).squeeze(-2), extra
         return self.head_logits(x, heads, logits_at), extra
 
-    def head_logits(self, features, heads, logits_at=None):
-        """Logits of the heads in ``heads`` for decoder output ``features`` (..., d) -> (..., len(heads), V); with
-        ``logits_at`` (..., len(heads) bool) those logits only, packed N x V."""
+    def head_logits(
+        self, features: torch.Tensor, heads: Sequence[int], logits_at: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """Logits of the heads in ``heads`` for decoder output ``features`` (..., C) -> (..., len(heads), V); with
+        ``logits_at`` ((..., len(heads)) bool) those logits only, packed (N, V)."""
         if list(heads) == [0] and self.block_heads.identity_first_head:  # bit for bit the base model's logits
             if logits_at is None:
                 return self.output_layer(features).unsqueeze(-2)
@@ -127,7 +135,7 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
     num_updates = 0
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_args(parser)
         parser.add_argument(
             "--block-size",
@@ -148,7 +156,7 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
         cls.add_init_from_ar_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "BlockwiseTransformerModel":
         blockwise_base_architecture(args)
         if args.block_size < 1:
             raise ValueError(f"--block-size must be at least 1, got {args.block_size}")
@@ -165,25 +173,27 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
         return model
 
     @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
+    def build_decoder(
+        cls, args: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding
+    ) -> BlockwiseTransformerDecoder:
         return BlockwiseTransformerDecoder(
             args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
         )
 
     def forward(
         self,
-        src_tokens,
-        src_lengths,
-        prev_output_tokens,
-        return_all_hiddens=True,
-        features_only=False,
-        alignment_layer=None,
-        alignment_heads=None,
-        heads=None,
-        logits_at=None,
-    ):
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        prev_output_tokens: torch.Tensor,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        heads: Optional[Sequence[int]] = None,
+        logits_at: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """fairseq's forward; ``heads`` (0-based head indices) returns those heads' logits, (B, T, len(heads), V),
-        and ``logits_at`` (B, T, len(heads) bool) only those of them, packed N x V."""
+        and ``logits_at`` ((B, T, len(heads)) bool) only those of them, packed (N, V)."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens)
         return self.decoder(
             prev_output_tokens,
@@ -198,20 +208,20 @@ class BlockwiseTransformerModel(NATPluginModel, TransformerModel):
         )
 
     @property
-    def trainable_heads(self):
+    def trainable_heads(self) -> range:
         """Heads whose loss reaches a trainable parameter (head 1 is frozen with --freeze-base
         --identity-first-head)."""
         first = int(self.base_frozen and self.decoder.block_heads.identity_first_head)
         return range(first, self.decoder.block_size)
 
-    def set_num_updates(self, num_updates):
+    def set_num_updates(self, num_updates: int) -> None:
         """Remember the update count (``blockwise_loss`` draws its heads from it, identically on every rank)."""
         super().set_num_updates(num_updates)
         self.num_updates = num_updates
 
 
 @register_model_architecture("blockwise_transformer", "blockwise_transformer")
-def blockwise_base_architecture(args):
+def blockwise_base_architecture(args: argparse.Namespace) -> None:
     args.block_size = getattr(args, "block_size", 4)
     args.identity_first_head = getattr(args, "identity_first_head", False)
     args.freeze_base = getattr(args, "freeze_base", False)
@@ -220,12 +230,12 @@ def blockwise_base_architecture(args):
 
 
 @register_model_architecture("blockwise_transformer", "blockwise_transformer_iwslt_de_en")
-def blockwise_transformer_iwslt_de_en(args):
+def blockwise_transformer_iwslt_de_en(args: argparse.Namespace) -> None:
     transformer_iwslt_de_en(args)
     blockwise_base_architecture(args)
 
 
 @register_model_architecture("blockwise_transformer", "blockwise_transformer_wmt_en_de_big")
-def blockwise_transformer_wmt_en_de_big(args):
+def blockwise_transformer_wmt_en_de_big(args: argparse.Namespace) -> None:
     transformer_wmt_en_de_big(args)
     blockwise_base_architecture(args)

@@ -23,8 +23,12 @@ generator appends EOS. Training: criterions ``fertility_nat_loss`` and ``nat_rkl
 are not frozen into the checkpoint).
 """
 
+import argparse
 import logging
+from typing import Any, Dict, Optional, Tuple, Union
 
+import torch
+from fairseq.data import Dictionary
 from fairseq.models import FairseqDecoder, register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -33,6 +37,7 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de,
 )
+from fairseq.tasks import FairseqTask
 from torch import nn
 
 from ..generators.fertility_nat_decoding import FertilityNATGenerator
@@ -45,14 +50,16 @@ from ..modules.nad import (
     uniform_fertility,
 )
 from ..modules.options import COPY_MODES, DEFAULT_MAX_FERTILITY
-from .plugin_model import NATPluginModel
+from .plugin_model import EncoderOut, NATPluginModel
+
+NamedOutputs = Dict[str, Dict[str, torch.Tensor]]  # the nat_loss contract: {"word_ins": {"out", "mask"}, ...}
 
 logger = logging.getLogger(__name__)
 
 
 class FertilityNATDecoder(FairseqDecoder):
     """The NAD of Gu et al. plus the output projection: ``forward(inputs, padding_mask, encoder_out)`` ->
-    (logits B x T x V, extra). ``embed_tokens`` is kept (and the projection tied to it) only when shared."""
+    (logits (B, T, V), extra). ``embed_tokens`` is kept (and the projection tied to it) only when shared."""
 
     def __init__(self, cfg, dictionary, embed_tokens, mask_self_diagonal):
         super().__init__(dictionary)
@@ -72,10 +79,12 @@ class FertilityNATDecoder(FairseqDecoder):
         else:  # an unused embedding would be an unused parameter under DDP
             nn.init.normal_(self.output_projection.weight, mean=0, std=embed_dim**-0.5)
 
-    def max_positions(self):
+    def max_positions(self) -> int:
         return self.nad.max_positions()
 
-    def forward(self, inputs, padding_mask, encoder_out, **kwargs):
+    def forward(
+        self, inputs: torch.Tensor, padding_mask: torch.Tensor, encoder_out: EncoderOut, **kwargs: Any
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         states, extra = self.nad(inputs, padding_mask, encoder_out)
         extra["padding_mask"] = padding_mask
         return self.output_projection(states), extra
@@ -84,7 +93,7 @@ class FertilityNATDecoder(FairseqDecoder):
 @register_model("fertility_nat")
 class FertilityNATModel(NATPluginModel, TransformerModel):
     """Gu et al.'s NAT (module docstring). Training forward: ``forward(src_tokens, src_lengths, fertility)`` with
-    gold fertilities (B x S, aligned with ``src_tokens``) -> named outputs ``{"word_ins": {"out", "mask"},
+    gold fertilities ((B, S), aligned with ``src_tokens``) -> named outputs ``{"word_ins": {"out", "mask"},
     "fertility": {"out", "mask"}}`` (the ``nat_loss`` contract: the criterion adds the targets).
 
     ``--init-from-ar PATH`` copies the encoder, the embeddings, the output projection and, where names and shapes
@@ -97,7 +106,7 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
     ar_init_paper = "the encoder, its embeddings included (Gu et al. 2018 initialise the encoder from the teacher)"
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_args(parser)
         parser.add_argument(
             "--max-fertility",
@@ -137,7 +146,7 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
         cls.add_init_from_ar_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "FertilityNATModel":
         fertility_nat_base_architecture(args)
         model = super().build_model(args, task)
         model.fertility_predictor = FertilityPredictor(
@@ -147,36 +156,45 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
         return model
 
     @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+    def build_decoder(
+        cls, cfg: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: torch.nn.Embedding
+    ) -> FertilityNATDecoder:
         cfg = TransformerConfig.from_namespace(cfg)
         return FertilityNATDecoder(cfg, tgt_dict, embed_tokens, cfg.self_attn_mask_diagonal)
 
     # ----- pieces used by the criterions and the generator ---------------------------------------------------
     @property
-    def max_fertility(self):
+    def max_fertility(self) -> int:
         return self.fertility_predictor.max_fertility
 
-    def copyable(self, src_tokens):
-        """B x S bool: the source positions that may have a fertility (neither padding nor EOS)."""
+    def copyable(self, src_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, S) bool: the source positions that may have a fertility (neither padding nor EOS)."""
         pad, eos = self.encoder.padding_idx, self.encoder.dictionary.eos()
         return src_tokens.ne(pad) & src_tokens.ne(eos)
 
-    def encode(self, src_tokens, src_lengths):
+    def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
         return self.encoder(src_tokens, src_lengths=src_lengths)
 
-    def fertility_logits(self, encoder_out):
-        """B x S x L fertility logits on the top encoder states (§3.3)."""
+    def fertility_logits(self, encoder_out: EncoderOut) -> torch.Tensor:
+        """(B, S, L) fertility logits on the top encoder states (§3.3)."""
         return self.fertility_predictor(encoder_out["encoder_out"][0].transpose(0, 1))
 
-    def source_inputs(self, src_tokens, encoder_out):
-        """B x S x C vectors that are copied into the decoder: scaled token embedding + source position."""
+    def source_inputs(self, src_tokens: torch.Tensor, encoder_out: EncoderOut) -> torch.Tensor:
+        """(B, S, C) vectors that are copied into the decoder: scaled token embedding + source position."""
         inputs = encoder_out["encoder_embedding"][0]
         if self.encoder.embed_positions is not None:
             inputs = inputs + self.encoder.embed_positions(src_tokens)
         return inputs
 
-    def decode(self, src_tokens, encoder_out, fertility, max_length=None, order=None):
-        """Decoder logits (N x T x V) and the target padding mask (N x T) for ``fertility`` (N x S): the source
+    def decode(
+        self,
+        src_tokens: torch.Tensor,
+        encoder_out: EncoderOut,
+        fertility: torch.Tensor,
+        max_length: Optional[int] = None,
+        order: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Decoder logits (N, T, V) and the target padding mask (N, T) for ``fertility`` (N, S): the source
         inputs copied by fertility, or (uniform copy) spread evenly over sum(fertility) target positions.
 
         Row n decodes sentence ``order[n]`` of ``src_tokens`` / ``encoder_out`` (B sentences; NPD's candidates,
@@ -192,7 +210,13 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
         logits, _extra = self.decoder(inputs, padding, encoder_out)
         return logits, padding
 
-    def forward(self, src_tokens, src_lengths, fertility=None, **kwargs):
+    def forward(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        fertility: Optional[torch.Tensor] = None,
+        **kwargs: Any,
+    ) -> NamedOutputs:
         if fertility is None:
             raise ValueError(
                 "fertility_nat is trained on gold fertilities: pass sample['fertility'] "
@@ -205,22 +229,27 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
             "fertility": {"out": self.fertility_logits(encoder_out), "mask": self.copyable(src_tokens)},
         }
 
-    def get_normalized_probs(self, net_output, log_probs, sample=None):
+    def get_normalized_probs(
+        self,
+        net_output: Union[NamedOutputs, Tuple[torch.Tensor, Optional[Dict[str, Any]]]],
+        log_probs: bool,
+        sample: Optional[Dict[str, Any]] = None,
+    ) -> torch.Tensor:
         if isinstance(net_output, dict):  # the named training outputs: the word predictions
             net_output = (net_output["word_ins"]["out"], None)
         return super().get_normalized_probs(net_output, log_probs, sample)
 
-    def max_decoder_positions(self):
+    def max_decoder_positions(self) -> int:
         return self.decoder.max_positions()
 
-    def ar_parameter_name(self, name):
+    def ar_parameter_name(self, name: str) -> Optional[str]:
         """NAD layer ``decoder.nad.layers.i.X`` <- AR ``decoder.layers.i.X`` for the sublayers both have;
         ``decoder.nad.layer_norm`` <- ``decoder.layer_norm``; everything else by its own name."""
         return ar_decoder_parameter_name(name, "decoder.nad.")
 
 
 @register_model_architecture("fertility_nat", "fertility_nat")
-def fertility_nat_base_architecture(args):
+def fertility_nat_base_architecture(args: argparse.Namespace) -> None:
     if getattr(args, "max_fertility", None) is None:
         args.max_fertility = DEFAULT_MAX_FERTILITY
     if getattr(args, "fertility_hidden_layers", None) is None:
@@ -234,12 +263,12 @@ def fertility_nat_base_architecture(args):
 
 
 @register_model_architecture("fertility_nat", "fertility_nat_iwslt_de_en")
-def fertility_nat_iwslt_de_en(args):
+def fertility_nat_iwslt_de_en(args: argparse.Namespace) -> None:
     transformer_iwslt_de_en(args)
     fertility_nat_base_architecture(args)
 
 
 @register_model_architecture("fertility_nat", "fertility_nat_wmt_en_de")
-def fertility_nat_wmt_en_de(args):
+def fertility_nat_wmt_en_de(args: argparse.Namespace) -> None:
     transformer_wmt_en_de(args)
     fertility_nat_base_architecture(args)

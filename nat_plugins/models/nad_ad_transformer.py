@@ -17,7 +17,7 @@ the top states of a non-autoregressive decoder (NAD) that runs once per sentence
   ``--decoder-normalize-before``).
 
 Where things live: the NAD runs inside the encoder module (:class:`NADADEncoder`), whose output is fairseq's
-``encoder_out`` dict plus ``nad_out`` (T x B x C), ``nad_padding_mask`` (B x T) and ``nad_length_logits`` or
+``encoder_out`` dict plus ``nad_out`` (T, B, C), ``nad_padding_mask`` (B, T) and ``nad_length_logits`` or
 ``nad_fertility_logits``; ``reorder_encoder_out`` reorders the NAD memory with the beam. So fairseq's
 ``SequenceGenerator`` runs the NAD exactly once per sentence (its ``forward_encoder``) and the NAD-AD attention
 projects the NAD states to keys/values once per layer and keeps them in ``incremental_state`` (static key/value,
@@ -30,10 +30,13 @@ attention's output projection starts at zero (the AD starts as the teacher: exac
 positional attention, the length/fertility predictor and the NAD output layer start random (all logged).
 """
 
+import argparse
 import logging
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.data import Dictionary
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -46,6 +49,7 @@ from fairseq.models.transformer import (
 )
 from fairseq.modules import LayerNorm, MultiheadAttention
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from fairseq.tasks import FairseqTask
 from torch import nn
 
 from ..generators.nad_ad_decoding import NADADGenerator
@@ -61,13 +65,13 @@ from ..modules.nad import (
     uniform_fertility,
 )
 from ..modules.options import COPY_MODES, DEFAULT_MAX_FERTILITY
-from .plugin_model import NATPluginModel, logits_at_positions
+from .plugin_model import EncoderOut, IncrementalState, NATPluginModel, logits_at_positions
 
 logger = logging.getLogger(__name__)
 
 
-def nad_memory(encoder_out):
-    """(NAD states T x B x C, padding mask B x T) from an ``encoder_out`` dict of :class:`NADADEncoder`."""
+def nad_memory(encoder_out: Optional[EncoderOut]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(NAD states (T, B, C), padding mask (B, T)) from an ``encoder_out`` dict of :class:`NADADEncoder`."""
     if encoder_out is None or not encoder_out.get("nad_out"):
         raise ValueError(
             "the nad_ad_transformer decoder attends to the NAD states, but encoder_out has no 'nad_out': "
@@ -102,18 +106,18 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
 
     def forward(
         self,
-        x,
-        encoder_out=None,
-        encoder_padding_mask=None,
-        incremental_state=None,
-        prev_self_attn_state=None,
-        prev_attn_state=None,
-        self_attn_mask=None,
-        self_attn_padding_mask=None,
-        need_attn=False,
-        need_head_weights=False,
-    ):
-        """fairseq's decoder-layer interface (``x``: T x B x C); returns (x, encoder attention, None)."""
+        x: torch.Tensor,
+        encoder_out: Optional[torch.Tensor] = None,
+        encoder_padding_mask: Optional[torch.Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        prev_self_attn_state: Optional[List[torch.Tensor]] = None,
+        prev_attn_state: Optional[List[torch.Tensor]] = None,
+        self_attn_mask: Optional[torch.Tensor] = None,
+        self_attn_padding_mask: Optional[torch.Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor], None]:
+        """fairseq's decoder-layer interface (``x``: (T, B, C)); returns (x, encoder attention, None)."""
         if prev_self_attn_state is not None or prev_attn_state is not None:
             raise NotImplementedError("nad_ad_transformer layers do not take prev_self_attn_state/prev_attn_state")
         if self.nad_memory is None:
@@ -181,18 +185,18 @@ class NADADDecoder(TransformerDecoderBase):
         self.nad_output_projection = nn.Linear(cfg.decoder.embed_dim, len(dictionary), bias=False)
         nn.init.normal_(self.nad_output_projection.weight, mean=0.0, std=cfg.decoder.embed_dim**-0.5)
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+    def build_decoder_layer(self, cfg: TransformerConfig, no_encoder_attn: bool = False) -> NADADDecoderLayer:
         return NADADDecoderLayer(cfg, no_encoder_attn=no_encoder_attn)
 
     def extract_features_scriptable(
         self,
-        prev_output_tokens,
-        encoder_out,
-        incremental_state=None,
-        full_context_alignment=False,
-        alignment_layer=None,
-        alignment_heads=None,
-    ):
+        prev_output_tokens: torch.Tensor,
+        encoder_out: Optional[EncoderOut],
+        incremental_state: Optional[IncrementalState] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ) -> Tuple[torch.Tensor, Dict[str, List[Optional[torch.Tensor]]]]:
         """fairseq's decoder pass, with the NAD memory of ``encoder_out`` made visible to every layer."""
         memory = nad_memory(encoder_out)
         for layer in self.layers:
@@ -210,8 +214,8 @@ class NADADDecoder(TransformerDecoderBase):
             for layer in self.layers:
                 layer.nad_memory = None
 
-    def nad_output_layer(self, nad_states):
-        """NAD logits (... x V) of NAD states (... x C)."""
+    def nad_output_layer(self, nad_states: torch.Tensor) -> torch.Tensor:
+        """NAD logits (..., V) of NAD states (..., C)."""
         return self.nad_output_projection(nad_states)
 
 
@@ -240,15 +244,15 @@ class NADADEncoder(TransformerEncoderBase):
 
     def forward(
         self,
-        src_tokens,
-        src_lengths=None,
-        return_all_hiddens=False,
-        token_embeddings=None,
-        nad_lengths=None,
-        nad_fertility=None,
-    ):
-        """fairseq's encoder output plus the NAD memory. ``nad_lengths`` (B, target lengths without EOS) or
-        ``nad_fertility`` (B x S) are the gold ones in training; None at inference (predicted)."""
+        src_tokens: torch.Tensor,
+        src_lengths: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[torch.Tensor] = None,
+        nad_lengths: Optional[torch.Tensor] = None,
+        nad_fertility: Optional[torch.Tensor] = None,
+    ) -> EncoderOut:
+        """fairseq's encoder output plus the NAD memory. ``nad_lengths`` ((B,): target lengths without EOS) or
+        ``nad_fertility`` (B, S) are the gold ones in training; None at inference (predicted)."""
         encoder_out = super().forward(
             src_tokens,
             src_lengths=src_lengths,
@@ -258,14 +262,20 @@ class NADADEncoder(TransformerEncoderBase):
         encoder_out.update(self.forward_nad(src_tokens, encoder_out, nad_lengths, nad_fertility))
         return encoder_out
 
-    def copyable(self, src_tokens):
+    def copyable(self, src_tokens: torch.Tensor) -> torch.Tensor:
         """Source positions the NAD copies from: neither padding nor EOS (all unpadded ones for an empty source)."""
         unpadded = src_tokens.ne(self.padding_idx)
         copyable = unpadded & src_tokens.ne(self.eos)
         return torch.where(copyable.any(dim=1, keepdim=True), copyable, unpadded)
 
-    def nad_fertilities(self, src_tokens, encoder_out, nad_lengths, nad_fertility):
-        """Fertilities (B x S) the NAD inputs are copied by, and the predictor's logits."""
+    def nad_fertilities(
+        self,
+        src_tokens: torch.Tensor,
+        encoder_out: EncoderOut,
+        nad_lengths: Optional[torch.Tensor],
+        nad_fertility: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, EncoderOut]:
+        """Fertilities (B, S) the NAD inputs are copied by, and the predictor's logits."""
         states = encoder_out["encoder_out"][0].transpose(0, 1)
         copyable = self.copyable(src_tokens)
         if self.input_copy == "uniform":
@@ -281,8 +291,14 @@ class NADADEncoder(TransformerEncoderBase):
         fertility = fertility.scatter_add(1, first, empty.long())
         return fertility, {"nad_fertility_logits": [logits]}
 
-    def forward_nad(self, src_tokens, encoder_out, nad_lengths=None, nad_fertility=None):
-        """The NAD pass (once per sentence): {"nad_out": [T x B x C], "nad_padding_mask": [B x T], logits}."""
+    def forward_nad(
+        self,
+        src_tokens: torch.Tensor,
+        encoder_out: EncoderOut,
+        nad_lengths: Optional[torch.Tensor] = None,
+        nad_fertility: Optional[torch.Tensor] = None,
+    ) -> EncoderOut:
+        """The NAD pass (once per sentence): {"nad_out": [(T, B, C)], "nad_padding_mask": [(B, T)], logits}."""
         fertility, predictor_out = self.nad_fertilities(src_tokens, encoder_out, nad_lengths, nad_fertility)
         length = min(max(int(fertility.sum(dim=1).max()), 1), self.nad.max_positions())
         index, padding = fertility_copy_index(fertility, max_length=length)
@@ -290,16 +306,12 @@ class NADADEncoder(TransformerEncoderBase):
         states = self.nad_by_length(inputs, padding, encoder_out)
         return {"nad_out": [states.transpose(0, 1)], "nad_padding_mask": [padding], **predictor_out}
 
-    def nad_by_length(self, inputs, padding, encoder_out):
-        """NAD states (B x T x C, zero on padding) of the copied ``inputs``, the sentences run in up to
-        ``length_buckets`` groups of similar NAD length, each padded to its own longest only.
-
-        Training batches are made by the real target lengths, the NAD's lengths are the distilled targets' (or the
-        fertilities'), which vary more: padded to the batch's longest, ~57% of the NAD positions of the Multi30k
-        quickstart's batches were padding, where the four groups leave ~24% (their NAD layers cost ~44% less). A
-        sentence's states do not depend on its padding (masked keys), so the groups give the same states (up to
-        floating-point summation order); only dropout draws its masks in other shapes. Decoding (eval mode) runs
-        the NAD once per batch: one pass, as ``hypo["steps"]`` counts it."""
+    def nad_by_length(self, inputs: torch.Tensor, padding: torch.Tensor, encoder_out: EncoderOut) -> torch.Tensor:
+        """NAD states ((B, T, C), zero on padding) of the copied ``inputs``; in training the sentences run in up to
+        ``length_buckets`` groups of similar NAD length, each padded to its own longest only (why: see
+        docs/design-notes.md, *Encoder-NAD-AD: the NAD's length groups*). A sentence's states do not depend on its
+        padding (masked keys), so the groups give the same states up to floating-point summation order; only
+        dropout draws its masks in other shapes. Decoding (eval mode) runs the NAD once per batch."""
         batch_size = inputs.size(0)
         groups = min(self.length_buckets, batch_size) if self.training else 1
         if groups <= 1:
@@ -319,7 +331,7 @@ class NADADEncoder(TransformerEncoderBase):
             states.append(F.pad(group_states, (0, 0, 0, inputs.size(1) - width)))
         return torch.cat(states).index_select(0, order.argsort())
 
-    def reorder_encoder_out(self, encoder_out, new_order):
+    def reorder_encoder_out(self, encoder_out: EncoderOut, new_order: torch.Tensor) -> EncoderOut:
         """fairseq's reordering plus the NAD memory (the predictor logits are training-only and are dropped)."""
         reordered = super().reorder_encoder_out(encoder_out, new_order)
         if encoder_out.get("nad_out"):
@@ -357,7 +369,7 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
     )
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_args(parser)
         parser.add_argument(
             "--nad-layers",
@@ -395,7 +407,7 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
         cls.add_init_from_ar_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "NADADTransformerModel":
         nad_ad_base_architecture(args)
         if args.nad_length_buckets < 1:
             raise ValueError(f"--nad-length-buckets must be at least 1, got {args.nad_length_buckets}")
@@ -406,35 +418,35 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
         return super().build_model(args, task)
 
     @classmethod
-    def build_encoder(cls, cfg, src_dict, embed_tokens):
+    def build_encoder(cls, cfg: argparse.Namespace, src_dict: Dictionary, embed_tokens: nn.Embedding) -> NADADEncoder:
         nad_layers, input_copy = cfg.nad_layers, cfg.nad_input_copy
         max_length, max_fertility, buckets = cfg.nad_max_length, cfg.max_fertility, cfg.nad_length_buckets
         cfg = TransformerConfig.from_namespace(cfg)
         return NADADEncoder(cfg, src_dict, embed_tokens, nad_layers, input_copy, max_length, max_fertility, buckets)
 
     @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+    def build_decoder(cls, cfg: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding) -> NADADDecoder:
         cfg = TransformerConfig.from_namespace(cfg)
         return NADADDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def forward(
         self,
-        src_tokens,
-        src_lengths,
-        prev_output_tokens,
-        return_all_hiddens=True,
-        features_only=False,
-        alignment_layer=None,
-        alignment_heads=None,
-        nad_lengths=None,
-        nad_fertility=None,
-        logits_at=None,
-    ):
-        """fairseq's forward (AD logits and extras); the extras also hold the NAD's ``nad_logits`` (B x T x V),
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        prev_output_tokens: torch.Tensor,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        nad_lengths: Optional[torch.Tensor] = None,
+        nad_fertility: Optional[torch.Tensor] = None,
+        logits_at: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+        """fairseq's forward (AD logits and extras); the extras also hold the NAD's ``nad_logits`` (B, T, V),
         ``nad_padding_mask`` and the length or fertility predictor's logits. ``nad_lengths`` / ``nad_fertility``:
-        the gold NAD length (B, EOS excluded) or fertilities (B x S) in training. ``logits_at`` (B x T bool, the
+        the gold NAD length ((B,), EOS excluded) or fertilities (B, S) in training. ``logits_at`` ((B, T) bool, the
         AD's scored positions): the AD logits of those positions only and the NAD logits of its unpadded
-        positions only, each packed N x V (:func:`~nat_plugins.models.plugin_model.logits_at_positions`)."""
+        positions only, each packed (N, V) (:func:`~nat_plugins.models.plugin_model.logits_at_positions`)."""
         encoder_out = self.encoder(
             src_tokens,
             src_lengths=src_lengths,
@@ -464,18 +476,18 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
                 extra[key] = encoder_out[key][0]
         return x, extra
 
-    def nad_draft(self, encoder_out):
-        """The NAD's argmax tokens (B x T, padding = pad) for an ``encoder_out`` of the model's encoder."""
+    def nad_draft(self, encoder_out: EncoderOut) -> torch.Tensor:
+        """The NAD's argmax tokens ((B, T), padding = pad) for an ``encoder_out`` of the model's encoder."""
         states, padding = nad_memory(encoder_out)
         tokens = self.decoder.nad_output_layer(states.transpose(0, 1)).argmax(dim=-1)
         return tokens.masked_fill(padding, self.decoder.padding_idx)
 
-    def ar_parameter_name(self, name):
+    def ar_parameter_name(self, name: str) -> Optional[str]:
         """The NAD's layers start as the AR decoder's where they share sublayers (``encoder.nad.layers.i.X`` <-
         ``decoder.layers.i.X``); the AD and the encoder load their own names."""
         return ar_decoder_parameter_name(name, "encoder.nad.")
 
-    def init_from_ar(self, path):
+    def init_from_ar(self, path: str) -> List[str]:
         """The teacher's matching parameters, then the NAD-AD attention's output projection set to zero: the new
         sublayer starts as a no-op, so the AD starts as the teacher (exactly with pre-norm; with post-norm up to
         the new LayerNorm) and a short fine-tuning budget is not spent recovering from a random sublayer."""
@@ -490,7 +502,7 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
 
 
 @register_model_architecture("nad_ad_transformer", "nad_ad_transformer")
-def nad_ad_base_architecture(args):
+def nad_ad_base_architecture(args: argparse.Namespace) -> None:
     base_architecture(args)
     if getattr(args, "nad_layers", None) is None:
         args.nad_layers = args.decoder_layers
@@ -506,12 +518,12 @@ def nad_ad_base_architecture(args):
 
 
 @register_model_architecture("nad_ad_transformer", "nad_ad_transformer_iwslt_de_en")
-def nad_ad_transformer_iwslt_de_en(args):
+def nad_ad_transformer_iwslt_de_en(args: argparse.Namespace) -> None:
     transformer_iwslt_de_en(args)
     nad_ad_base_architecture(args)
 
 
 @register_model_architecture("nad_ad_transformer", "nad_ad_transformer_wmt_en_de")
-def nad_ad_transformer_wmt_en_de(args):
+def nad_ad_transformer_wmt_en_de(args: argparse.Namespace) -> None:
     transformer_wmt_en_de(args)
     nad_ad_base_architecture(args)

@@ -1,16 +1,24 @@
 """What every nat_plugins model shares: the task check, AR initialisation and the hooks ``translation_nat`` calls."""
 
+import argparse
 import logging
 import os
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from fairseq import checkpoint_utils
+from fairseq.data import Dictionary
+from fairseq.tasks import FairseqTask
+from omegaconf import DictConfig
 
 from ..modules.teacher import check_teacher_dictionaries
 from ..tasks.translation_nat import TranslationNATTask
 from ..version import __version__
 
 logger = logging.getLogger(__name__)
+
+EncoderOut = Dict[str, List[torch.Tensor]]  # fairseq's encoder output dict
+IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]  # fairseq's incremental key/value cache
 
 INIT_FROM_AR_SCOPES = ("all", "paper")
 # what SAT (Wang et al. 2018, §4) and RecoverSAT (Ran et al. 2020, §4.1) initialise from the AR model: the encoder,
@@ -24,9 +32,11 @@ ENCODER_AND_EMBEDDINGS = (
 )
 
 
-def logits_at_positions(output_layer, features, positions):
-    """``output_layer(features)`` (... x V), or with ``positions`` (a bool mask over the leading dimensions of
-    ``features``) the logits of those positions only, packed N x V in the order of ``features[positions]``.
+def logits_at_positions(
+    output_layer: Callable[[torch.Tensor], torch.Tensor], features: torch.Tensor, positions: Optional[torch.Tensor]
+) -> torch.Tensor:
+    """``output_layer(features)`` (..., V), or with ``positions`` (a bool mask over the leading dimensions of
+    ``features``) the logits of those positions only, packed (N, V) in the order of ``features[positions]``.
 
     Criteria pass the positions they score (their targets' non-pad positions) through the model's ``forward``
     (so DistributedDataParallel sees every parameter used): the vocabulary projection and the log-softmax over it
@@ -70,7 +80,7 @@ class NATPluginModel:
     init_from_ar_scope = "all"  # --init-from-ar-scope, set by build_model
 
     @classmethod
-    def add_init_from_ar_args(cls, parser):
+    def add_init_from_ar_args(cls, parser: argparse.ArgumentParser) -> None:
         """``--init-from-ar PATH`` and ``--init-from-ar-scope`` (call from ``add_args``); the architecture functions
         default ``init_from_ar`` to None, :meth:`build_model` the scope to ``all``."""
         parser.add_argument(
@@ -89,7 +99,7 @@ class NATPluginModel:
         )
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "NATPluginModel":
         if not isinstance(task, TranslationNATTask):
             task_name = getattr(getattr(task, "cfg", None), "_name", type(task).__name__)
             raise ValueError(
@@ -103,7 +113,13 @@ class NATPluginModel:
         model.init_from_ar_scope = args.init_from_ar_scope
         return model
 
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+    def load_state_dict(
+        self,
+        state_dict: Dict[str, torch.Tensor],
+        strict: bool = True,
+        model_cfg: Optional[DictConfig] = None,
+        args: Optional[argparse.Namespace] = None,
+    ) -> Tuple[List[str], List[str]]:  # torch's (missing_keys, unexpected_keys)
         try:
             return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
         except RuntimeError as err:
@@ -118,14 +134,14 @@ class NATPluginModel:
                 f"nat_plugins (this one: {written_by}; installed: {__version__}) needs that version"
             ) from err
 
-    def ar_parameter_name(self, name):
+    def ar_parameter_name(self, name: str) -> Optional[str]:
         return name
 
-    def in_init_from_ar_scope(self, name):
+    def in_init_from_ar_scope(self, name: str) -> bool:
         """Whether ``--init-from-ar-scope`` lets ``--init-from-ar`` initialise the parameter ``name``."""
         return self.init_from_ar_scope == "all" or name.startswith(self.ar_init_paper_prefixes)
 
-    def vocabulary_parameters(self):
+    def vocabulary_parameters(self) -> Dict[str, Dictionary]:
         """``{name: dictionary}`` of the parameters with one row per symbol of a dictionary."""
         return {
             "encoder.embed_tokens.weight": self.encoder.dictionary,
@@ -133,7 +149,7 @@ class NATPluginModel:
             "decoder.output_projection.weight": self.decoder.dictionary,
         }
 
-    def init_from_ar(self, path):
+    def init_from_ar(self, path: str) -> List[str]:
         """Copy every parameter (with ``--init-from-ar-scope paper``: of the paper's scope) whose mapped name and
         shape match the AR checkpoint at ``path``, and the AR rows of the vocabulary-sized parameters when the model
         appends symbols; returns the names loaded. Refuses a missing file, a checkpoint with other dictionaries

@@ -19,6 +19,11 @@ With K = 1 this is fairseq's Transformer (plus the DEL row). Training: criterion
 the segmented inputs and targets from fairseq's batches); decoding: :mod:`..generators.recover_sat_decoding`.
 """
 
+import argparse
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from fairseq.data import Dictionary
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -27,12 +32,13 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de,
 )
+from fairseq.tasks import FairseqTask
 from torch import nn
 
 from ..generators.recover_sat_decoding import RecoverSATGenerator
 from ..modules.grouped_decoder import GroupedTransformerDecoder
 from ..modules.segments import DEL_SYMBOL, add_segment_symbols, segment_ids
-from .plugin_model import NATPluginModel, logits_at_positions
+from .plugin_model import IncrementalState, NATPluginModel, logits_at_positions
 
 DEFAULT_NUM_SEGMENTS = 2
 
@@ -48,17 +54,19 @@ class RecoverSATDecoder(GroupedTransformerDecoder):
         nn.init.zeros_(self.embed_segments.weight[0])
 
     @property
-    def num_segments(self):
+    def num_segments(self) -> int:
         return self.group_size
 
-    def step_positions(self, num_steps, reference):
-        """Positional embeddings of steps 0..num_steps-1 inside a segment (num_steps x C), from the decoder's own
+    def step_positions(self, num_steps: int, reference: torch.Tensor) -> torch.Tensor:
+        """Positional embeddings of steps 0..num_steps-1 inside a segment (num_steps, C), from the decoder's own
         positional module (sinusoidal by default), numbered as fairseq numbers positions of unpadded tokens."""
         steps = reference.new_full((1, num_steps), self.padding_idx + 1)
         return self.embed_positions(steps)[0]
 
-    def add_positions(self, x, prev_output_tokens, incremental_state):
-        """+ the position inside the segment + the segment embedding (§3.1) of step-major inputs (B x T*K)."""
+    def add_positions(
+        self, x: torch.Tensor, prev_output_tokens: torch.Tensor, incremental_state: Optional[IncrementalState]
+    ) -> torch.Tensor:
+        """+ the position inside the segment + the segment embedding (§3.1) of step-major inputs (B, T*K)."""
         K = self.num_segments
         if prev_output_tokens.size(1) % K != 0:
             raise ValueError(
@@ -76,7 +84,7 @@ class RecoverSATDecoder(GroupedTransformerDecoder):
 @register_model("recover_sat")
 class RecoverSATModel(NATPluginModel, TransformerModel):
     """RecoverSAT with ``--num-segments K`` (module docstring). ``forward(src_tokens, src_lengths,
-    prev_output_tokens)`` takes step-major segment inputs (B x T*K), as built by ``recover_sat_loss``.
+    prev_output_tokens)`` takes step-major segment inputs (B, T*K), as built by ``recover_sat_loss``.
 
     ``--init-from-ar PATH`` copies every parameter of an AR Transformer checkpoint with the same name and shape,
     and the teacher's rows of the embeddings and output projection (the DEL row and the segment embeddings are
@@ -88,7 +96,7 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
     ar_added_symbols = (DEL_SYMBOL,)  # the DEL row starts random, the others are the teacher's
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_args(parser)
         parser.add_argument(
             "--num-segments",
@@ -102,7 +110,7 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         cls.add_init_from_ar_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "RecoverSATModel":
         recover_sat_base_architecture(args)
         if args.num_segments < 1:
             raise ValueError(f"--num-segments must be >= 1, got {args.num_segments}")
@@ -118,17 +126,26 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         return model
 
     @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+    def build_decoder(
+        cls, cfg: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding
+    ) -> RecoverSATDecoder:
         num_segments = cfg.num_segments
         cfg = TransformerConfig.from_namespace(cfg)
         return RecoverSATDecoder(cfg, tgt_dict, embed_tokens, num_segments, no_encoder_attn=cfg.no_cross_attention)
 
     @property
-    def num_segments(self):
+    def num_segments(self) -> int:
         return self.decoder.num_segments
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, logits_at=None, **kwargs):
-        """fairseq's forward; ``logits_at`` (B x T bool): the logits of those positions only, packed N x V
+    def forward(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        prev_output_tokens: torch.Tensor,
+        logits_at: Optional[torch.Tensor] = None,
+        **kwargs: Any,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+        """fairseq's forward; ``logits_at`` (B, T) bool: the logits of those positions only, packed (N, V)
         (:func:`~nat_plugins.models.plugin_model.logits_at_positions`; ``recover_sat_loss`` passes its non-pad
         targets)."""
         if logits_at is None:
@@ -136,14 +153,14 @@ class RecoverSATModel(NATPluginModel, TransformerModel):
         features, extra = super().forward(src_tokens, src_lengths, prev_output_tokens, features_only=True, **kwargs)
         return logits_at_positions(self.decoder.output_layer, features, logits_at), extra
 
-    def set_num_updates(self, num_updates):
+    def set_num_updates(self, num_updates: int) -> None:
         """Remember the update count (``recover_sat_loss`` anneals p and seeds its draws with it)."""
         super().set_num_updates(num_updates)
         self.num_updates = num_updates
 
 
 @register_model_architecture("recover_sat", "recover_sat")
-def recover_sat_base_architecture(args):
+def recover_sat_base_architecture(args: argparse.Namespace) -> None:
     if getattr(args, "num_segments", None) is None:
         args.num_segments = DEFAULT_NUM_SEGMENTS
     args.init_from_ar = getattr(args, "init_from_ar", None)
@@ -151,12 +168,12 @@ def recover_sat_base_architecture(args):
 
 
 @register_model_architecture("recover_sat", "recover_sat_iwslt_de_en")
-def recover_sat_iwslt_de_en(args):
+def recover_sat_iwslt_de_en(args: argparse.Namespace) -> None:
     transformer_iwslt_de_en(args)
     recover_sat_base_architecture(args)
 
 
 @register_model_architecture("recover_sat", "recover_sat_wmt_en_de")
-def recover_sat_wmt_en_de(args):
+def recover_sat_wmt_en_de(args: argparse.Namespace) -> None:
     transformer_wmt_en_de(args)
     recover_sat_base_architecture(args)

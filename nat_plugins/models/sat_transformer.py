@@ -9,31 +9,29 @@ The decoder emits a group of K consecutive tokens per step (the paper's group-le
 * the last group may end early: positions after EOS are padding (not trained), but a query of the last group
   sees the inputs of its whole group, exactly as group decoding does.
 
-Two options beyond the paper (off by default: ``--arch sat_transformer`` is the paper's model, and checkpoints
-written without them load and decode as before; the Multi30k recipe, examples/multi30k/sat.sh, turns both on)
-against the paper's model's stutter, the K positions of a group predicting the same word ("Zwei Zwei Männer
-Männer"): under the relaxed mask every position of a group sees the same inputs (y_{t-K} .. y_{t-1} for the group
-starting at t), and a decoder initialised from the AR teacher maps "the last token I can see" to the next word.
+Two options beyond the paper, off by default (``--arch sat_transformer`` is the paper's model;
+examples/multi30k/sat.sh turns both on), against the stutter of a group's K positions, which see the same inputs
+under the relaxed mask, predicting the same word ("Zwei Zwei Männer Männer"):
 
-* ``--group-slot-embedding``: a learned embedding of the slot (0..K-1: the position inside the group) added to
-  the decoder input, so that a position knows which word of its group it predicts (without it, only the
-  positional encoding tells);
+* ``--group-slot-embedding``: a learned embedding of the slot (0..K-1, the position inside the group) added to
+  the decoder input, so that a position knows which word of its group it predicts;
 * ``--group-repeat-bias``: slot k >= 1's logit of the word emitted at slot k-1 gets a learned bias (one scalar per
-  slot): the model learns how rarely the words of a group repeat. Training feeds it the reference word, as every
-  autoregressive input is fed (teacher forcing); group decoding the word the search chose at slot k-1 (greedy:
-  slot by slot; beam search: each hypothesis its own). Still one decoder call per group.
+  slot); training feeds the reference word (teacher forcing), group decoding the word the search chose. Still one
+  decoder call per group.
 
-Both start at zero (at initialisation the model is the paper's) and are scaled by ``embed_scale`` like the token
-embeddings (Adam then moves them at the rate of a token embedding's scaled entries). With both, SAT K=2 repeats a
-word inside a group about as rarely as its training targets, and gains BLEU; the paper's model repeats several
-times as often (docs/design-notes.md, "SAT: a group's positions stop agreeing", with the candidates that did not help).
+Both start at zero (the model starts as the paper's) and are scaled by ``embed_scale`` like the token embeddings.
+Why and what they gain: see docs/design-notes.md, *SAT: the two options beyond the paper*.
 
 With K = 1 (options off) this is fairseq's Transformer: same parameter names, same outputs. Training uses fairseq's
 criteria (``label_smoothed_cross_entropy``) on ordinary batches: :meth:`SATTransformerModel.forward` turns fairseq's
 ``prev_output_tokens`` (targets shifted by one) into SAT's inputs. Decoding: :mod:`..generators.sat_decoding`.
 """
 
+import argparse
+from typing import Any, Dict, Optional, Tuple
+
 import torch
+from fairseq.data import Dictionary
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -43,11 +41,12 @@ from fairseq.models.transformer import (
     transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
+from fairseq.tasks import FairseqTask
 from torch import nn
 
 from ..generators.sat_decoding import SATGenerator
 from ..modules.grouped_decoder import GroupedTransformerDecoder
-from .plugin_model import NATPluginModel
+from .plugin_model import EncoderOut, IncrementalState, NATPluginModel
 
 DEFAULT_GROUP_SIZE = 2
 
@@ -76,7 +75,7 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
                 raise ValueError("--group-repeat-bias needs the decoder's logits: drop --adaptive-softmax-cutoff")
             self.group_repeat_bias = nn.Parameter(torch.zeros(group_size - 1))
 
-    def upgrade_state_dict_named(self, state_dict, name):
+    def upgrade_state_dict_named(self, state_dict: Dict[str, torch.Tensor], name: str) -> Dict[str, torch.Tensor]:
         """Refuse a checkpoint trained with another K (e.g. ``--model-overrides "{'group_size': 4}"``: the model
         would decode without an error and print wrong translations); checkpoints written before K was saved load
         as they are."""
@@ -91,7 +90,7 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
             )
         return state_dict
 
-    def group_inputs(self, prev_output_tokens):
+    def group_inputs(self, prev_output_tokens: torch.Tensor) -> torch.Tensor:
         """SAT decoder inputs from fairseq's ``prev_output_tokens`` (start symbol, y_0, y_1, ...; right-padded):
         K start symbols, then y_{t-K} at position t (§3.1). The length is rounded up to a multiple of K so that
         the last group of the longest target sees its whole group, as in decoding."""
@@ -100,7 +99,9 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
         extra_starts = prev_output_tokens[:, :1].expand(-1, self.group_size - 1)
         return torch.cat([extra_starts, prev_output_tokens], dim=1)[:, :padded_len]
 
-    def add_positions(self, x, prev_output_tokens, incremental_state):
+    def add_positions(
+        self, x: torch.Tensor, prev_output_tokens: torch.Tensor, incremental_state: Optional[IncrementalState]
+    ) -> torch.Tensor:
         """fairseq's target positions (numbered over all of ``prev_output_tokens``), plus the slot embedding with
         ``--group-slot-embedding``."""
         if self.embed_group_slots is not None:
@@ -113,22 +114,22 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
         return x + (positions if incremental_state is None else positions[:, -self.group_size :])
 
     @property
-    def has_repeat_bias(self):
+    def has_repeat_bias(self) -> bool:
         """Whether slot k >= 1 reads the token of slot k-1 (``--group-repeat-bias``, K > 1)."""
         return self.group_repeat_bias is not None
 
     def forward(
         self,
-        prev_output_tokens,
-        encoder_out=None,
-        incremental_state=None,
-        features_only=False,
-        full_context_alignment=False,
-        alignment_layer=None,
-        alignment_heads=None,
-        src_lengths=None,
-        return_all_hiddens=False,
-    ):
+        prev_output_tokens: torch.Tensor,
+        encoder_out: Optional[EncoderOut] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        src_lengths: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = False,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """fairseq's decoder forward; with ``--group-repeat-bias`` the output layer also gets the tokens of the
         groups: without an ``incremental_state`` they are in the inputs (:meth:`emitted_tokens`); in incremental
         decoding they are not known yet and each slot reads the argmax of the slot before it (group decoding passes
@@ -149,16 +150,16 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
             x, None if incremental_state is not None else self.emitted_tokens(prev_output_tokens)
         ), extra
 
-    def emitted_tokens(self, group_inputs):
-        """For every output position p, the token y_{p-1} emitted at the position before it (B x T): the group inputs
+    def emitted_tokens(self, group_inputs: torch.Tensor) -> torch.Tensor:
+        """For every output position p, the token y_{p-1} emitted at the position before it (B, T): the group inputs
         (K start symbols, then y_{t-K} at t) shifted by K-1; padding at the end."""
         tail = group_inputs.new_full((group_inputs.size(0), self.group_size - 1), self.padding_idx)
         return torch.cat([group_inputs[:, self.group_size - 1 :], tail], dim=1)
 
-    def output_layer(self, features, emitted_tokens=None):
+    def output_layer(self, features: torch.Tensor, emitted_tokens: Optional[torch.Tensor] = None) -> torch.Tensor:
         """fairseq's output projection, plus with ``--group-repeat-bias`` the bias of slot k >= 1 on the token of
         slot k-1: ``emitted_tokens[:, p]`` (:meth:`emitted_tokens`) or, when None, the argmax of slot k-1.
-        ``features`` (B x T x C) hold whole groups."""
+        ``features`` (B, T, C) hold whole groups."""
         logits = super().output_layer(features)
         if not self.has_repeat_bias:
             return logits
@@ -178,16 +179,16 @@ class SATTransformerDecoder(GroupedTransformerDecoder):
             slots.append(self.add_repeat_bias(groups[:, :, slot], slot, previous))
         return torch.stack(slots, dim=2).view(bsz, length, -1)
 
-    def add_repeat_bias(self, logits, slot, previous):
-        """``logits`` (... x V) of slot ``slot`` with ``--group-repeat-bias``: + the slot's bias on ``previous`` (...),
+    def add_repeat_bias(self, logits: torch.Tensor, slot: int, previous: Optional[torch.Tensor]) -> torch.Tensor:
+        """``logits`` (..., V) of slot ``slot`` with ``--group-repeat-bias``: + the slot's bias on ``previous`` (...),
         the token emitted at slot - 1 (nothing for slot 0)."""
         if slot == 0 or not self.has_repeat_bias:
             return logits
         bias = (self.embed_scale * self.group_repeat_bias[slot - 1]).to(logits).expand(previous.shape)
         return logits.scatter_add(-1, previous.unsqueeze(-1), bias.unsqueeze(-1))
 
-    def slot_logits(self, features, slot, previous=None):
-        """Logits (... x V) of the group's slot ``slot`` from its features (... x C) and, for slot >= 1 with
+    def slot_logits(self, features: torch.Tensor, slot: int, previous: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits (..., V) of the group's slot ``slot`` from its features (..., C) and, for slot >= 1 with
         ``--group-repeat-bias``, the tokens ``previous`` (...) emitted at slot - 1."""
         return self.add_repeat_bias(super().output_layer(features), slot, previous)
 
@@ -199,12 +200,8 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     ``--init-from-ar PATH`` initialises it from an AR Transformer checkpoint of the same sizes and dictionaries.
     ``--init-from-ar-scope all`` (default) copies every parameter with the same name and shape, decoder layers
     included; ``paper`` copies the encoder, the embeddings and the output projection only, as the paper (§4) and its
-    released code do (the decoder layers start random).
-
-    Why ``all`` is the default although a copied AR decoder layer predicts the successor of its input (y_{t-K+1}
-    at position t, so the untrained SAT K=2 emits each token twice): on the learning tests' synthetic task ``all``
-    was ahead of ``paper`` in BLEU and in stutter at every checkpoint of every schedule tried, since relearning the
-    decoder from random costs more than unlearning the one-position shift (docs/design-notes.md, "Learning tests").
+    released code do (the decoder layers start random). Why ``all`` is the default: see docs/design-notes.md,
+    *SAT: why --init-from-ar-scope all is the default*.
     """
 
     generator_class = SATGenerator
@@ -212,7 +209,7 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
     ar_init_paper = "the encoder, the embeddings and the output projection (Wang et al. 2018, §4)"
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_args(parser)
         parser.add_argument(
             "--group-size",
@@ -237,7 +234,7 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         cls.add_init_from_ar_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "SATTransformerModel":
         sat_base_architecture(args)
         if args.group_size < 1:
             raise ValueError(f"--group-size must be >= 1, got {args.group_size}")
@@ -250,7 +247,9 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
         return model
 
     @classmethod
-    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+    def build_decoder(
+        cls, cfg: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding
+    ) -> SATTransformerDecoder:
         group_size = cfg.group_size
         slot_embedding, repeat_bias = cfg.group_slot_embedding, cfg.group_repeat_bias
         cfg = TransformerConfig.from_namespace(cfg)
@@ -264,7 +263,9 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
             repeat_bias=repeat_bias,
         )
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, **kwargs):
+    def forward(
+        self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, prev_output_tokens: torch.Tensor, **kwargs: Any
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """fairseq's forward on fairseq's batches: ``prev_output_tokens`` (shifted by one) become SAT's inputs
         (shifted by K) and the output is cut back to the target length."""
         tgt_len = prev_output_tokens.size(1)
@@ -273,7 +274,7 @@ class SATTransformerModel(NATPluginModel, TransformerModel):
 
 
 @register_model_architecture("sat_transformer", "sat_transformer")
-def sat_base_architecture(args):
+def sat_base_architecture(args: argparse.Namespace) -> None:
     if getattr(args, "group_size", None) is None:
         args.group_size = DEFAULT_GROUP_SIZE
     args.init_from_ar = getattr(args, "init_from_ar", None)
@@ -284,18 +285,18 @@ def sat_base_architecture(args):
 
 
 @register_model_architecture("sat_transformer", "sat_transformer_iwslt_de_en")
-def sat_transformer_iwslt_de_en(args):
+def sat_transformer_iwslt_de_en(args: argparse.Namespace) -> None:
     transformer_iwslt_de_en(args)
     sat_base_architecture(args)
 
 
 @register_model_architecture("sat_transformer", "sat_transformer_wmt_en_de")
-def sat_transformer_wmt_en_de(args):
+def sat_transformer_wmt_en_de(args: argparse.Namespace) -> None:
     transformer_wmt_en_de(args)
     sat_base_architecture(args)
 
 
 @register_model_architecture("sat_transformer", "sat_transformer_vaswani_wmt_en_de_big")
-def sat_transformer_vaswani_wmt_en_de_big(args):
+def sat_transformer_vaswani_wmt_en_de_big(args: argparse.Namespace) -> None:
     transformer_vaswani_wmt_en_de_big(args)
     sat_base_architecture(args)

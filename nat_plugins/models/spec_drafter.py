@@ -3,7 +3,8 @@ Speculative Execution for Accelerating Seq2seq Generation", §3 Spec-Drafter): m
 
 A non-autoregressive model that proposes the next k tokens y_{j+1..j+k} of a translation given the source and the
 prefix y_{<=j} accepted so far, in one pass; the AR teacher verifies all k in one call
-(:mod:`nat_plugins.generators.spec_drafter_decoding`), so the output is the teacher's whatever the drafter proposes.
+(:mod:`nat_plugins.generators.spec_drafter_decoding`), so the output is the teacher's whatever the drafter proposes
+(up to near-ties: see :mod:`nat_plugins.generators.verify_accept_loop`).
 
 * encoder: fairseq's Transformer encoder, initialised from the teacher (``--init-from-ar``; the paper's drafter
   is "deep encoder, shallow decoder");
@@ -20,7 +21,11 @@ the prefix up to its cut, gives every cut's drafts, each what decoding drafts af
 (:meth:`SpecDrafterDecoder.forward`).
 """
 
+import argparse
+from typing import Any, Dict, Optional, Tuple
+
 import torch
+from fairseq.data import Dictionary
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -30,12 +35,13 @@ from fairseq.models.transformer import (
     transformer_iwslt_de_en,
     transformer_wmt_en_de,
 )
+from fairseq.tasks import FairseqTask
 from torch import nn
 
 from ..engine.block_call import decoder_stack_features, with_cached_columns
 from ..generators.spec_drafter_decoding import SpeculativeGenerator
 from ..modules.draft_masks import draft_attention_mask, every_cut_attention_mask, every_cut_slots
-from .plugin_model import NATPluginModel, logits_at_positions
+from .plugin_model import EncoderOut, IncrementalState, NATPluginModel, logits_at_positions
 
 
 class SpecDrafterDecoder(TransformerDecoder):
@@ -56,23 +62,23 @@ class SpecDrafterDecoder(TransformerDecoder):
 
     def forward(
         self,
-        prefix_tokens,
-        encoder_out=None,
-        prefix_lengths=None,
-        incremental_state=None,
-        prefix_start=None,
-        every_cut=False,
-        features_only=False,
-        logits_at=None,
-        **kwargs,
-    ):
-        """Draft logits (B x k x V) of y_{j+1..j+k} for the right-padded ``prefix_tokens`` (B x P: BOS, y_1..y_j,
-        then padding) of ``prefix_lengths`` (B, = j+1; default: the non-pad tokens of each row); ``encoder_out`` has
-        B sentences. With ``logits_at`` (B x k bool) only those logits, packed N x V
+        prefix_tokens: torch.Tensor,
+        encoder_out: Optional[EncoderOut] = None,
+        prefix_lengths: Optional[torch.Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        prefix_start: Optional[torch.Tensor] = None,
+        every_cut: bool = False,
+        features_only: bool = False,
+        logits_at: Optional[torch.Tensor] = None,
+        **kwargs: Any,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+        """Draft logits (B, k, V) of y_{j+1..j+k} for the right-padded ``prefix_tokens`` ((B, P): BOS, y_1..y_j,
+        then padding) of ``prefix_lengths`` ((B,), = j+1; default: the non-pad tokens of each row); ``encoder_out``
+        has B sentences. With ``logits_at`` ((B, k) bool) only those logits, packed (N, V)
         (:func:`~nat_plugins.models.plugin_model.logits_at_positions`); with ``features_only`` the queries' states
-        (B x k x C). Returns (output, extra) as fairseq decoders.
+        (B, k, C). Returns (output, extra) as fairseq decoders.
 
-        With ``every_cut`` (training) the drafts after every prefix y_0..y_c, c = 0..P-1, in one pass: B x P·k
+        With ``every_cut`` (training) the drafts after every prefix y_0..y_c, c = 0..P-1, in one pass: (B, P·k)
         slots, those of cut c at c·k..c·k+k-1, each what the call on ``prefix_tokens[:, :c+1]`` alone drafts
         (:func:`every_cut_attention_mask`; the prefix is read causally, so all cuts share its states).
 
@@ -115,7 +121,7 @@ class SpecDrafterDecoder(TransformerDecoder):
 @register_model("spec_drafter")
 class SpecDrafterModel(NATPluginModel, TransformerModel):
     """The drafter of speculative decoding (module docstring). ``forward(src_tokens, src_lengths, prefix_tokens,
-    prefix_lengths, logits_at)`` -> draft logits (B x k x V; see :meth:`SpecDrafterDecoder.forward`).
+    prefix_lengths, logits_at)`` -> draft logits ((B, k, V); see :meth:`SpecDrafterDecoder.forward`).
 
     ``--init-from-ar PATH`` copies the encoder, the embeddings, the output projection and the decoder layers whose
     names and shapes match (the teacher's first ``--decoder-layers``); the mask embedding starts random."""
@@ -127,7 +133,7 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
     )
 
     @classmethod
-    def add_args(cls, parser):
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
         super().add_args(parser)
         parser.add_argument(
             "--draft-size",
@@ -145,7 +151,7 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
         cls.add_init_from_ar_args(parser)
 
     @classmethod
-    def build_model(cls, args, task):
+    def build_model(cls, args: argparse.Namespace, task: FairseqTask) -> "SpecDrafterModel":
         spec_drafter_base_architecture(args)
         if args.freeze_encoder and not args.init_from_ar:
             raise ValueError("--freeze-encoder keeps the teacher's encoder: it needs --init-from-ar TEACHER")
@@ -156,24 +162,33 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
         return model
 
     @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
+    def build_decoder(
+        cls, args: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding
+    ) -> SpecDrafterDecoder:
         return SpecDrafterDecoder(
             args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
         )
 
     @property
-    def draft_size(self):
+    def draft_size(self) -> int:
         return self.decoder.draft_size
 
-    def forward(self, src_tokens, src_lengths, prev_output_tokens, logits_at=None, **kwargs):
-        """Training: the draft logits after every prefix y_0..y_c of ``prev_output_tokens`` (B x T: BOS y_1 ..
-        y_{n-1}), B x T·k (``every_cut`` of :meth:`SpecDrafterDecoder.forward`), or packed at ``logits_at``."""
+    def forward(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        prev_output_tokens: torch.Tensor,
+        logits_at: Optional[torch.Tensor] = None,
+        **kwargs: Any,
+    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
+        """Training: the draft logits after every prefix y_0..y_c of ``prev_output_tokens`` ((B, T): BOS y_1 ..
+        y_{n-1}), (B, T·k, V) (``every_cut`` of :meth:`SpecDrafterDecoder.forward`), or packed at ``logits_at``."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
         return self.decoder(prev_output_tokens, encoder_out=encoder_out, every_cut=True, logits_at=logits_at)
 
 
 @register_model_architecture("spec_drafter", "spec_drafter")
-def spec_drafter_base_architecture(args):
+def spec_drafter_base_architecture(args: argparse.Namespace) -> None:
     if getattr(args, "draft_size", None) is None:
         args.draft_size = 4
     args.init_from_ar = getattr(args, "init_from_ar", None)
@@ -182,7 +197,7 @@ def spec_drafter_base_architecture(args):
 
 
 @register_model_architecture("spec_drafter", "spec_drafter_iwslt_de_en")
-def spec_drafter_iwslt_de_en(args):
+def spec_drafter_iwslt_de_en(args: argparse.Namespace) -> None:
     """``transformer_iwslt_de_en``'s encoder (the teacher's, 6 layers) and a 2-layer decoder."""
     args.decoder_layers = getattr(args, "decoder_layers", 2)
     transformer_iwslt_de_en(args)
@@ -190,7 +205,7 @@ def spec_drafter_iwslt_de_en(args):
 
 
 @register_model_architecture("spec_drafter", "spec_drafter_wmt_en_de")
-def spec_drafter_wmt_en_de(args):
+def spec_drafter_wmt_en_de(args: argparse.Namespace) -> None:
     """``transformer_wmt_en_de``'s encoder and a 2-layer decoder."""
     args.decoder_layers = getattr(args, "decoder_layers", 2)
     transformer_wmt_en_de(args)
