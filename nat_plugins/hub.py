@@ -8,11 +8,13 @@
 ``translation_nat`` and the subword model that ``nat_plugins.cli.prepare_data`` wrote found and applied. It returns a
 :class:`NATHubInterface` (fairseq's ``GeneratorHubInterface``) whose ``translate``/``sample``/``generate`` also take
 the plugin decoders' task options per call (``fertility_decoding="npd"``, ``npd_teacher=PATH``,
-``block_accept="topk:2"``, ...); they are set on ``task.cfg`` for that call only.
+``block_accept="topk:2"``, ...): the options every generator declares beside it (its ``DecodingConfig``), whose table
+:data:`~nat_plugins.tasks.translation_nat.DECODING_OPTIONS` the task derives from the declarations. They are set on
+``task.cfg`` for that call only, and the generator parses and checks them as it does the command line's.
 """
 
 import os
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from fairseq import hub_utils
@@ -40,21 +42,25 @@ class NATHubInterface(hub_utils.GeneratorHubInterface):
     decoder's own (1 for the plugin decoders, which are greedy unless they say otherwise)."""
 
     def translate(
-        self, sentences: Union[str, List[str]], beam: Optional[int] = None, verbose: bool = False, **kwargs
+        self, sentences: Union[str, List[str]], beam: Optional[int] = None, verbose: bool = False, **kwargs: Any
     ) -> Union[str, List[str]]:
         return super().translate(sentences, beam, verbose, **kwargs)
 
     def sample(
-        self, sentences: Union[str, List[str]], beam: Optional[int] = None, verbose: bool = False, **kwargs
+        self, sentences: Union[str, List[str]], beam: Optional[int] = None, verbose: bool = False, **kwargs: Any
     ) -> Union[str, List[str]]:
         return super().sample(sentences, beam, verbose, **kwargs)
 
     def generate(
-        self, tokenized_sentences: List[torch.LongTensor], beam: Optional[int] = None, verbose: bool = False, **kwargs
+        self,
+        tokenized_sentences: List[torch.LongTensor],
+        beam: Optional[int] = None,
+        verbose: bool = False,
+        **kwargs: Any,
     ) -> List[List[dict]]:
         """fairseq's ``generate``; ``kwargs`` named in the task's table of decoding options
-        (:data:`~nat_plugins.tasks.translation_nat.DECODING_OPTIONS`) go to ``task.cfg`` during the call, and the
-        task refuses those the model's decoder does not read."""
+        (:data:`~nat_plugins.tasks.translation_nat.DECODING_OPTIONS`, derived from the generators' declarations) go to
+        ``task.cfg`` during the call, and the task refuses those the model's decoder does not read."""
         if beam is None:
             beam = getattr(getattr(self.models[0], "generator_class", None), "default_beam", 5)
         task_options = {name: kwargs.pop(name) for name in list(kwargs) if name in DECODING_OPTIONS}
@@ -73,7 +79,7 @@ def from_pretrained(
     checkpoint_file: str = "checkpoint_best.pt",
     data_name_or_path: str = ".",
     bpe: Optional[str] = "auto",
-    **kwargs,
+    **kwargs: Any,
 ) -> NATHubInterface:
     """Load a plugin checkpoint ``model_dir/checkpoint_file`` with the dictionaries of ``data_name_or_path``
     (relative to ``model_dir`` when it starts with "."). ``bpe="auto"`` applies the ``spm.model`` (sentencepiece)

@@ -1,17 +1,20 @@
 """The Python API (nat_plugins.hub): translate() == fairseq-generate for every system, per-call decoding options
 that do not leak into the next call, drafts/segments as data, and the sentencepiece model applied automatically."""
 
+import argparse
 import dataclasses
 import os
 
 import pytest
 import torch
 from fairseq import options
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf, gen_parser_from_dataclass
+from fairseq.models import MODEL_REGISTRY
 from fairseq.tasks.translation import TranslationConfig
 
+from nat_plugins.generators.base import option_owners
 from nat_plugins.hub import NATHubInterface, from_pretrained
-from nat_plugins.tasks.translation_nat import DECODING_OPTIONS, TranslationNATConfig, segments_string
+from nat_plugins.tasks.translation_nat import DECODING_CONFIGS, DECODING_OPTIONS, TranslationNATConfig, segments_string
 
 from .test_blockwise import TINY_BLOCKWISE
 from .test_fertility_nat import TINY_FNAT, fert_data_bin  # noqa: F401  (fixture)
@@ -260,6 +263,23 @@ def test_decoding_options_are_the_tasks_one_table():
         f.name for f in dataclasses.fields(TranslationConfig)
     }
     assert added - {"use_distilled", "distilled_name"} == set(DECODING_OPTIONS)
+
+
+def test_decoding_options_are_declared_once_beside_their_generators():
+    """The owner table is derived from the generators' options classes: each option is declared once, by a class
+    whose owners are registered architectures and which the task's config inherits (same defaults), and fairseq's
+    parser gets every option with the help text of its declaration and nothing more (no ``--owners``)."""
+    parser = argparse.ArgumentParser()
+    gen_parser_from_dataclass(parser, TranslationNATConfig())
+    flags = {action.dest: action for action in parser._actions}
+    assert DECODING_OPTIONS == option_owners(DECODING_CONFIGS)
+    assert "owners" not in flags and set(DECODING_OPTIONS) <= set(flags)
+    defaults = TranslationNATConfig()
+    for config in DECODING_CONFIGS:
+        assert issubclass(TranslationNATConfig, config) and set(config.owners) <= set(MODEL_REGISTRY)
+        for f in dataclasses.fields(config):
+            if f.name != "_name":
+                assert getattr(defaults, f.name) == f.default and flags[f.name].help == f.metadata["help"]
 
 
 def test_speculative_options_through_the_hub_are_refused_for_other_models(toy_task):

@@ -1,16 +1,71 @@
 """What the plugin decoders share: one construction signature, fairseq's generation options parsed once, and the
 rules of fairseq's ``SequenceGenerator`` for lengths, pad, unk and scores, so that ``--max-len-a/-b``, ``--min-len``,
 ``--lenpen``, ``--unkpen``, ``--unnormalized`` and ``--temperature`` mean for every plugin model what they mean
-for an AR Transformer in ``fairseq-generate``."""
+for an AR Transformer in ``fairseq-generate``; and the base of every generator's own decoding options,
+:class:`DecodingConfig`."""
 
+import dataclasses
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Type, TypeVar, Union
 
 import torch
+from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.configs import GenerationConfig
 from torch import nn
 
 from ..engine.static_cache import StaticCache
+
+# fairseq's encoder output (``encoder_out``, ``encoder_padding_mask``, ...: lists of tensors)
+EncoderOut = Dict[str, List[torch.Tensor]]
+# one hypothesis in fairseq's format (``tokens``, ``score``, ``positional_scores``, ...) plus the plugin's ``steps``
+Hypothesis = Dict[str, Any]
+
+Config = TypeVar("Config", bound="DecodingConfig")
+
+
+@dataclasses.dataclass
+class DecodingConfig(FairseqDataclass):
+    """A generator's own decoding options, declared in its file beside it. They are options of the task
+    ``translation_nat``, whose config (:class:`~nat_plugins.tasks.translation_nat.TranslationNATConfig`) is composed
+    from these classes: so they reach ``fairseq-generate``/``-interactive`` and the hub with their help text and stay
+    out of the checkpoint's model options, which would freeze them (DESIGN.md §6).
+
+    ``owners``: the registered model architectures whose decoder reads every option of the class; the task refuses a
+    value other than the default for any other model (its table
+    :data:`~nat_plugins.tasks.translation_nat.DECODING_OPTIONS`, derived by :func:`option_owners`). Options read by
+    other systems than the class's go in a class of their own. A class parses and checks its options once (its
+    ``parsed`` method, where they need it), and its generator reads them through it."""
+
+    # a class attribute, not annotated: dataclasses keep a ClassVar among ``__dataclass_fields__``, which fairseq
+    # would turn into an option --owners
+    owners = ()  # type: Tuple[str, ...]
+
+    @classmethod
+    def option_names(cls) -> Tuple[str, ...]:
+        """The options the class declares (fairseq's private ``_name`` excluded)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in FairseqDataclass.__dataclass_fields__)
+
+    @classmethod
+    def of(cls: Type[Config], cfg: Any) -> Config:
+        """The class's options as ``cfg`` sets them (the task's config: its dataclass, fairseq's omegaconf
+        ``DictConfig`` or a namespace), defaults where it has none: fairseq's ``from_namespace``, which returns
+        ``cfg`` itself when it is an instance of the class."""
+        return cls.from_namespace(cfg)
+
+
+def option_owners(configs: Iterable[Type[DecodingConfig]]) -> Dict[str, Tuple[str, ...]]:
+    """``{option: owners}`` over the :class:`DecodingConfig` classes ``configs``, in their order of declaration. An
+    option declared twice, or a class without owners, is a ``TypeError``."""
+    table: Dict[str, Tuple[str, ...]] = {}
+    for config in configs:
+        if not config.owners:
+            raise TypeError(f"{config.__name__} names no owners (the model architectures whose decoder reads it)")
+        for name in config.option_names():
+            if name in table:
+                raise TypeError(f"the decoding option {name} is declared twice (again by {config.__name__})")
+            table[name] = config.owners
+    return table
+
 
 # fairseq generation options no plugin decoder implements, with their "off" values
 UNSUPPORTED_OPTIONS = {
@@ -30,7 +85,8 @@ UNSUPPORTED_OPTIONS = {
 class PluginGenerator:
     """Base of the plugin decoders, built by ``TranslationNATTask.build_generator`` as
     ``generator_class(models, task, gen_args)``: ``gen_args`` is fairseq's generation config (``cfg.generation``;
-    options it lacks take fairseq's defaults), the decoder's own options are the task's (``task.cfg``).
+    options it lacks take fairseq's defaults); the decoder's own options are the task's (``task.cfg``), declared
+    by the generator's :class:`DecodingConfig`.
 
     Subclasses set ``name`` (error messages), may extend ``unsupported_options`` and implement :meth:`decode`, which
     :meth:`generate` (fairseq's generator interface) calls. ``--prefix-size`` and ``--constraints`` are refused here;
@@ -41,7 +97,7 @@ class PluginGenerator:
     unsupported_options = UNSUPPORTED_OPTIONS
     default_beam = 1  # --beam of a config that has none (``--eval-bleu-args '{}'``): greedy
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         if len(models) != 1:
             raise ValueError(f"{self.name} decodes one model, got an ensemble of {len(models)} (--path)")
         for name, off in self.unsupported_options.items():
@@ -49,7 +105,7 @@ class PluginGenerator:
             if value not in (off, None):
                 raise ValueError(f"--{name.replace('_', '-')} {value} is not supported by {self.name}")
 
-        def option(name):
+        def option(name: str) -> Any:
             return getattr(gen_args, name, getattr(GenerationConfig, name))
 
         self.model = models[0]
@@ -71,7 +127,7 @@ class PluginGenerator:
         prefix_tokens: Optional[torch.Tensor] = None,
         constraints: Optional[torch.Tensor] = None,
         bos_token: Optional[int] = None,
-    ) -> List[List[Dict[str, Any]]]:
+    ) -> List[List[Hypothesis]]:
         """fairseq's generator interface (the arguments of ``SequenceGenerator.generate``).
 
         Args:
@@ -85,11 +141,16 @@ class PluginGenerator:
         self.refuse_search_inputs(prefix_tokens, constraints, bos_token)
         return self.decode(sample)
 
-    def decode(self, sample: Dict[str, Any]) -> List[List[Dict[str, Any]]]:
+    def decode(self, sample: Dict[str, Any]) -> List[List[Hypothesis]]:
         """The hypotheses of ``sample`` (fairseq's format, one list per sentence): the subclass's decoding."""
         raise NotImplementedError
 
-    def refuse_search_inputs(self, prefix_tokens=None, constraints=None, bos_token=None):
+    def refuse_search_inputs(
+        self,
+        prefix_tokens: Optional[torch.Tensor] = None,
+        constraints: Optional[torch.Tensor] = None,
+        bos_token: Optional[int] = None,
+    ) -> None:
         """Refuse what fairseq's beam search takes besides the source: the plugin decoders start from BOS and search
         without lexical constraints, so they would drop them (a decoder that implements one does not pass it)."""
         for value, what in (
@@ -100,11 +161,12 @@ class PluginGenerator:
             if value is not None:
                 raise ValueError(f"{what} not supported by {self.name}: decode without it")
 
-    def require_greedy(self, why):
+    def require_greedy(self, why: str) -> None:
+        """Refuse ``--beam`` other than 1: the decoder ``why`` (part of the message) is greedy."""
         if self.beam_size != 1:
             raise ValueError(f"{self.name} {why}: pass --beam 1 (got {self.beam_size})")
 
-    def batch_max_len(self, src_tokens, cap):
+    def batch_max_len(self, src_tokens: torch.Tensor, cap: int) -> int:
         """fairseq ``SequenceGenerator``'s maximum output length (EOS excluded) of a batch: ``--max-len-a`` × the
         batch's padded source length (``src_tokens.size(1)``, EOS and padding included) + ``--max-len-b``, at most
         ``cap`` (what the decoder's positions allow); refused below ``--min-len``. One limit for every sentence of the
@@ -115,20 +177,20 @@ class PluginGenerator:
         self.check_min_len(max_len)
         return max_len
 
-    def source_lengths(self, net_input):
-        """Source lengths (EOS included) of a batch, on the device of its tokens."""
+    def source_lengths(self, net_input: Dict[str, Any]) -> torch.Tensor:
+        """Source lengths (B,) (EOS included) of a batch, on the device of its tokens."""
         src_tokens = net_input["src_tokens"]
         lengths = net_input.get("src_lengths")
         if lengths is None:
             lengths = src_tokens.ne(self.pad).long().sum(dim=1)
         return lengths.to(src_tokens.device)
 
-    def max_lengths(self, src_lengths, cap):
-        """Output tokens (EOS excluded) allowed per sentence: max_len_a * source length + max_len_b, at most
-        ``cap`` (what the decoder's positions allow)."""
+    def max_lengths(self, src_lengths: torch.Tensor, cap: int) -> torch.Tensor:
+        """Output tokens (EOS excluded) allowed per sentence (B,) for ``src_lengths`` (B,): max_len_a * source length +
+        max_len_b, at most ``cap`` (what the decoder's positions allow)."""
         return (src_lengths.double() * self.max_len_a + self.max_len_b).long().clamp(max=cap)
 
-    def check_min_len(self, max_len):
+    def check_min_len(self, max_len: Union[int, torch.Tensor]) -> None:
         """Refuse a ``--min-len`` above the maximum length ``max_len`` (a number, or a tensor of them)."""
         shortest = int(torch.as_tensor(max_len).min())
         if self.min_len > shortest:
@@ -137,8 +199,14 @@ class PluginGenerator:
                 "--max-len-a/--max-len-b allow"
             )
 
-    def constrain(self, scores, position, max_len, eos_too_early=None):
-        """``SequenceGenerator``'s rules, in place, on ``scores`` (... x V) of the 0-based output ``position``
+    def constrain(
+        self,
+        scores: torch.Tensor,
+        position: torch.Tensor,
+        max_len: int,
+        eos_too_early: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``SequenceGenerator``'s rules, in place, on ``scores`` (..., V) of the 0-based output ``position``
         (``position`` and ``max_len`` broadcast to ``scores.shape[:-1]``): never pad; ``--unkpen`` subtracted from
         unk; no EOS where ``eos_too_early`` (default: position < ``--min-len``); only EOS, with its own score, from
         ``max_len`` on."""
@@ -150,7 +218,9 @@ class PluginGenerator:
         scores[..., self.eos].masked_fill_(eos_too_early, -math.inf)
         return self.force_eos(scores, position >= max_len, eos_scores)
 
-    def force_eos(self, scores, forced, eos_scores=None):
+    def force_eos(
+        self, scores: torch.Tensor, forced: torch.Tensor, eos_scores: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Only EOS where ``forced`` (``scores.shape[:-1]``), in place; EOS keeps ``eos_scores`` (default: its
         score in ``scores``)."""
         if eos_scores is None:
@@ -159,11 +229,11 @@ class PluginGenerator:
         scores[..., self.eos] = torch.where(forced, eos_scores, scores[..., self.eos])
         return scores
 
-    def normalized(self, total, length):
+    def normalized(self, total: torch.Tensor, length: Union[int, torch.Tensor]) -> torch.Tensor:
         """fairseq's length normalisation of a score: ``total / length ** --lenpen`` (length with EOS)."""
         return total / length**self.len_penalty
 
-    def keep_grouped(self, cache, encoder_out, keep):
+    def keep_grouped(self, cache: Any, encoder_out: EncoderOut, keep: torch.Tensor) -> EncoderOut:
         """Keep the sentences ``keep`` (indices into the batch) of a grouped decoder's ``cache``
         (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`) and return their
         ``encoder_out`` (unchanged where the static cache holds the encoder's keys and values: no longer read)."""
@@ -172,7 +242,14 @@ class PluginGenerator:
             return encoder_out
         return self.model.encoder.reorder_encoder_out(encoder_out, keep)
 
-    def hypothesis(self, tokens, positional_scores, steps, score=None, **extra):
+    def hypothesis(
+        self,
+        tokens: torch.Tensor,
+        positional_scores: torch.Tensor,
+        steps: int,
+        score: Optional[torch.Tensor] = None,
+        **extra: Any,
+    ) -> Hypothesis:
         """One hypothesis in fairseq's format; ``tokens`` end with EOS, ``score`` defaults to the sum of
         ``positional_scores``, length-normalised unless ``--unnormalized``; ``steps`` = decoder calls."""
         if score is None:

@@ -1,6 +1,7 @@
 """Decoding of ``fertility_nat`` (Gu et al., ICLR 2018, §4.1 "Inference"): one batched decoder pass.
 
-``--fertility-decoding`` (a ``translation_nat`` task option, so it is not frozen into the checkpoint):
+``--fertility-decoding`` (a ``translation_nat`` task option, :class:`FertilityNATDecodingConfig`, so it is not frozen
+into the checkpoint):
 
 * ``argmax``: f_j = argmax_f p_F(f | x, j) at every source position, then the argmax token at every target position;
 * ``average``: f_j = Round(sum_f f * p_F(f | x, j)), the rounded expected fertility (§4.1 "average decoding");
@@ -29,18 +30,103 @@ normalised like fairseq's (``--unnormalized``, ``--lenpen``); NPD adds ``teacher
 """
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
+from fairseq.dataclass import ChoiceEnum
+from torch import nn
 
 from ..modules.fertility import average_fertility, cap_total, ensure_nonempty, nat_output, sample_fertilities
 from ..modules.teacher import FrozenTeacher
-from .base import PluginGenerator
+from .base import DecodingConfig, Hypothesis, PluginGenerator
+
+FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
+NPD_CANDIDATES = ChoiceEnum(["argmax_and_samples", "samples"])
 
 
-def first_occurrences(candidates):
-    """``candidates`` (B x S x S_src fertility sequences, S per sentence) -> B x S bool: True where the sequence
+class FertilityDecoding(NamedTuple):
+    """The decoding mode of :class:`FertilityNATDecodingConfig`, parsed: ``samples`` S candidates per sentence (1
+    unless NPD), the first of them the argmax sequence when ``with_argmax``; NPD's ``teacher`` and ranking."""
+
+    mode: str
+    samples: int
+    with_argmax: bool
+    teacher: Optional[str]
+    length_normalize: bool
+
+
+@dataclass
+class FertilityNATDecodingConfig(DecodingConfig):
+    """The fertilities ``fertility_nat`` decodes with (Gu et al. 2018, §4.1 "Inference": argmax, average, noisy
+    parallel decoding) and NPD's candidates, teacher and ranking (eq. 8); see the module docstring."""
+
+    owners = ("fertility_nat",)
+
+    fertility_decoding: FERTILITY_DECODING_MODES = field(
+        default="argmax",
+        metadata={
+            "help": "fertility_nat: 'argmax' fertilities, 'average' (rounded expected fertility) or 'npd' "
+            "(noisy parallel decoding: --npd-samples candidates rescored by --npd-teacher)"
+        },
+    )
+    npd_samples: int = field(
+        default=10,
+        metadata={
+            "help": "fertility_nat NPD: S, the candidate fertility sequences per sentence; with --npd-candidates "
+            "argmax_and_samples (the default) S counts the argmax sequence: it is the argmax plus S-1 samples"
+        },
+    )
+    npd_candidates: NPD_CANDIDATES = field(
+        default="argmax_and_samples",
+        metadata={
+            "help": "fertility_nat NPD: 'argmax_and_samples' (default): the argmax fertility sequence and S-1 samples "
+            "from the fertility predictor, so the output never scores below argmax decoding under the teacher; "
+            "'samples': S samples and no argmax (Gu et al. 2018 §4.1's protocol)"
+        },
+    )
+    npd_teacher: Optional[str] = field(
+        default=None, metadata={"help": "fertility_nat NPD: the AR teacher checkpoint that rescores the candidates"}
+    )
+    npd_length_normalize: bool = field(
+        default=False,
+        metadata={
+            "help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
+            "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"
+        },
+    )
+
+    @classmethod
+    def parsed(cls, cfg: Any) -> FertilityDecoding:
+        """``cfg``'s mode and NPD options, checked: S >= 1, NPD needs a teacher, the NPD options only with NPD."""
+        options = cls.of(cfg)
+        if options.npd_samples < 1:
+            raise ValueError(f"--npd-samples must be >= 1, got {options.npd_samples}")
+        mode = options.fertility_decoding
+        if mode == "npd":
+            if not options.npd_teacher:
+                raise ValueError(
+                    "--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
+                    "rescores the candidates)"
+                )
+        elif options.npd_teacher or options.npd_length_normalize or options.npd_candidates != "argmax_and_samples":
+            raise ValueError(
+                "--npd-teacher, --npd-length-normalize and --npd-candidates are only used by --fertility-decoding "
+                f"npd (got {mode})"
+            )
+        return FertilityDecoding(
+            mode=mode,
+            samples=options.npd_samples if mode == "npd" else 1,
+            with_argmax=mode != "npd" or options.npd_candidates == "argmax_and_samples",
+            teacher=options.npd_teacher if mode == "npd" else None,
+            length_normalize=options.npd_length_normalize,
+        )
+
+
+def first_occurrences(candidates: torch.Tensor) -> torch.Tensor:
+    """``candidates`` (B, S, S_src) (S fertility sequences per sentence) -> (B, S) bool: True where the sequence
     differs from every earlier one of its sentence (NPD decodes each distinct sequence once)."""
-    same = candidates.unsqueeze(2).eq(candidates.unsqueeze(1)).all(dim=-1)  # B x S x S: [b, i, k] = f_i == f_k
+    same = candidates.unsqueeze(2).eq(candidates.unsqueeze(1)).all(dim=-1)  # (B, S, S): [b, i, k] = f_i == f_k
     earlier = torch.ones_like(same[0]).tril(diagonal=-1)  # k < i
     return ~(same & earlier).any(dim=-1)
 
@@ -51,54 +137,43 @@ class FertilityNATGenerator(PluginGenerator):
 
     name = "fertility_nat decoding"
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         super().__init__(models, task, gen_args)
         self.require_greedy(
             "is one parallel pass (for several candidates use --fertility-decoding npd --npd-samples S)"
         )
-        cfg = task.cfg
-        if cfg.npd_samples < 1:
-            raise ValueError(f"--npd-samples must be >= 1, got {cfg.npd_samples}")
-        self.mode = cfg.fertility_decoding
-        self.npd_samples = cfg.npd_samples if self.mode == "npd" else 1
-        self.npd_with_argmax = self.mode != "npd" or cfg.npd_candidates == "argmax_and_samples"
-        self.npd_length_normalize = cfg.npd_length_normalize
+        decoding = FertilityNATDecodingConfig.parsed(task.cfg)
+        self.mode = decoding.mode
+        self.npd_samples = decoding.samples
+        self.npd_with_argmax = decoding.with_argmax
+        self.npd_length_normalize = decoding.length_normalize
         self.teacher = None
-        if self.mode == "npd":
-            if not cfg.npd_teacher:
-                raise ValueError(
-                    "--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
-                    "rescores the candidates)"
-                )
-            self.teacher = FrozenTeacher(cfg.npd_teacher, task, "--npd-teacher")
-        elif cfg.npd_teacher or cfg.npd_length_normalize or cfg.npd_candidates != "argmax_and_samples":
-            raise ValueError(
-                "--npd-teacher, --npd-length-normalize and --npd-candidates are only used by --fertility-decoding "
-                f"npd (got {self.mode})"
-            )
+        if decoding.teacher is not None:
+            self.teacher = FrozenTeacher(decoding.teacher, task, "--npd-teacher")
 
-    def output_max_lengths(self, src_lengths):
-        """Target tokens (EOS excluded) allowed per sentence: max_len_a * |x| + max_len_b, capped by positions."""
+    def output_max_lengths(self, src_lengths: torch.Tensor) -> torch.Tensor:
+        """Target tokens (EOS excluded) allowed per sentence (B,): max_len_a * |x| + max_len_b, capped by positions."""
         limit = self.model.max_decoder_positions()
         if self.teacher is not None:
             limit = min(limit, self.teacher.model.max_decoder_positions() - 1)
         return self.max_lengths(src_lengths, limit).clamp(min=1)
 
-    def fertilities(self, fertility_lprobs, copyable):
-        """B*S x S_src fertilities (S candidates per sentence, adjacent rows) for the decoding mode: the argmax or
-        average ones (§4.1); with NPD the argmax one then S-1 samples, or S samples (``--npd-candidates``)."""
+    def fertilities(self, fertility_lprobs: torch.Tensor, copyable: torch.Tensor) -> torch.Tensor:
+        """Fertilities (B*S, S_src) (S candidates per sentence, adjacent rows) for the decoding mode, from
+        ``fertility_lprobs`` (B, S_src, L) and ``copyable`` (B, S_src): the argmax or average ones (§4.1); with NPD
+        the argmax one then S-1 samples, or S samples (``--npd-candidates``)."""
         if self.mode == "average":
             fertility = average_fertility(fertility_lprobs)
         elif self.npd_with_argmax and self.npd_samples == 1:  # argmax decoding, or NPD of the argmax alone
             fertility = fertility_lprobs.argmax(dim=-1)
-        else:  # NPD: S x B x S_src candidates
+        else:  # NPD: (S, B, S_src) candidates
             candidates = [fertility_lprobs.argmax(dim=-1).unsqueeze(0)] if self.npd_with_argmax else []
             candidates.append(sample_fertilities(fertility_lprobs, self.npd_samples - len(candidates)))
             fertility = torch.cat(candidates).transpose(0, 1).flatten(0, 1)
             copyable = copyable.repeat_interleave(self.npd_samples, dim=0)
         return fertility.masked_fill(~copyable, 0)
 
-    def decode(self, sample):
+    def decode(self, sample: Dict[str, Any]) -> List[List[Hypothesis]]:
         """For each sentence of ``sample`` a one-element list of hypotheses."""
         model, S = self.model, self.npd_samples
         src_tokens = sample["net_input"]["src_tokens"]
@@ -134,15 +209,31 @@ class FertilityNATGenerator(PluginGenerator):
             steps = 2
         return self.hypotheses(tokens, scores, lengths, steps, teacher_scores)
 
-    def teacher_scores(self, src_tokens, src_lengths, tokens, lengths, order):
-        """Ranking score of every candidate (row n translates sentence ``order[n]``; ``order`` None: sentence n): the
-        teacher's log-probability of its tokens and EOS (Gu et al. eq. 8), length-normalised with
+    def teacher_scores(
+        self,
+        src_tokens: torch.Tensor,
+        src_lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        lengths: torch.Tensor,
+        order: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """Ranking score (N,) of every candidate (row n translates sentence ``order[n]``; ``order`` None: sentence
+        n): the teacher's log-probability of its tokens and EOS (Gu et al. eq. 8), length-normalised with
         ``--npd-length-normalize``; one teacher-forced pass over all rows, no log-softmax over the vocabulary."""
         self.teacher.to(next(self.model.parameters()))
         total = self.teacher.token_scores(src_tokens, src_lengths, tokens, lengths, order=order).sum(dim=1)
         return self.normalized(total, lengths.to(total.dtype) + 1) if self.npd_length_normalize else total
 
-    def hypotheses(self, tokens, scores, lengths, steps, teacher_scores):
+    def hypotheses(
+        self,
+        tokens: torch.Tensor,
+        scores: torch.Tensor,
+        lengths: torch.Tensor,
+        steps: int,
+        teacher_scores: Optional[torch.Tensor],
+    ) -> List[List[Hypothesis]]:
+        """fairseq's hypotheses, one per sentence, from the NAT's ``tokens`` and ``scores`` (B, T) of ``lengths`` (B,)
+        (EOS appended, scored 0); ``teacher_scores`` (B,): NPD's ranking score of each."""
         eos_column = tokens.new_full((tokens.size(0), 1), self.pad)
         tokens = torch.cat([tokens, eos_column], dim=1).scatter_(1, lengths.view(-1, 1), self.eos)
         scores = torch.cat([scores, scores.new_zeros(scores.size(0), 1)], dim=1)

@@ -12,26 +12,47 @@ fairseq's ``encoder_out`` dict extended with the NAD memory (``nad_out``, ``nad_
 This module adds what fairseq's generator lacks: ``hypo["steps"]`` (decoder calls for the sentence: one NAD pass + one
 AD call per output token, EOS included, of its longest returned hypothesis, the last to end; so ``--print-step`` and
 the benchmark's calls-per-sentence work) and ``hypo["nad_draft"]``: the NAD's argmax translation of the first model
-(tokens, EOS and padding excluded), which ``--print-nad-draft`` (task option) has the task print as ``NAD-<id>`` lines
-(:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
+(tokens, EOS and padding excluded), which ``--print-nad-draft`` (task option, :class:`NADADDecodingConfig`) has the task
+print as ``NAD-<id>`` lines (:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
 
 Like every model the task decodes, it goes through the decoding engine's switch first
 (:func:`~nat_plugins.engine.prepare_for_decoding`), so Encoder-NAD-AD is timed in the layout of its AR baseline.
 """
 
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
 import torch
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from fairseq.tasks import FairseqTask
+from torch import nn
+
+from .base import DecodingConfig, EncoderOut, Hypothesis
+
+
+@dataclass
+class NADADDecodingConfig(DecodingConfig):
+    """Encoder-NAD-AD's decoding option: print the NAD's argmax draft (§3.4: the NAD runs once, the AD attends to its
+    states), to compare what the NAD alone would output with the AD's translation. Read by the task, not the
+    generator, which always returns the draft."""
+
+    owners = ("nad_ad_transformer",)
+
+    print_nad_draft: bool = field(
+        default=False,
+        metadata={"help": "nad_ad_transformer: print the NAD's argmax draft of each sentence as a NAD-<id> line"},
+    )
 
 
 class NADADEnsembleModel(EnsembleModel):
     """fairseq's ensemble wrapper that keeps the encoder outputs (with the NAD memory) of the last batch."""
 
-    def __init__(self, models):
+    def __init__(self, models: List[nn.Module]) -> None:
         super().__init__(models)
         self.last_encoder_outs = None
 
-    def forward_encoder(self, net_input):
+    def forward_encoder(self, net_input: Dict[str, Any]) -> List[EncoderOut]:
+        """fairseq's ``forward_encoder``, its outputs kept in ``last_encoder_outs``."""
         self.last_encoder_outs = super().forward_encoder(net_input)
         return self.last_encoder_outs
 
@@ -41,7 +62,7 @@ class NADADGenerator(SequenceGenerator):
     every plugin generator is, ``NADADGenerator(models, task, gen_args)``: fairseq's ``build_generator``
     turns ``gen_args`` into the search strategy and ``SequenceGenerator``'s options."""
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         if getattr(gen_args, "print_alignment", None):
             raise ValueError("--print-alignment is not supported by nad_ad_transformer decoding")
         options = FairseqTask.build_generator(
@@ -50,7 +71,7 @@ class NADADGenerator(SequenceGenerator):
         super().__init__(NADADEnsembleModel(models), task.target_dictionary, **options)
 
     @torch.no_grad()
-    def generate(self, models, sample, **kwargs):
+    def generate(self, models: List[nn.Module], sample: Dict[str, Any], **kwargs: Any) -> List[List[Hypothesis]]:
         """fairseq's ``generate``; adds ``hypo["steps"]`` and ``hypo["nad_draft"]``."""
         finalized = super().generate(models, sample, **kwargs)
         encoder_outs = self.model.last_encoder_outs

@@ -9,11 +9,10 @@ int(a * ceil(|x| / K) + min(b, ceil(b / K) + 10)) tokens for ``--max-len-a`` a a
 the batch's padded source length as in fairseq's ``SequenceGenerator`` (one limit for the batch), also capped by the
 decoder's positions. ``--max-len-b`` is shared out over the K segments with a margin of
 :data:`SEGMENT_MARGIN` = 10 tokens each (the paper's margin), never more than b: the K caps add up to at least
-fairseq's a * |x| + b, and each stays near its share (fairseq's defaults a = 0, b = 200: 200 tokens at K = 1,
-110 at K = 2, 30 at K = 10, where b undivided let every segment run to 200). With K = 1 the cap is the AR model's
-limit a * |x| + b, so K = 1 is fairseq's greedy search for outputs of any length and in any batch; the paper's cap,
-ceil(|x| / K) + 10 (its own |x|: decode at batch 1, or batches of one source length), is
-``--max-len-a 1 --max-len-b 10``.
+fairseq's a * |x| + b, and each stays near its share (docs/design-notes.md, "Decoding options and generators"). With
+K = 1 the cap is the AR model's limit a * |x| + b, so K = 1 is fairseq's greedy search for outputs of any length and
+in any batch; the paper's cap, ceil(|x| / K) + 10 (its own |x|: decode at batch 1, or batches of one source length),
+is ``--max-len-a 1 --max-len-b 10``.
 The first segment never emits DEL (it has no predecessor to repeat; its distribution is renormalised without DEL,
 so with K = 1 the scores are the AR model's) and not EOS before ``--min-len`` steps (fairseq's rule), so it is
 never empty. Ended segments are fed padding, which the key padding mask hides.
@@ -26,19 +25,37 @@ the log-probabilities of every other decision (segment ends, deleted segments), 
 log-probability of the whole segment output. With K = 1 this is fairseq's greedy search, token for token.
 
 Every hypothesis carries ``hypo["segments"]``: the K segments' tokens (EOS and padding removed, a deleted
-segment keeps its DEL). ``--print-segments`` has the task print them as ``SEG-<id>`` lines, `` | `` between
-segments (the paper's Table 5; :meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
+segment keeps its DEL). ``--print-segments`` (:class:`RecoverSATDecodingConfig`) has the task print them as
+``SEG-<id>`` lines, `` | `` between segments (the paper's Table 5;
+:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`).
 """
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
 
 import torch
+from torch import nn
 
 from ..modules.segments import DEL_SYMBOL
-from .base import PluginGenerator
+from .base import DecodingConfig, EncoderOut, Hypothesis, PluginGenerator
 
 # tokens a segment may emit beyond its share of --max-len-b (Ran et al. 2020's cap: ceil(|x| / K) + 10)
 SEGMENT_MARGIN = 10
+
+
+@dataclass
+class RecoverSATDecodingConfig(DecodingConfig):
+    """RecoverSAT's decoding option: print each hypothesis's segments (``hypo["segments"]``), as the paper's Table 5
+    shows them, to see which segments were deleted (DEL, §3.3) and where they split the sentence. Read by the task
+    (:meth:`~nat_plugins.tasks.translation_nat.TranslationNATTask.inference_step`), not the generator, which always
+    returns the segments."""
+
+    owners = ("recover_sat",)
+
+    print_segments: bool = field(
+        default=False, metadata={"help": "recover_sat: print each hypothesis's segments as SEG-<id> lines (' | ')"}
+    )
 
 
 class RecoverSATGenerator(PluginGenerator):
@@ -46,7 +63,7 @@ class RecoverSATGenerator(PluginGenerator):
 
     name = "RecoverSAT segment decoding"
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         super().__init__(models, task, gen_args)
         self.require_greedy("is greedy (the paper's decoding)")
         self.num_segments = self.model.decoder.num_segments
@@ -54,7 +71,7 @@ class RecoverSATGenerator(PluginGenerator):
         if self.del_index == self.unk:
             raise ValueError(f"the target dictionary has no {DEL_SYMBOL} symbol: is this a recover_sat model?")
 
-    def segment_max_len(self, src_len):
+    def segment_max_len(self, src_len: int) -> int:
         """Tokens a segment may emit before it is forced to EOS, for a batch of padded source length ``src_len``
         (fairseq's |x|): int(a * ceil(|x| / K) + min(b, ceil(b / K) + :data:`SEGMENT_MARGIN`)) for ``--max-len-a``
         a and ``--max-len-b`` b, at most the decoder's positions - 1, refused below ``--min-len`` (module
@@ -66,15 +83,23 @@ class RecoverSATGenerator(PluginGenerator):
         self.check_min_len(max_len)
         return max_len
 
-    def decode(self, sample):
+    def decode(self, sample: Dict[str, Any]) -> List[List[Hypothesis]]:
         """For each sentence of ``sample`` a one-element list of hypotheses."""
         net_input = sample["net_input"]
         max_len = self.segment_max_len(net_input["src_tokens"].size(1))
         encoder_out = self.model.encoder.forward_torchscript(net_input)
         return self._decode(encoder_out, net_input["src_tokens"], max_len)
 
-    def _step_lprobs(self, tokens, encoder_out, cache, step, max_len, first_segment):
-        """One decoder call: log-probabilities (rows x K x V) of every segment's next token, under fairseq's rules
+    def _step_lprobs(
+        self,
+        tokens: torch.Tensor,
+        encoder_out: EncoderOut,
+        cache: Any,
+        step: int,
+        max_len: int,
+        first_segment: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decoder call: log-probabilities (B, K, V) of every segment's next token, under fairseq's rules
         except that only the first segment (``first_segment``: K bools) is held to ``--min-len``; ``cache``: the
         decoder's (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`)."""
         decoder = self.model.decoder
@@ -85,7 +110,7 @@ class RecoverSATGenerator(PluginGenerator):
         position = torch.tensor(step, device=lprobs.device)
         return self.constrain(lprobs, position, max_len, eos_too_early=first_segment & (step < self.min_len))
 
-    def _decode(self, encoder_out, src_tokens, max_len):
+    def _decode(self, encoder_out: EncoderOut, src_tokens: torch.Tensor, max_len: int) -> List[List[Hypothesis]]:
         K, device = self.num_segments, src_tokens.device
         bsz = src_tokens.size(0)
         num_steps = max_len + 1
@@ -124,8 +149,8 @@ class RecoverSATGenerator(PluginGenerator):
             for i in range(bsz)
         ]
 
-    def _postprocess(self, segment_tokens, segment_scores, steps):
-        """Post-processing (§3.4) of one sentence's ``steps x K`` segment outputs (padding after each end)."""
+    def _postprocess(self, segment_tokens: torch.Tensor, segment_scores: torch.Tensor, steps: int) -> Hypothesis:
+        """Post-processing (§3.4) of one sentence's segment outputs (T, K) (T = ``steps``; padding after each end)."""
         deleted = segment_tokens.eq(self.del_index).any(dim=0)
         kept = (
             segment_tokens.ne(self.pad)

@@ -29,41 +29,51 @@ batch size > 1 costs no extra steps. ``hypo["steps"]`` is the number of decoder 
 """
 
 import math
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from fairseq import search
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
+from torch import nn
 
-from .base import PluginGenerator
+from .base import EncoderOut, Hypothesis, PluginGenerator
 
 
 class GroupEnsembleModel(EnsembleModel):
     """fairseq's model wrapper, serving ``SequenceGenerator`` one decoder call per group of K positions (module
     docstring); ``SequenceGenerator`` applies the length rules to what it returns."""
 
-    def __init__(self, generator):
+    def __init__(self, generator: "SATGenerator") -> None:
         super().__init__([generator.model])
         self.generator = generator
         self.encoder_out = self.rows = self.lprobs = self.features = None
 
-    def forward_encoder(self, net_input):
+    def forward_encoder(self, net_input: Dict[str, Any]) -> List[EncoderOut]:
+        """fairseq's ``forward_encoder``; the output is kept for the group's decoder call, no reorder composed yet."""
         encoder_outs = super().forward_encoder(net_input)
         self.encoder_out, self.rows = encoder_outs[0], None
         return encoder_outs
 
-    def reorder_encoder_out(self, encoder_outs, new_order):
+    def reorder_encoder_out(self, encoder_outs: List[EncoderOut], new_order: torch.Tensor) -> List[EncoderOut]:
         """Compose the reorder (fairseq calls this with every reorder of the beam): ``rows[h]`` is the row of the
         last decoder call (or of the encoder output) that hypothesis h grew from."""
         self.rows = new_order if self.rows is None else self.rows.index_select(0, new_order)
         return encoder_outs
 
-    def reorder_incremental_state(self, incremental_states, new_order):
+    def reorder_incremental_state(self, incremental_states: List[Dict[str, Any]], new_order: torch.Tensor) -> None:
         """Nothing: the cache is reordered with ``rows`` at the next decoder call (:meth:`reorder_encoder_out` gets
         the same orders)."""
 
-    def forward_decoder(self, tokens, encoder_outs, incremental_states, temperature=1.0):
-        """Log-probabilities of position ``tokens.size(1) - 1`` (``tokens``: start symbol + outputs so far)."""
+    def forward_decoder(
+        self,
+        tokens: torch.Tensor,
+        encoder_outs: List[EncoderOut],
+        incremental_states: List[Dict[str, Any]],
+        temperature: float = 1.0,
+    ) -> Tuple[torch.Tensor, None]:
+        """Log-probabilities (N, V) of position ``tokens.size(1) - 1`` (``tokens`` (N, t): start symbol + outputs so
+        far)."""
         K, step = self.generator.group_size, tokens.size(1) - 1
         generator = self.generator
         if step % K == 0:
@@ -90,7 +100,7 @@ class SATGenerator(PluginGenerator):
     name = "SAT group decoding"
     default_beam = GenerationConfig.beam
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         super().__init__(models, task, gen_args)
         if self.beam_size < 1:
             raise ValueError(f"--beam must be >= 1, got {self.beam_size}")
@@ -115,7 +125,7 @@ class SATGenerator(PluginGenerator):
                 search_strategy=search.BeamSearch(self.tgt_dict),
             )
 
-    def decode(self, sample):
+    def decode(self, sample: Dict[str, Any]) -> List[List[Hypothesis]]:
         """For each sentence of ``sample`` a list of hypotheses, best first; beam search is ``SequenceGenerator``'s,
         which applies the batch's maximum length (:meth:`batch_max_len`) itself."""
         net_input = sample["net_input"]
@@ -132,8 +142,10 @@ class SATGenerator(PluginGenerator):
                 h["steps"] = steps
         return hypos
 
-    def group_lprobs(self, inputs, encoder_out, cache, temperature):
-        """One decoder call: log-probabilities (N x K x V) of the group whose K inputs end ``inputs`` (the SAT
+    def group_lprobs(
+        self, inputs: torch.Tensor, encoder_out: EncoderOut, cache: Any, temperature: float
+    ) -> torch.Tensor:
+        """One decoder call: log-probabilities (N, K, V) of the group whose K inputs end ``inputs`` (the SAT
         decoder inputs so far: K start symbols, then the outputs of every earlier group); ``cache``: the decoder's
         (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`)."""
         decoder = self.model.decoder
@@ -143,18 +155,23 @@ class SATGenerator(PluginGenerator):
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
-    def slot_lprobs(self, features, slot, previous, temperature):
-        """Log-probabilities (N x V) of slot ``slot`` of a group from its features (N x C) and, for slot >= 1, the
-        tokens ``previous`` (N) emitted at the slot before it."""
+    def slot_lprobs(
+        self, features: torch.Tensor, slot: int, previous: Optional[torch.Tensor], temperature: float
+    ) -> torch.Tensor:
+        """Log-probabilities (N, V) of slot ``slot`` of a group from its features (N, C) and, for slot >= 1, the
+        tokens ``previous`` (N,) emitted at the slot before it."""
         logits = self.model.decoder.slot_logits(features, slot, previous)
         if temperature != 1.0:
             logits = logits.div_(temperature)
         lprobs = self.model.get_normalized_probs((logits, None), log_probs=True)
         return torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
 
-    def greedy_group(self, inputs, start, encoder_out, cache, max_len):
-        """The argmax tokens (N x K) of the group at output positions ``start``.. and their scores, under the
-        length and ``--min-len`` rules (:meth:`constrain`, ``max_len``: the batch's); one decoder call."""
+    def greedy_group(
+        self, inputs: torch.Tensor, start: int, encoder_out: EncoderOut, cache: Any, max_len: int
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(scores, tokens)`` (N, K) of the group at output positions ``start``..: the argmax tokens and their
+        scores, under the length and ``--min-len`` rules (:meth:`constrain`, ``max_len``: the batch's); one decoder
+        call."""
         K, device = self.group_size, inputs.device
         if not self.repeat_bias:
             lprobs = self.group_lprobs(inputs, encoder_out, cache, self.temperature)
@@ -171,7 +188,7 @@ class SATGenerator(PluginGenerator):
             predictions.append(prediction)
         return torch.stack(scores, dim=1), torch.stack(predictions, dim=1)
 
-    def _greedy(self, encoder_out, src_tokens, max_len):
+    def _greedy(self, encoder_out: EncoderOut, src_tokens: torch.Tensor, max_len: int) -> List[List[Hypothesis]]:
         K = self.group_size
         bsz, device = src_tokens.size(0), src_tokens.device
         # column c < K holds a start symbol, column K + p output position p (whole groups up to max_len)

@@ -13,7 +13,7 @@ prefix is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in it
 3. accept (§3 Spec-Verification): ŷ_{j+1} and the longest prefix of drafts the teacher agrees with; the teacher's
    argmax after the last accepted token is the next ŷ. ``--speculative-verify exact`` agrees where a draft is the
    teacher's argmax: the output is token for token the teacher's greedy output, whatever the drafter proposes (the
-   argmax of the teacher's logits at every position: fairseq's greedy search except at floating-point near-ties,
+   argmax of the teacher's logits at every position: fairseq's greedy search up to near-ties, see
    :mod:`~nat_plugins.generators.verify_accept_loop`).
    ``relaxed`` agrees where it is among the teacher's ``--speculative-beta`` best tokens and at most
    ``--speculative-tau`` below the best log-probability.
@@ -23,23 +23,89 @@ the drafts of y_1..y_k, so no call is spent on BOS alone.
 
 The drafter keeps a cache of the prefix it has read, as the teacher does. Length limits, minimum length, pad/unk rules
 and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification prints what
-``fairseq-generate --beam 1`` prints for the teacher (up to floating-point near-ties). Each hypothesis carries ``steps``
+``fairseq-generate --beam 1`` prints for the teacher (up to near-ties). Each hypothesis carries ``steps``
 (teacher calls), ``drafter_steps`` (drafter calls: one before each teacher call that verifies drafts, see
 ``--max-drafting-sentences``) and ``mean_accepted_tokens`` (emitted tokens, EOS included, per
 teacher call).
+
+Options: :class:`SpecDrafterDecodingConfig` (teacher, verification) and
+:class:`~nat_plugins.generators.verify_accept_loop.VerifyAcceptDecodingConfig` (int8 drafts, drafting limit).
 """
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import torch
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import FairseqEncoderDecoderModel
+from torch import nn
 
 from ..engine.block_call import inexact_verifier, rollback_cache
 from ..engine.cpu_linear import int8_copy
 from ..modules.teacher import TEACHER_FIX, FrozenTeacher
-from .verify_accept_loop import VerifyAcceptLoop
+from .base import DecodingConfig, EncoderOut, Hypothesis
+from .verify_accept_loop import VerifyAcceptDecodingConfig, VerifyAcceptLoop
+
+SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 
 
-def check_teacher(teacher, path, option="--speculative-teacher"):
+class Verification(NamedTuple):
+    """The verification rule of :class:`SpecDrafterDecodingConfig`, parsed: a draft token is accepted where it is
+    among the teacher's ``top_m`` best and at most ``tolerance`` below the best log-probability."""
+
+    teacher: Optional[str]
+    top_m: int
+    tolerance: float
+
+
+@dataclass
+class SpecDrafterDecodingConfig(DecodingConfig):
+    """Speculative decoding's verifier and its rule (Xia et al. 2023, §3 Spec-Verification): the teacher is a task
+    option, not the drafter's, so one drafter can be verified by any teacher of its data; exact verification is the
+    default because it keeps the teacher's greedy output."""
+
+    owners = ("spec_drafter",)
+
+    speculative_teacher: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "spec_drafter: the AR teacher checkpoint that verifies the drafts: fairseq's transformer "
+            "architecture trained on this data-bin (its greedy output is the output in --speculative-verify exact)"
+        },
+    )
+    speculative_verify: SPECULATIVE_VERIFY_MODES = field(
+        default="exact",
+        metadata={
+            "help": "spec_drafter: 'exact' accepts a draft token only where it is the teacher's argmax (output = "
+            "the teacher's greedy output, up to floating-point near-ties); 'relaxed' where it is among the "
+            "teacher's --speculative-beta best and at most --speculative-tau below the best log-probability (Xia et "
+            "al. 2023, §3 Spec-Verification)"
+        },
+    )
+    speculative_beta: int = field(
+        default=3, metadata={"help": "spec_drafter relaxed verification: top-β candidates of the teacher (β >= 1)"}
+    )
+    speculative_tau: float = field(
+        default=1.0,
+        metadata={"help": "spec_drafter relaxed verification: log-probability tolerance τ (>= 0) below the best"},
+    )
+
+    @classmethod
+    def parsed(cls, cfg: Any) -> Verification:
+        """``cfg``'s teacher and verification rule: exact is top 1 with no tolerance; relaxed checks β >= 1, τ >= 0."""
+        options = cls.of(cfg)
+        if options.speculative_verify == "exact":
+            return Verification(options.speculative_teacher, 1, math.inf)
+        if options.speculative_beta < 1 or not options.speculative_tau >= 0:
+            raise ValueError(
+                "--speculative-verify relaxed needs --speculative-beta >= 1 and --speculative-tau >= 0, got "
+                f"{options.speculative_beta} and {options.speculative_tau}"
+            )
+        return Verification(options.speculative_teacher, options.speculative_beta, options.speculative_tau)
+
+
+def check_teacher(teacher: FrozenTeacher, path: Optional[str], option: str = "--speculative-teacher") -> None:
     """Refuse a teacher (:class:`~nat_plugins.modules.teacher.FrozenTeacher`, which refused non-autoregressive
     checkpoints and other dictionaries) whose decoder the verifier would not reproduce exactly
     (:func:`~nat_plugins.engine.block_call.inexact_verifier`)."""
@@ -52,7 +118,7 @@ def check_teacher(teacher, path, option="--speculative-teacher"):
         )
 
 
-def share_unchanged_teacher_parts(drafter, teacher):
+def share_unchanged_teacher_parts(drafter: FairseqEncoderDecoderModel, teacher: FairseqEncoderDecoderModel) -> bool:
     """Where the drafter's tensors equal the teacher's (a drafter trained with ``--freeze-encoder`` from this
     teacher), decoding uses the teacher's: the drafter's token embeddings and output projection become the
     teacher's decoder tensors (one vocabulary matrix read by both models' calls), and the returned bool says
@@ -69,54 +135,53 @@ def share_unchanged_teacher_parts(drafter, teacher):
 
 class SpeculativeGenerator(VerifyAcceptLoop):
     """Draft with a ``spec_drafter``, verify with the teacher (module docstring); task options
-    ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau`` and
-    ``--int8-drafts`` (CPU: the drafter's decoder with int8 weights; exact verification keeps the output)."""
+    ``--speculative-teacher``, ``--speculative-verify``, ``--speculative-beta``, ``--speculative-tau``
+    (:class:`SpecDrafterDecodingConfig`), ``--int8-drafts`` (CPU: the drafter's decoder with int8 weights; exact
+    verification keeps the output) and ``--max-drafting-sentences``
+    (:class:`~nat_plugins.generators.verify_accept_loop.VerifyAcceptDecodingConfig`)."""
 
     name = "speculative decoding (spec_drafter)"
     drafts_after_bos = True  # the first teacher call verifies the drafts after BOS (no call on BOS alone)
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         drafter = models[0]
         if not hasattr(drafter, "draft_size"):
             raise ValueError(f"speculative decoding needs a spec_drafter checkpoint, got {type(drafter).__name__}")
-        cfg = task.cfg
-        if cfg.speculative_verify == "exact":
-            top_m, tolerance = 1, math.inf
-        else:
-            if cfg.speculative_beta < 1 or not cfg.speculative_tau >= 0:
-                raise ValueError(
-                    "--speculative-verify relaxed needs --speculative-beta >= 1 and --speculative-tau >= 0, got "
-                    f"{cfg.speculative_beta} and {cfg.speculative_tau}"
-                )
-            top_m, tolerance = cfg.speculative_beta, cfg.speculative_tau
-        self.teacher = FrozenTeacher(cfg.speculative_teacher, task, "--speculative-teacher")
-        check_teacher(self.teacher, cfg.speculative_teacher)
+        verification = SpecDrafterDecodingConfig.parsed(task.cfg)
+        drafting = VerifyAcceptDecodingConfig.of(task.cfg)
+        self.teacher = FrozenTeacher(verification.teacher, task, "--speculative-teacher")
+        check_teacher(self.teacher, verification.teacher)
         super().__init__(
             models,
             task,
             gen_args,
             self.teacher.model,
             drafter.draft_size + 1,
-            top_m=top_m,
-            tolerance=tolerance,
-            max_drafting_sentences=cfg.max_drafting_sentences,
+            top_m=verification.top_m,
+            tolerance=verification.tolerance,
+            max_drafting_sentences=drafting.max_drafting_sentences,
         )
         # the decoder that drafts: the drafter's, or with --int8-drafts an int8 copy of it
         self.drafter_decoder = drafter.decoder
-        if cfg.int8_drafts:
+        if drafting.int8_drafts:
             self.drafter_decoder = int8_copy(drafter.decoder, "the drafter's decoder")
         self.drafter_out = self.drafter_cache = self.drafted = None
         self.same_encoder = None  # whether the drafter's encoder is the teacher's (known at the first batch)
         self.drafted_width = None
 
     @torch.no_grad()
-    def generate(self, models, sample, bos_token=None, **kwargs):
+    def generate(
+        self, models: List[nn.Module], sample: Dict[str, Any], bos_token: Optional[int] = None, **kwargs: Any
+    ) -> List[List[Hypothesis]]:
+        """The loop's ``generate``, with the teacher moved to the drafter's device and dtype and, at the first batch,
+        the tensors the drafter shares with the teacher found (:func:`share_unchanged_teacher_parts`)."""
         self.teacher.to(next(self.model.parameters()))  # the drafter's device and dtype
         if self.same_encoder is None:
             self.same_encoder = share_unchanged_teacher_parts(self.model, self.teacher.model)
         return super().generate(models, sample, bos_token=bos_token, **kwargs)
 
-    def start(self, sample, encoder_out):
+    def start(self, sample: Dict[str, Any], encoder_out: EncoderOut) -> None:
+        """The drafter's encoder output (the teacher's where the encoders are equal) and an empty drafter cache."""
         if self.same_encoder:  # the teacher's encoder output is the drafter's
             self.drafter_out = encoder_out
         else:
@@ -126,13 +191,22 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         # a single sentence's cache width (its prefix read so far); None for batches, whose rows differ
         self.drafted_width = 0 if self.drafted.numel() == 1 else None
 
-    def reorder(self, keep):
+    def reorder(self, keep: torch.Tensor) -> None:
+        """Keep the rows ``keep`` of the drafter's encoder output and cache."""
         self.drafter_out = self.model.encoder.reorder_encoder_out(self.drafter_out, keep)
         self.drafter_decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
         self.drafted = self.drafted[keep]
 
-    def propose(self, first, features, tokens, last, max_len):
-        """The drafter's k drafts after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never pad.
+    def propose(
+        self,
+        first: torch.Tensor,
+        features: Optional[torch.Tensor],
+        tokens: torch.Tensor,
+        last: torch.Tensor,
+        max_len: int,
+    ) -> torch.Tensor:
+        """The drafter's k drafts (B, k) after ŷ_{j+1} (at ``last`` + 1 in ``tokens``; BOS at the first call), never
+        pad.
 
         The drafter's cache holds the prefix it read in its last call; it reads the tokens accepted since and ŷ_{j+1}
         (the k+1 a drafting step adds at most, more after greedy steps of the loop; with batch size 1 exactly those)
@@ -164,7 +238,9 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         logits[..., self.pad] = -math.inf
         return logits.argmax(dim=-1)
 
-    def hypotheses(self, tokens, scores, lengths, steps):
+    def hypotheses(
+        self, tokens: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor
+    ) -> List[List[Hypothesis]]:
         """The loop's hypotheses; the drafter is called once before every teacher call that verifies drafts."""
         hypos = super().hypotheses(tokens, scores, lengths, steps)
         for (hypo,) in hypos:

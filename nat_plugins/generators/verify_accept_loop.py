@@ -5,8 +5,12 @@ Each step calls the verifier's decoder once on [ŷ_{j+1}, d_{j+2}, …, d_{j+k}]
 accepted position; ŷ_{j+1}: the verifier's argmax from the previous call; d: k-1 drafts), accepts the longest prefix of
 drafts the verifier agrees with (:func:`accepted_lengths`: exact, top-M, tolerance τ) and takes the verifier's argmax
 after it as the next ŷ. With exact acceptance the output is the verifier's greedy output whatever the drafts:
-fairseq's ``SequenceGenerator`` with beam 1, token for token, except at floating-point near-ties (two tokens whose
-log-probabilities differ by less than the rounding of fairseq's running score or of the verifier's logits).
+fairseq's ``SequenceGenerator`` with beam 1, token for token, up to floating-point near-ties.
+
+Near-ties, the caveat of every "token for token" claim in nat_plugins (stated here once): where two tokens'
+log-probabilities differ by less than the rounding of fairseq's running score or of the verifier's logits, fairseq's
+search and a decoder that computes the same logits another way may pick different tokens, and the outputs differ from
+there on. The benchmark tells such differences apart (:mod:`nat_plugins.bench.measure`).
 
 The key/value cache is the static step's (:mod:`~nat_plugins.engine.static_cache`: a rejected slot is overwritten
 later) or, for decoders it does not run, fairseq's, rolled back per sentence
@@ -22,22 +26,92 @@ Blockwise decoding drafts with its k-1 extra heads, speculative decoding with a 
 """
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
+from torch import nn
 
 from ..engine.block_call import IncrementalCache, decoder_block_features, inexact_verifier
 from ..engine.cpu_linear import int8_decoder_copy
 from ..engine.lean_decoder import lean_unsupported
 from ..engine.static_cache import StaticCache, static_unsupported
-from .base import UNSUPPORTED_OPTIONS, PluginGenerator
+from .base import UNSUPPORTED_OPTIONS, DecodingConfig, EncoderOut, Hypothesis, PluginGenerator
 
-# the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone. On 2 cores with the
-# quickstart's models the loop's greedy steps beat drafting from 2 sentences on (docs/design-notes.md, "Drafting against
-# batch size"); drafting gained 18-28% at batch 1.
+# the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone (measurements:
+# docs/design-notes.md, "Drafting against batch size")
 CPU_MAX_DRAFTING_SENTENCES = 1
 
 
-def accepted_lengths(proposals, verify_scores, top_m, min_block_size, eos, tolerance=math.inf, greedy=None):
+@dataclass
+class VerifyAcceptDecodingConfig(DecodingConfig):
+    """Options of the verify-accept loop that both its drafting systems read: int8 weights for the layers that only
+    draft (exact acceptance verifies every draft, so only the drafts change), and the number of sentences of a batch
+    up to which the loop drafts (module docstring)."""
+
+    owners = ("blockwise_transformer", "spec_drafter")
+
+    int8_drafts: bool = field(
+        default=False,
+        metadata={
+            "help": "blockwise_transformer, spec_drafter, CPU fp32 only: run the layers that only draft (heads "
+            "2..k: their feed-forward layer and output projection; the drafter's decoder) with int8 weights "
+            "(torch's dynamic quantization), so each call reads a quarter of their bytes. Exact acceptance keeps "
+            "its output (every draft is verified); top-k or relaxed acceptance and --min-block-size may change it"
+        },
+    )
+    max_drafting_sentences: Optional[int] = field(
+        default=None,
+        metadata={
+            "help": "blockwise_transformer, spec_drafter, exact acceptance: verify drafts only while at most N "
+            "sentences of a batch are still decoding; while more are, take plain greedy steps of the verifier "
+            "(same output: one token per sentence and call, no drafts), because a call over k tokens of every "
+            "sentence costs about k greedy steps once the batch keeps the device busy. Default: "
+            f"{CPU_MAX_DRAFTING_SENTENCES} on the CPU, no limit on a GPU; 0: greedy "
+            "steps only; a number >= --batch-size: drafts at every step"
+        },
+    )
+
+    @staticmethod
+    def checked_drafting_limit(value: Optional[float], exact: bool) -> Optional[float]:
+        """``--max-drafting-sentences`` (or a generator's own limit: ``math.inf``, drafts at every step) for a loop
+        whose acceptance is ``exact`` or not: a limit on drafting is plain greedy steps, which emit other tokens than
+        top-k, relaxed or forced acceptance would."""
+        if value is not None and not (value == math.inf or (exact and value >= 0)):
+            raise ValueError(
+                "--max-drafting-sentences needs exact acceptance (plain greedy steps emit other tokens than "
+                f"top-k, relaxed or forced acceptance) and a value >= 0, got {value}"
+            )
+        return value
+
+
+@dataclass
+class GreedyLoopDecodingConfig(DecodingConfig):
+    """The option of the plugin's greedy loop of a plain ``transformer`` (:class:`GreedyLoop`): its decoder with int8
+    weights (a CPU decoder step reads its weights once per call: a quarter of the bytes)."""
+
+    owners = ("transformer",)
+
+    int8_decoder: bool = field(
+        default=False,
+        metadata={
+            "help": "transformer at --beam 1 (the plugin's greedy loop), CPU fp32 only: the decoder with int8 weights "
+            "(torch's dynamic quantization): a quarter of the bytes per call. The output is the int8 decoder's "
+            "greedy output, not the float32 model's; activations are quantized per call over the batch's rows, so "
+            "at batch > 1 a sentence's output may depend on the others (at batch 1 it does not)"
+        },
+    )
+
+
+def accepted_lengths(
+    proposals: torch.Tensor,
+    verify_scores: torch.Tensor,
+    top_m: int,
+    min_block_size: int,
+    eos: int,
+    tolerance: float = math.inf,
+    greedy: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """How many of its k proposals each sentence accepts in one step (Stern et al. §3 verify/accept, §5
     approximations; Xia et al. 2023's top-β with tolerance τ).
 
@@ -64,20 +138,48 @@ def accepted_lengths(proposals, verify_scores, top_m, min_block_size, eos, toler
     return torch.minimum(accepted, first_eos), first_eos.le(accepted), scores
 
 
+@dataclass
+class LoopState:
+    """One batch in :meth:`VerifyAcceptLoop.generate`: the rows of the sentences still decoding (row r is sentence
+    ``active[r]`` of the batch) and the finished sentences' outputs (row = sentence). L = ``max_len`` + k + 2."""
+
+    max_len: int  # the batch's length limit: output position max_len may only be EOS
+    encoder_out: EncoderOut  # the verifier's, of the rows
+    cache: Optional[Union[StaticCache, IncrementalCache]]  # the verifier's; None: every call recomputes the prefix
+    offsets: torch.Tensor  # (k,): 1..k, a block's positions after j
+    tokens: torch.Tensor  # (B, L): y_t at column t (t = 0: BOS), pad after ŷ_{j+1}
+    scores: torch.Tensor  # (B, L): log p(y_t | y_<t)
+    steps: torch.Tensor  # (B, 2): verifier calls of the sentence, those of them that verified drafts
+    active: torch.Tensor  # (B,): sentence of each row
+    last: torch.Tensor  # (B,): j, the position of the last accepted token (-1 before a first block after BOS)
+    first: torch.Tensor  # (B,): ŷ_{j+1}, the verifier's argmax after j (BOS before a first block after BOS)
+    first_score: torch.Tensor  # (B,): its log-probability
+    features: Optional[torch.Tensor]  # (B, d): the verifier's decoder output at j, which predicted ŷ_{j+1}
+    finished: torch.Tensor  # (B,) bool: the last block ended with EOS
+    out_tokens: torch.Tensor  # (B, L), the finished sentences' tokens ...
+    out_scores: torch.Tensor  # (B, L) ... and scores
+    out_lengths: torch.Tensor  # (B,): output tokens, EOS included
+    out_steps: torch.Tensor  # (B, 2): ``steps`` of the finished sentences
+    bos_block: bool  # the next block is [BOS, drafts] at positions 0..k-1 (j = -1)
+    accepted: Optional[torch.Tensor] = None  # (B,): tokens accepted by the last call (None before the first block)
+    width: int = 0  # tokens per sentence the last call read
+    max_last: int = 0  # the largest j of the rows (known after :meth:`VerifyAcceptLoop.retire_finished`)
+
+
 class VerifyAcceptLoop(PluginGenerator):
     """Batched verify-accept decoding against an AR ``verifier`` with a rolled-back cache (see the module).
 
     Length limits, minimum length, pad/unk rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1
     for the verifier (the maximum length is ``max_len_a`` × the padded source length of the batch + ``max_len_b``,
     as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier (up to
-    floating-point near-ties: see the module). Each
-    hypothesis also carries ``steps`` (verifier calls for its sentence, a first call on BOS alone included),
-    ``drafting_steps`` (those of them that verified drafts) and
-    ``mean_accepted_block`` (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call
-    recomputes the whole prefix (the reference path). ``max_drafting_sentences`` (exact acceptance only): drafts only
-    while at most that many sentences are decoding, greedy steps before (:meth:`block_width`); ``math.inf``: drafts
-    at every step; None: :data:`CPU_MAX_DRAFTING_SENTENCES` on the CPU, drafts at every step on a GPU or with inexact
-    acceptance.
+    near-ties: see the module). Each hypothesis also carries ``steps`` (verifier calls for its sentence, a first call
+    on BOS alone included), ``drafting_steps`` (those of them that verified drafts) and ``mean_accepted_block``
+    (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call recomputes the whole
+    prefix (the reference path). ``min_block_size``: the caller's checked value (blockwise:
+    :meth:`~nat_plugins.generators.blockwise_decoding.BlockwiseDecodingConfig.parsed`). ``max_drafting_sentences``
+    (exact acceptance only, :meth:`VerifyAcceptDecodingConfig.checked_drafting_limit`): drafts only while at most that
+    many sentences are decoding, greedy steps before (:meth:`block_width`); ``math.inf``: drafts at every step; None:
+    :data:`CPU_MAX_DRAFTING_SENTENCES` on the CPU, drafts at every step on a GPU or with inexact acceptance.
     """
 
     name = "verify-accept decoding"
@@ -88,44 +190,44 @@ class VerifyAcceptLoop(PluginGenerator):
 
     def __init__(
         self,
-        models,
-        task,
-        gen_args,
-        verifier,
-        block_size,
-        top_m=1,
-        min_block_size=1,
-        tolerance=math.inf,
-        use_cache=True,
-        max_drafting_sentences=None,
-    ):
+        models: List[nn.Module],
+        task: Any,
+        gen_args: Any,
+        verifier: nn.Module,
+        block_size: int,
+        top_m: int = 1,
+        min_block_size: int = 1,
+        tolerance: float = math.inf,
+        use_cache: bool = True,
+        max_drafting_sentences: Optional[float] = None,
+    ) -> None:
         super().__init__(models, task, gen_args)
         self.require_greedy("emits one greedy hypothesis per sentence (no beam search)")
-        if not 1 <= min_block_size <= block_size:
-            raise ValueError(f"the minimum block size must be between 1 and {block_size}, got {min_block_size}")
         self.verifier = verifier
         self.block_size = block_size
         self.top_m, self.min_block_size, self.tolerance = top_m, min_block_size, tolerance
         self.exact = top_m == 1 and min_block_size == 1
-        if max_drafting_sentences is not None and not (
-            max_drafting_sentences == math.inf or (self.exact and max_drafting_sentences >= 0)
-        ):
-            raise ValueError(
-                "--max-drafting-sentences needs exact acceptance (plain greedy steps emit other tokens than "
-                f"top-k, relaxed or forced acceptance) and a value >= 0, got {max_drafting_sentences}"
-            )
-        self.max_drafting_sentences = max_drafting_sentences
+        self.max_drafting_sentences = VerifyAcceptDecodingConfig.checked_drafting_limit(
+            max_drafting_sentences, self.exact
+        )
         self.use_cache = use_cache
         self.max_positions = verifier.max_decoder_positions()
         self.may_reach_max_len = True  # whether the current step's positions can reach the length limit
 
     # ----- hooks ---------------------------------------------------------------------------------------------------
 
-    def verifier_logits(self, features):
+    def verifier_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The verifier's logits (..., V) for its decoder output ``features`` (..., d)."""
         return self.verifier.decoder.output_layer(features)
 
-    def propose(self, first, features, tokens, last, max_len):
+    def propose(
+        self,
+        first: torch.Tensor,
+        features: Optional[torch.Tensor],
+        tokens: torch.Tensor,
+        last: torch.Tensor,
+        max_len: int,
+    ) -> torch.Tensor:
         """The k-1 drafts d_{j+2..j+k} (B, k-1) after ``first`` ŷ_{j+1} (B,), the verifier's argmax at j+1, for the
         sentences still decoding.
 
@@ -135,22 +237,22 @@ class VerifyAcceptLoop(PluginGenerator):
         With :attr:`drafts_after_bos`, the first call has j = -1, ``first`` = BOS and no ``features``."""
         raise NotImplementedError
 
-    def start(self, sample, encoder_out):
+    def start(self, sample: Dict[str, Any], encoder_out: EncoderOut) -> None:
         """Called once per batch before the first call (``encoder_out``: the verifier's)."""
 
-    def reorder(self, keep):
+    def reorder(self, keep: torch.Tensor) -> None:
         """Sentences ``keep`` (indices into the current batch) stay in the batch, the others have ended."""
 
     # ----- the loop ------------------------------------------------------------------------------------------------
 
-    def block_width(self, num_sentences):
+    def block_width(self, num_sentences: int) -> int:
         """Tokens per sentence of the next call: k (ŷ_{j+1} and k-1 drafts), or 1 (a greedy step: ŷ_{j+1} alone)
         while more than ``max_drafting_sentences`` sentences are still decoding (see the module). Sentences only
         leave the batch, so a batch takes greedy steps first and drafts from the step where few enough are left."""
         limit = self.drafting_limit
         return self.block_size if limit is None or num_sentences <= limit else 1
 
-    def constrain_logits(self, logits, position, max_len):
+    def constrain_logits(self, logits: torch.Tensor, position: torch.Tensor, max_len: int) -> torch.Tensor:
         """``SequenceGenerator``'s rules on ``logits`` (..., V) of the 0-based output ``position``, in place (see
         :meth:`~nat_plugins.generators.base.PluginGenerator.constrain`), skipping those that cannot apply: the
         forced EOS at ``max_len`` is checked only when this step's positions can reach it."""
@@ -163,7 +265,9 @@ class VerifyAcceptLoop(PluginGenerator):
             self.force_eos(logits, position >= max_len)
         return logits
 
-    def verify(self, features, position, max_len):
+    def verify(
+        self, features: torch.Tensor, position: torch.Tensor, max_len: int
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The verifier at decoder output ``features`` (..., d) of 0-based output ``position``: its argmax (...), the
         argmax's log-probability (float32, as ``SequenceGenerator``'s: logit - logsumexp), its constrained float32
         logits (..., V) and their logsumexp before the rules (...). No log-softmax over the vocabulary."""
@@ -174,7 +278,7 @@ class VerifyAcceptLoop(PluginGenerator):
         best, greedy = logits.max(dim=-1)
         return greedy, best - logsumexp, logits, logsumexp
 
-    def new_cache(self, encoder_out, length):
+    def new_cache(self, encoder_out: EncoderOut, length: int) -> Union[StaticCache, IncrementalCache]:
         """The verifier's cache for a batch: the static step (:mod:`~nat_plugins.engine.static_cache`, ``length``
         slots per sentence) where it runs the verifier's decoder, else fairseq's ``incremental_state`` rolled back
         after every call."""
@@ -183,26 +287,50 @@ class VerifyAcceptLoop(PluginGenerator):
             return StaticCache(decoder, encoder_out, length)
         return IncrementalCache(decoder)
 
-    def recompute_block(self, tokens, proposals, index, encoder_out, max_len, width):
-        """Cache-off step: run the decoder on the whole prefix (``width`` positions) with the proposals at ``index``,
-        return the states of the proposals."""
+    def recompute_block(
+        self,
+        tokens: torch.Tensor,
+        proposals: torch.Tensor,
+        index: torch.Tensor,
+        encoder_out: EncoderOut,
+        max_len: int,
+        width: int,
+    ) -> torch.Tensor:
+        """Cache-off step: run the decoder on the whole prefix (``width`` positions) with the proposals (B, w) at
+        ``index`` (B, w), return the states (B, w, d) of the proposals."""
         sequence = tokens[:, :width].scatter(1, index, proposals)
         positions = torch.arange(width, device=index.device).expand_as(sequence).clamp(max=max_len)
         x = decoder_block_features(self.verifier.decoder, sequence, positions, encoder_out, None)
         return x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.size(-1)))
 
     @torch.no_grad()
-    def generate(self, models, sample, prefix_tokens=None, constraints=None, bos_token=None):
+    def generate(
+        self,
+        models: List[nn.Module],
+        sample: Dict[str, Any],
+        prefix_tokens: Optional[torch.Tensor] = None,
+        constraints: Optional[torch.Tensor] = None,
+        bos_token: Optional[int] = None,
+    ) -> List[List[Hypothesis]]:
         """fairseq's generator interface: for each sentence of ``sample`` a one-element list of hypotheses (no
         ``prefix_tokens`` or ``constraints``: :meth:`~nat_plugins.generators.base.PluginGenerator.
-        refuse_search_inputs`)."""
+        refuse_search_inputs`). The loop: :meth:`start_batch`, then per step :meth:`retire_finished` and
+        :meth:`draft_verify_accept` until every sentence has ended."""
         self.refuse_search_inputs(prefix_tokens, constraints)
-        verifier, decoder, k = self.verifier, self.verifier.decoder, self.block_size
+        state = self.start_batch(sample, bos_token)
+        while self.retire_finished(state):
+            self.draft_verify_accept(state)
+        return self.hypotheses(state.out_tokens, state.out_scores, state.out_lengths, state.out_steps)
+
+    def start_batch(self, sample: Dict[str, Any], bos_token: Optional[int]) -> LoopState:
+        """Set up a batch: its length limit (one for the batch, from its padded source length, as
+        ``SequenceGenerator``'s), the drafting limit on its device, the verifier's encoder output and cache, the
+        token and score rows, and ŷ_1 (:meth:`first_call`) unless the first block drafts after BOS."""
+        k = self.block_size
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         bsz, src_len = src_tokens.shape[:2]
         device = src_tokens.device
-        # one limit for the batch, from its padded source length, as SequenceGenerator's
         max_len = self.max_lengths(src_tokens.new_full((1,), src_len), self.max_positions - 1)
         self.check_min_len(max_len)
         max_len = int(max_len)
@@ -210,98 +338,125 @@ class VerifyAcceptLoop(PluginGenerator):
         self.drafting_limit = self.max_drafting_sentences
         if self.drafting_limit is None:
             self.drafting_limit = CPU_MAX_DRAFTING_SENTENCES if self.exact and device.type == "cpu" else None
-        encoder_out = verifier.encoder.forward_torchscript(net_input)
+        encoder_out = self.verifier.encoder.forward_torchscript(net_input)
         self.start(sample, encoder_out)
         cache = self.new_cache(encoder_out, max_len + k + 2) if self.use_cache else None
-        offsets = torch.arange(1, k + 1, device=device)
-        # rows of the sentences still decoding: tokens[:, t] = y_t (t = 0: BOS; pad after the next token),
-        # scores[:, t] = log p(y_t | y_<t)
         tokens = src_tokens.new_full((bsz, max_len + k + 2), self.pad)
         tokens[:, 0] = self.eos if bos_token is None else bos_token
         scores = torch.zeros(bsz, max_len + k + 2, device=device)
-        active = torch.arange(bsz, device=device)
-        last = torch.zeros(bsz, dtype=torch.long, device=device)  # position of the last accepted token
-        out_tokens, out_scores = tokens.clone(), scores.clone()
-        out_lengths = torch.zeros_like(last)
-        # steps[:, 0]: verifier calls of the sentence; steps[:, 1]: those that verified drafts (not greedy steps)
+        last = torch.zeros(bsz, dtype=torch.long, device=device)
         out_steps = last.new_zeros(bsz, 2)
+        state = LoopState(
+            max_len=max_len,
+            encoder_out=encoder_out,
+            cache=cache,
+            offsets=torch.arange(1, k + 1, device=device),
+            tokens=tokens,
+            scores=scores,
+            steps=out_steps.clone(),
+            active=torch.arange(bsz, device=device),
+            last=last,
+            first=tokens[:, 0].clone(),  # BOS plays ŷ_{j+1} of a first block after BOS
+            first_score=scores[:, 0].clone(),
+            features=None,
+            finished=torch.zeros(bsz, dtype=torch.bool, device=device),
+            out_tokens=tokens.clone(),
+            out_scores=scores.clone(),
+            out_lengths=torch.zeros_like(last),
+            out_steps=out_steps,
+            bos_block=self.drafts_after_bos,
+            width=k,
+        )
+        if state.bos_block:
+            state.last = last - 1
+        else:
+            self.first_call(state)
+        return state
 
-        bos_block = self.drafts_after_bos  # the first block is [BOS, drafts] at positions 0..k-1 (j = -1)
-        if bos_block:  # BOS plays ŷ_{j+1}
-            steps = out_steps.clone()
-            last = last - 1
-            first, first_score, features = tokens[:, 0].clone(), scores[:, 0].clone(), None
-        else:  # first call: BOS -> the verifier's y_1 (ŷ_{j+1} of the first block)
-            steps = out_steps.clone()
-            steps[:, 0] = 1
-            self.may_reach_max_len = k >= max_len
-            if cache is None:
-                features = decoder_block_features(decoder, tokens[:, :1], last.unsqueeze(1), encoder_out, None)[:, 0]
-            else:
-                features = cache.step(tokens[:, :1], last.unsqueeze(1), last.unsqueeze(1), 1, encoder_out)[:, 0]
-            first, first_score, _, _ = self.verify(features, last, max_len)
-        finished = torch.zeros(bsz, dtype=torch.bool, device=device)  # the last block ended with EOS
-        accepted, width = None, k  # tokens accepted per sentence by the last call, tokens per sentence it read
-        while True:
-            # ŷ_{j+1} is accepted whatever happens: write it, and end sentences whose next token is EOS
-            tokens.scatter_(1, (last + 1).unsqueeze(1), first.unsqueeze(1))
-            scores.scatter_(1, (last + 1).unsqueeze(1), first_score.unsqueeze(1))
-            done = finished if bos_block else finished | first.eq(self.eos)
-            num_done, max_last = torch.stack([done.sum(), last.max()]).tolist()  # the step's one host sync
-            if accepted is not None and cache is not None:
-                cache.accept(width, accepted, max_last + 1)
-            if num_done:
-                remaining = last.size(0) - num_done
-                order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
-                gone, keep = order[remaining:], order[:remaining]
-                rows = active[gone]
-                out_tokens[rows], out_scores[rows], out_steps[rows] = tokens[gone], scores[gone], steps[gone]
-                out_lengths[rows] = torch.where(finished[gone], last[gone], last[gone] + 1)
-                if remaining == 0:
-                    break
-                active, last, first, first_score = active[keep], last[keep], first[keep], first_score[keep]
-                tokens, scores, steps, features = tokens[keep], scores[keep], steps[keep], features[keep]
-                encoder_out = verifier.encoder.reorder_encoder_out(encoder_out, keep)
-                if cache is not None:
-                    cache.reorder(keep)
-                self.reorder(keep)
+    def first_call(self, state: LoopState) -> None:
+        """The verifier's first call, on BOS alone: its argmax y_1 is ŷ_{j+1} of the first block (j = 0)."""
+        state.steps[:, 0] = 1
+        self.may_reach_max_len = self.block_size >= state.max_len
+        bos, last = state.tokens[:, :1], state.last
+        if state.cache is None:
+            features = decoder_block_features(self.verifier.decoder, bos, last.unsqueeze(1), state.encoder_out, None)
+        else:
+            features = state.cache.step(bos, last.unsqueeze(1), last.unsqueeze(1), 1, state.encoder_out)
+        state.features = features[:, 0]
+        state.first, state.first_score, _, _ = self.verify(state.features, state.last, state.max_len)
 
-            # the block [ŷ_{j+1}, drafts] (or ŷ_{j+1} alone: a greedy step); one call scores it and holds the states
-            # for the next one
-            width = self.block_width(last.size(0))
-            self.may_reach_max_len = max_last + width >= max_len
-            proposals = first.unsqueeze(1)
-            if width > 1:
-                drafts = self.propose(first, features, tokens[:, : max_last + 2], last, max_len)
-                proposals = torch.cat([proposals, drafts], dim=1)
-            block_offsets = offsets[:width]
-            index = last.unsqueeze(1) + block_offsets
-            if cache is not None:
-                positions = index.clamp(max=max_len) if self.may_reach_max_len else index
-                x = cache.step(proposals, positions, index, max_last + width + 1, encoder_out)
-            else:
-                x = self.recompute_block(tokens, proposals, index, encoder_out, max_len, max_last + width + 1)
-            steps[:, 0] += 1
-            steps[:, 1] += width > 1
-            greedy, greedy_scores, logits, logsumexp = self.verify(x, index, max_len)
-            # a first block's BOS (= EOS in fairseq) does not end it
-            checked = proposals.masked_fill(block_offsets.eq(1), self.pad) if bos_block else proposals
-            bos_block = False
-            accepted, finished, draft_scores = accepted_lengths(
-                checked, logits[:, :-1], self.top_m, self.min_block_size, self.eos, self.tolerance, greedy[:, :-1]
-            )
-            tokens.scatter_(1, index, proposals.masked_fill(block_offsets > accepted.unsqueeze(1), self.pad))
-            scores.scatter_(1, index, torch.cat([first_score.unsqueeze(1), draft_scores - logsumexp[:, :-1]], 1))
-            last = last + accepted
-            # the next block starts after the last accepted token
-            at = (accepted - 1).unsqueeze(1)
-            first, first_score = greedy.gather(1, at).squeeze(1), greedy_scores.gather(1, at).squeeze(1)
-            features = x.gather(1, at.unsqueeze(2).expand(-1, -1, x.size(-1))).squeeze(1)
+    def retire_finished(self, state: LoopState) -> bool:
+        """Write ŷ_{j+1} (accepted whatever the next call says), let the cache keep the tokens the last call
+        accepted, and move the sentences whose block or ŷ_{j+1} is EOS to the output; False once none is left.
+        Holds the step's one host sync (how many ended, the largest j)."""
+        s = state
+        s.tokens.scatter_(1, (s.last + 1).unsqueeze(1), s.first.unsqueeze(1))
+        s.scores.scatter_(1, (s.last + 1).unsqueeze(1), s.first_score.unsqueeze(1))
+        done = s.finished if s.bos_block else s.finished | s.first.eq(self.eos)  # a first block's BOS ends nothing
+        num_done, s.max_last = torch.stack([done.sum(), s.last.max()]).tolist()
+        if s.accepted is not None and s.cache is not None:
+            s.cache.accept(s.width, s.accepted, s.max_last + 1)
+        if not num_done:
+            return True
+        remaining = s.last.size(0) - num_done
+        order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
+        gone, keep = order[remaining:], order[:remaining]
+        rows = s.active[gone]
+        s.out_tokens[rows], s.out_scores[rows], s.out_steps[rows] = s.tokens[gone], s.scores[gone], s.steps[gone]
+        s.out_lengths[rows] = torch.where(s.finished[gone], s.last[gone], s.last[gone] + 1)
+        if remaining == 0:
+            return False
+        s.active, s.last, s.first, s.first_score = s.active[keep], s.last[keep], s.first[keep], s.first_score[keep]
+        s.tokens, s.scores, s.steps = s.tokens[keep], s.scores[keep], s.steps[keep]
+        s.features = s.features[keep]
+        s.encoder_out = self.verifier.encoder.reorder_encoder_out(s.encoder_out, keep)
+        if s.cache is not None:
+            s.cache.reorder(keep)
+        self.reorder(keep)
+        return True
 
-        return self.hypotheses(out_tokens, out_scores, out_lengths, out_steps)
+    def draft_verify_accept(self, state: LoopState) -> None:
+        """One step (Stern et al. §4, combined scoring and proposal): the block [ŷ_{j+1}, drafts] (or ŷ_{j+1} alone:
+        a greedy step, :meth:`block_width`) in one verifier call, which scores it and holds the states for the next
+        one; the accepted prefix written (:func:`accepted_lengths`), and the verifier's argmax after it as the next
+        ŷ_{j+1}."""
+        s = state
+        width = self.block_width(s.last.size(0))
+        self.may_reach_max_len = s.max_last + width >= s.max_len
+        proposals = s.first.unsqueeze(1)
+        if width > 1:
+            drafts = self.propose(s.first, s.features, s.tokens[:, : s.max_last + 2], s.last, s.max_len)
+            proposals = torch.cat([proposals, drafts], dim=1)
+        block_offsets = s.offsets[:width]
+        index = s.last.unsqueeze(1) + block_offsets
+        if s.cache is not None:
+            positions = index.clamp(max=s.max_len) if self.may_reach_max_len else index
+            x = s.cache.step(proposals, positions, index, s.max_last + width + 1, s.encoder_out)
+        else:
+            x = self.recompute_block(s.tokens, proposals, index, s.encoder_out, s.max_len, s.max_last + width + 1)
+        s.steps[:, 0] += 1
+        s.steps[:, 1] += width > 1
+        greedy, greedy_scores, logits, logsumexp = self.verify(x, index, s.max_len)
+        # a first block's BOS (= EOS in fairseq) does not end it
+        checked = proposals.masked_fill(block_offsets.eq(1), self.pad) if s.bos_block else proposals
+        s.bos_block = False
+        accepted, s.finished, draft_scores = accepted_lengths(
+            checked, logits[:, :-1], self.top_m, self.min_block_size, self.eos, self.tolerance, greedy[:, :-1]
+        )
+        s.tokens.scatter_(1, index, proposals.masked_fill(block_offsets > accepted.unsqueeze(1), self.pad))
+        s.scores.scatter_(1, index, torch.cat([s.first_score.unsqueeze(1), draft_scores - logsumexp[:, :-1]], 1))
+        s.last = s.last + accepted
+        # the next block starts after the last accepted token
+        at = (accepted - 1).unsqueeze(1)
+        s.first, s.first_score = greedy.gather(1, at).squeeze(1), greedy_scores.gather(1, at).squeeze(1)
+        s.features = x.gather(1, at.unsqueeze(2).expand(-1, -1, x.size(-1))).squeeze(1)
+        s.accepted, s.width = accepted, width
 
-    def hypotheses(self, tokens, scores, lengths, steps):
-        """fairseq's hypothesis format, one (best-only) list per sentence; ``steps`` (B, 2): calls, drafting calls."""
+    def hypotheses(
+        self, tokens: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor
+    ) -> List[List[Hypothesis]]:
+        """fairseq's hypothesis format, one (best-only) list per sentence from ``tokens`` and ``scores`` (B, L) (BOS
+        at column 0), ``lengths`` (B,) and ``steps`` (B, 2): calls, drafting calls."""
         return [
             [
                 self.hypothesis(
@@ -318,22 +473,23 @@ class VerifyAcceptLoop(PluginGenerator):
 
 class GreedyLoop(VerifyAcceptLoop):
     """An autoregressive model's greedy search as the loop without drafts (block size 1): fairseq's
-    ``SequenceGenerator`` with beam 1 token for token, up to floating-point near-ties (see the module), each step
-    one static decoder step (:mod:`~nat_plugins.engine.static_cache`) and an argmax, no per-sentence Python work.
+    ``SequenceGenerator`` with beam 1 token for token, up to near-ties (see the module), each step one static decoder
+    step (:mod:`~nat_plugins.engine.static_cache`) and an argmax, no per-sentence Python work.
     ``TranslationNATTask.build_generator`` decodes a plain AR model at ``--beam 1`` with it where
-    :func:`greedy_loop_refusal` finds nothing against it. ``--int8-decoder``: the greedy output of the model with an
-    int8 copy of its decoder (:func:`~nat_plugins.engine.cpu_linear.int8_decoder_copy`)."""
+    :func:`greedy_loop_refusal` finds nothing against it. ``--int8-decoder`` (:class:`GreedyLoopDecodingConfig`): the
+    greedy output of the model with an int8 copy of its decoder
+    (:func:`~nat_plugins.engine.cpu_linear.int8_decoder_copy`)."""
 
     name = "greedy search (the plugin's loop)"
 
-    def __init__(self, models, task, gen_args):
+    def __init__(self, models: List[nn.Module], task: Any, gen_args: Any) -> None:
         verifier = models[0]
-        if task.cfg.int8_decoder:
+        if GreedyLoopDecodingConfig.of(task.cfg).int8_decoder:
             verifier = int8_decoder_copy(verifier, "the decoder", "--int8-decoder")
         super().__init__(models, task, gen_args, verifier=verifier, block_size=1)
 
 
-def greedy_loop_refusal(models, gen_args, **build_kwargs):
+def greedy_loop_refusal(models: List[nn.Module], gen_args: Any, **build_kwargs: Any) -> Optional[str]:
     """Why :class:`GreedyLoop` does not decode ``models`` with ``gen_args`` (a string: fairseq's generator does), or
     None: one model of fairseq's Transformer decoder that the static step runs, ``--beam 1``, no option of fairseq's
     generator the loop does not implement (sampling, n-best, ``--score-reference``, ...) and no other generator

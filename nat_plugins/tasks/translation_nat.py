@@ -9,7 +9,7 @@ it
   - ``{split}.fert.{src}``: text, one line per sentence, one non-negative integer per source subword
     (the appended EOS excluded), summing to the length of the target it goes with (without EOS) —
     the distilled target when one is loaded for the split, else the real one; batches carry it as
-    ``sample["fertility"]`` (B x S, aligned with ``src_tokens``, 0 on padding and EOS);
+    ``sample["fertility"]`` (B, S), aligned with ``src_tokens``, 0 on padding and EOS;
   - ``{split}.kd.{tgt}.{bin,idx}``: sequence-level distilled targets binarized with the target
     dictionary (written by ``nat_plugins.cli.distill``; ``--distilled-name NAME`` reads
     ``{split}.NAME.{tgt}``). ``--use-distilled target`` trains on them
@@ -18,6 +18,11 @@ it
 
 * checks the side files a model or criterion declares it needs (``required_side_inputs``) and fails
   with an error naming the missing or inconsistent file;
+* takes every generator's decoding options: :class:`TranslationNATConfig` is composed from the options classes
+  declared beside the generators (:data:`DECODING_CONFIGS`), so they stay out of the checkpoint's model options
+  (which would freeze them), and :data:`DECODING_OPTIONS`, derived from the declarations, names the models whose
+  decoder reads each: :meth:`~TranslationNATTask.check_decoding_options` refuses the others, and the hub
+  (:mod:`nat_plugins.hub`) takes exactly these options per call;
 * builds the generator the model declares (``model.generator_class(models, task, gen_args)``) in
   :meth:`build_generator`, falling back to fairseq's ``SequenceGenerator`` for plain AR models such as
   the teacher. ``--eval-bleu`` goes through the same method, so every plugin model is validated with its
@@ -31,59 +36,66 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from fairseq import utils
-from fairseq.data import BaseWrapperDataset, LanguagePairDataset, data_utils
+from fairseq.data import BaseWrapperDataset, Dictionary, FairseqDataset, LanguagePairDataset, data_utils
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import MODEL_REGISTRY
 from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from torch import nn
 
 from ..compat import PluginCheckpointMarker
 from ..engine import prepare_for_decoding
-from ..generators.verify_accept_loop import CPU_MAX_DRAFTING_SENTENCES, GreedyLoop, greedy_loop_refusal
+from ..generators.base import DecodingConfig, Hypothesis, option_owners
+from ..generators.blockwise_decoding import BlockwiseDecodingConfig
+from ..generators.fertility_nat_decoding import FertilityNATDecodingConfig
+from ..generators.nad_ad_decoding import NADADDecodingConfig
+from ..generators.recover_sat_decoding import RecoverSATDecodingConfig
+from ..generators.spec_drafter_decoding import SpecDrafterDecodingConfig
+from ..generators.verify_accept_loop import (
+    GreedyLoop,
+    GreedyLoopDecodingConfig,
+    VerifyAcceptDecodingConfig,
+    greedy_loop_refusal,
+)
 from ..modules.teacher import stored_dictionaries
 
 logger = logging.getLogger(__name__)
 
 SIDE_INPUTS = ("fertility", "kd_target")
 DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
-FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
-NPD_CANDIDATES = ChoiceEnum(["argmax_and_samples", "samples"])
-SPECULATIVE_VERIFY_MODES = ChoiceEnum(["exact", "relaxed"])
 
+# every generator's decoding options (declared beside it: generators/*), in the order --help lists them
+DECODING_CONFIGS: Tuple[Type[DecodingConfig], ...] = (
+    RecoverSATDecodingConfig,
+    BlockwiseDecodingConfig,
+    NADADDecodingConfig,
+    FertilityNATDecodingConfig,
+    VerifyAcceptDecodingConfig,
+    GreedyLoopDecodingConfig,
+    SpecDrafterDecodingConfig,
+)
 
-# the task's decoding options and the registered model(s) whose decoder reads each; build_generator refuses a value
-# other than the default for any other model (the option would be ignored without a word). The one table: the hub's
-# per-call options (nat_plugins.hub) are its keys
-DECODING_OPTIONS = {
-    "print_segments": "recover_sat",
-    "block_accept": "blockwise_transformer",
-    "min_block_size": "blockwise_transformer",
-    "print_nad_draft": "nad_ad_transformer",
-    "fertility_decoding": "fertility_nat",
-    "npd_samples": "fertility_nat",
-    "npd_candidates": "fertility_nat",
-    "npd_teacher": "fertility_nat",
-    "npd_length_normalize": "fertility_nat",
-    "int8_drafts": ("blockwise_transformer", "spec_drafter"),
-    "int8_decoder": "transformer",
-    "max_drafting_sentences": ("blockwise_transformer", "spec_drafter"),
-    "speculative_teacher": "spec_drafter",
-    "speculative_verify": "spec_drafter",
-    "speculative_beta": "spec_drafter",
-    "speculative_tau": "spec_drafter",
-}
+# {decoding option: the registered model architectures whose decoder reads it}, derived from the declarations;
+# build_generator refuses a value other than the default for any other model (the option would be ignored without a
+# word), and the hub's per-call options (nat_plugins.hub) are its keys
+DECODING_OPTIONS: Dict[str, Tuple[str, ...]] = option_owners(DECODING_CONFIGS)
 
 
 class SideFileError(ValueError):
     """A side file (fertilities, distilled targets) is missing or disagrees with the data."""
 
 
+# a dataclass takes its bases' fields in reverse order of the bases: TranslationConfig's first, then the decoding
+# options in the order of DECODING_CONFIGS, then the task's own
 @dataclass
-class TranslationNATConfig(TranslationConfig):
+class TranslationNATConfig(*reversed(DECODING_CONFIGS), TranslationConfig):
+    """fairseq's ``translation`` options, every generator's decoding options (:data:`DECODING_CONFIGS`) and the
+    choice of distilled targets."""
+
     use_distilled: DISTILLED_MODES = field(
         default="none",
         metadata={
@@ -100,120 +112,14 @@ class TranslationNATConfig(TranslationConfig):
             "teacher's greedy outputs, kd_greedy)"
         },
     )
-    # RecoverSAT (recover_sat, Ran et al. 2020): segment decoding options
-    print_segments: bool = field(
-        default=False, metadata={"help": "recover_sat: print each hypothesis's segments as SEG-<id> lines (' | ')"}
-    )
-    # blockwise parallel decoding (blockwise_transformer, Stern et al. 2018): verify-accept options
-    block_accept: str = field(
-        default="exact",
-        metadata={
-            "help": "blockwise: accept a proposal if it is p1's argmax ('exact': output = greedy decoding of "
-            "head 1, fairseq's up to floating-point near-ties) or among p1's top M ('topk:M')"
-        },
-    )
-    min_block_size: int = field(
-        default=1, metadata={"help": "blockwise: accept at least this many proposals per step (1..--block-size)"}
-    )
-    # Encoder-NAD-AD (nad_ad_transformer, Zhou, Zhang & Zong 2020): decoding options
-    print_nad_draft: bool = field(
-        default=False,
-        metadata={"help": "nad_ad_transformer: print the NAD's argmax draft of each sentence as a NAD-<id> line"},
-    )
-    # NAT with fertility (fertility_nat, Gu et al. 2018): decoding options (generators/fertility_nat_decoding.py)
-    fertility_decoding: FERTILITY_DECODING_MODES = field(
-        default="argmax",
-        metadata={
-            "help": "fertility_nat: 'argmax' fertilities, 'average' (rounded expected fertility) or 'npd' "
-            "(noisy parallel decoding: --npd-samples candidates rescored by --npd-teacher)"
-        },
-    )
-    npd_samples: int = field(
-        default=10,
-        metadata={
-            "help": "fertility_nat NPD: S, the candidate fertility sequences per sentence; with --npd-candidates "
-            "argmax_and_samples (the default) S counts the argmax sequence: it is the argmax plus S-1 samples"
-        },
-    )
-    npd_candidates: NPD_CANDIDATES = field(
-        default="argmax_and_samples",
-        metadata={
-            "help": "fertility_nat NPD: 'argmax_and_samples' (default): the argmax fertility sequence and S-1 samples "
-            "from the fertility predictor, so the output never scores below argmax decoding under the teacher; "
-            "'samples': S samples and no argmax (Gu et al. 2018 §4.1's protocol)"
-        },
-    )
-    npd_teacher: Optional[str] = field(
-        default=None, metadata={"help": "fertility_nat NPD: the AR teacher checkpoint that rescores the candidates"}
-    )
-    npd_length_normalize: bool = field(
-        default=False,
-        metadata={
-            "help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
-            "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"
-        },
-    )
-    # speculative decoding (spec_drafter, Xia et al. 2023): the teacher that verifies the drafts, and how
-    speculative_teacher: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "spec_drafter: the AR teacher checkpoint that verifies the drafts: fairseq's transformer "
-            "architecture trained on this data-bin (its greedy output is the output in --speculative-verify exact)"
-        },
-    )
-    speculative_verify: SPECULATIVE_VERIFY_MODES = field(
-        default="exact",
-        metadata={
-            "help": "spec_drafter: 'exact' accepts a draft token only where it is the teacher's argmax (output = "
-            "the teacher's greedy output, up to floating-point near-ties); 'relaxed' where it is among the "
-            "teacher's --speculative-beta best and at most --speculative-tau below the best log-probability (Xia et "
-            "al. 2023, §3 Spec-Verification)"
-        },
-    )
-    speculative_beta: int = field(
-        default=3, metadata={"help": "spec_drafter relaxed verification: top-β candidates of the teacher (β >= 1)"}
-    )
-    speculative_tau: float = field(
-        default=1.0,
-        metadata={"help": "spec_drafter relaxed verification: log-probability tolerance τ (>= 0) below the best"},
-    )
-    int8_drafts: bool = field(
-        default=False,
-        metadata={
-            "help": "blockwise_transformer, spec_drafter, CPU fp32 only: run the layers that only draft (heads "
-            "2..k: their feed-forward layer and output projection; the drafter's decoder) with int8 weights "
-            "(torch's dynamic quantization), so each call reads a quarter of their bytes. Exact acceptance keeps "
-            "its output (every draft is verified); top-k or relaxed acceptance and --min-block-size may change it"
-        },
-    )
-    int8_decoder: bool = field(
-        default=False,
-        metadata={
-            "help": "transformer at --beam 1 (the plugin's greedy loop), CPU fp32 only: the decoder with int8 weights "
-            "(torch's dynamic quantization): a quarter of the bytes per call. The output is the int8 decoder's "
-            "greedy output, not the float32 model's; activations are quantized per call over the batch's rows, so "
-            "at batch > 1 a sentence's output may depend on the others (at batch 1 it does not)"
-        },
-    )
-    max_drafting_sentences: Optional[int] = field(
-        default=None,
-        metadata={
-            "help": "blockwise_transformer, spec_drafter, exact acceptance: verify drafts only while at most N "
-            "sentences of a batch are still decoding; while more are, take plain greedy steps of the verifier "
-            "(same output: one token per sentence and call, no drafts), because a call over k tokens of every "
-            "sentence costs about k greedy steps once the batch keeps the device busy. Default: "
-            f"{CPU_MAX_DRAFTING_SENTENCES} on the CPU, no limit on a GPU; 0: greedy "
-            "steps only; a number >= --batch-size: drafts at every step"
-        },
-    )
 
 
-def segments_string(dictionary, segments):
+def segments_string(dictionary: Dictionary, segments: List[torch.Tensor]) -> str:
     """RecoverSAT segments (token tensors) as text, `` | `` between them."""
     return " | ".join(dictionary.string(segment) for segment in segments)
 
 
-def side_file_paths(data_path, split, src, tgt, distilled_name="kd"):
+def side_file_paths(data_path: str, split: str, src: str, tgt: str, distilled_name: str = "kd") -> Dict[str, str]:
     """Where the side files of ``split`` live: {"fertility": text file, "kd_target": indexed-dataset prefix}."""
     return {
         "fertility": os.path.join(data_path, f"{split}.fert.{src}"),
@@ -221,7 +127,7 @@ def side_file_paths(data_path, split, src, tgt, distilled_name="kd"):
     }
 
 
-def read_fertility_file(path, src_sizes, tgt_sizes):
+def read_fertility_file(path: str, src_sizes: Sequence[int], tgt_sizes: Sequence[int]) -> List[torch.Tensor]:
     """Read ``{split}.fert.{src}`` and check it line by line against the binarized data.
 
     ``src_sizes``/``tgt_sizes`` are the dataset's token counts *including* the EOS fairseq appends, so a
@@ -255,7 +161,9 @@ def read_fertility_file(path, src_sizes, tgt_sizes):
     return fertilities
 
 
-def load_distilled_targets(prefix, dictionary, num_sentences, split, required):
+def load_distilled_targets(
+    prefix: str, dictionary: Dictionary, num_sentences: int, split: str, required: bool
+) -> Optional[FairseqDataset]:
     """Load ``{prefix}.bin/.idx``; None when absent and not ``required``; an error naming it otherwise."""
     if not os.path.exists(prefix + ".idx"):
         if not required:
@@ -277,13 +185,18 @@ def load_distilled_targets(prefix, dictionary, num_sentences, split, required):
 class SideInputDataset(BaseWrapperDataset):
     """A :class:`LanguagePairDataset` whose batches also carry fertilities and/or distilled targets."""
 
-    def __init__(self, pair, fertility=None, kd_target=None):
+    def __init__(
+        self,
+        pair: LanguagePairDataset,
+        fertility: Optional[List[torch.Tensor]] = None,
+        kd_target: Optional[FairseqDataset] = None,
+    ) -> None:
         super().__init__(pair)
         self.fertility = fertility
         self.kd_target = kd_target
         self.fertility_error = None  # why a fertility file next to the data could not be used (if so)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Dict[str, Any]:
         item = self.dataset[index]
         if self.fertility is not None:
             item["fertility"] = self.fertility[index]
@@ -291,7 +204,7 @@ class SideInputDataset(BaseWrapperDataset):
             item["kd_target"] = self.kd_target[index]
         return item
 
-    def collater(self, samples):
+    def collater(self, samples: List[Dict[str, Any]]) -> Dict[str, Any]:
         batch = self.dataset.collater(samples)
         if len(samples) == 0 or "id" not in batch:
             return batch
@@ -321,12 +234,12 @@ class TranslationNATTask(TranslationTask):
 
     cfg: TranslationNATConfig
 
-    def __init__(self, cfg, src_dict, tgt_dict):
+    def __init__(self, cfg: TranslationNATConfig, src_dict: Dictionary, tgt_dict: Dictionary) -> None:
         super().__init__(cfg, src_dict, tgt_dict)
         self.required_side_inputs = set()
 
     # ----- data -------------------------------------------------------------------------------------
-    def side_file_paths(self, split, epoch=1):
+    def side_file_paths(self, split: str, epoch: int = 1) -> Dict[str, str]:
         """Side files of ``split`` sit next to its binarized data (same directory choice as fairseq's)."""
         paths = utils.split_paths(self.cfg.data)
         if split != self.cfg.train_subset:
@@ -335,7 +248,7 @@ class TranslationNATTask(TranslationTask):
             paths[(epoch - 1) % len(paths)], split, self.cfg.source_lang, self.cfg.target_lang, self.cfg.distilled_name
         )
 
-    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+    def load_dataset(self, split: str, epoch: int = 1, combine: bool = False, **kwargs: Any) -> None:
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         pair = self.datasets[split]
         paths = self.side_file_paths(split, epoch)
@@ -375,7 +288,7 @@ class TranslationNATTask(TranslationTask):
         self.datasets[split].fertility_error = fertility_error
         self.check_side_inputs(split)
 
-    def check_side_inputs(self, split):
+    def check_side_inputs(self, split: str) -> None:
         """Fail early, naming the file, when a loaded split lacks a side input the model/criterion needs."""
         dataset = self.datasets.get(split)
         if not isinstance(dataset, SideInputDataset):
@@ -394,7 +307,7 @@ class TranslationNATTask(TranslationTask):
                 suffix = ".bin/.idx" if name == "kd_target" else ""
                 raise SideFileError(f"split '{split}' needs {paths[name]}{suffix} ({name}), which is missing: {how}")
 
-    def require_side_inputs(self, names, who):
+    def require_side_inputs(self, names: Sequence[str], who: str) -> None:
         """Record side inputs a model/criterion needs and check the splits already loaded."""
         unknown = set(names) - set(SIDE_INPUTS)
         if unknown:
@@ -403,7 +316,7 @@ class TranslationNATTask(TranslationTask):
         for split in list(self.datasets):
             self.check_side_inputs(split)
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Task state plus a marker whose unpickling imports nat_plugins (see ``compat.plugin_checkpoint_loaded``) and
         the dictionaries' symbols, so that a checkpoint used as a teacher is checked against a student's data-bin
         wherever its own data directory went (:func:`~nat_plugins.modules.teacher.check_teacher_dictionaries`)."""
@@ -413,7 +326,9 @@ class TranslationNATTask(TranslationTask):
             "dictionaries": stored_dictionaries(self),
         }
 
-    def get_batch_iterator(self, dataset, *args, required_batch_size_multiple=1, **kwargs):
+    def get_batch_iterator(
+        self, dataset: FairseqDataset, *args: Any, required_batch_size_multiple: int = 1, **kwargs: Any
+    ) -> Any:
         """fairseq's iterator, except that no split but the training one loses sentences.
 
         fairseq 0.12's ``data_utils.batch_by_size`` drops the last batch when its size is not a multiple of
@@ -427,7 +342,7 @@ class TranslationNATTask(TranslationTask):
         )
 
     # ----- models, criterions, generators ----------------------------------------------------------
-    def build_model(self, cfg, from_checkpoint=False):
+    def build_model(self, cfg: Any, from_checkpoint: bool = False) -> nn.Module:
         """The model, and with ``--eval-bleu`` the validation generator of the model being trained only: a model
         loaded from a checkpoint into this task (a teacher of speculative decoding, NPD or L_RKL) gets none, since
         its generator would be built with the trained model's decoding options (``--speculative-teacher``)."""
@@ -444,12 +359,20 @@ class TranslationNATTask(TranslationTask):
                 model.init_from_ar(init_path)
         return model
 
-    def build_criterion(self, cfg, from_checkpoint=False):
+    def build_criterion(self, cfg: Any, from_checkpoint: bool = False) -> nn.Module:
+        """fairseq's criterion, with the side inputs it declares required of the data."""
         criterion = super().build_criterion(cfg, from_checkpoint)
         self.require_side_inputs(getattr(criterion, "required_side_inputs", ()), type(criterion).__name__)
         return criterion
 
-    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+    def build_generator(
+        self,
+        models: List[nn.Module],
+        args: Any,
+        seq_gen_cls: Optional[type] = None,
+        extra_gen_cls_kwargs: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> Any:
         """``generator_class(models, task, args)`` of the model; for models that declare none (AR teachers) the
         plugin's greedy loop at ``--beam 1`` (:class:`~nat_plugins.generators.verify_accept_loop.GreedyLoop`, where
         :func:`~nat_plugins.generators.verify_accept_loop.greedy_loop_refusal` allows) or fairseq's generator, and
@@ -480,12 +403,11 @@ class TranslationNATTask(TranslationTask):
             )
         return generator_class(models, self, args)
 
-    def check_decoding_options(self, model):
+    def check_decoding_options(self, model: nn.Module) -> None:
         """Refuse a decoding option of another system (:data:`DECODING_OPTIONS`) set for ``model``."""
         name = next((n for n, cls in MODEL_REGISTRY.items() if cls is type(model)), type(model).__name__)
         defaults = TranslationNATConfig()
         for option, owners in DECODING_OPTIONS.items():
-            owners = (owners,) if isinstance(owners, str) else owners
             value = getattr(self.cfg, option, None)
             if name not in owners and value != getattr(defaults, option):
                 flag = "--" + option.replace("_", "-")
@@ -495,7 +417,14 @@ class TranslationNATTask(TranslationTask):
                     f"model, whose decoder does not read it: drop {flag}"
                 )
 
-    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+    def inference_step(
+        self,
+        generator: Any,
+        models: List[nn.Module],
+        sample: Dict[str, Any],
+        prefix_tokens: Optional[torch.Tensor] = None,
+        constraints: Optional[torch.Tensor] = None,
+    ) -> List[List[Hypothesis]]:
         """fairseq's inference step, then the ``SEG-``/``NAD-`` lines of ``--print-segments``/``--print-nad-draft``.
 
         fairseq-generate has no hook for extra lines, so they are printed here, to ``sys.stdout``: the stream
