@@ -10,7 +10,7 @@
 # (defaults: work/multi30k-$PRESET, 110 sentences of which 10 warm-up, 20 timed updates; UPDATES 0: decoding
 # only). Both sides run in this checkout's Python environment with PYTHONPATH pointing at their own nat_plugins.
 # Rows: the teacher's greedy search under --task translation_nat and the quickstart's rows of the preset whose
-# checkpoints WORK has (nat_plugins/bench/recipes.py), with its benchmark options but CTranslate2's. Writes
+# checkpoints WORK has (nat_recipes/catalogue.py), with its benchmark options but CTranslate2's. Writes
 # OUT=WORK/before-after:
 # before_after.md (both tables, and whether each row's hypotheses are identical before and after), the two
 # benchmark directories and the two speed.jsonl files.
@@ -33,9 +33,9 @@ log "before: $(git -C "$ROOT" log --oneline -1 "$BASE"); after: this checkout ($
 # the Python environment both sides use: this checkout's (common.sh activated it), unless NAT_VENV says otherwise
 export NAT_VENV=${NAT_VENV:-$ROOT/.venv}
 
-ROWS=$(python -m nat_plugins.bench.recipes rows --preset "$PRESET" --work "$WORK" --data-bin "$WORK/data-bin" \
+ROWS=$(python -m nat_recipes.catalogue rows --preset "$PRESET" --work "$WORK" --data-bin "$WORK/data-bin" \
   --teacher "$TEACHER" --checkpoint-name "$STUDENT_CHECKPOINT" --existing)
-OPTIONS=$(python -m nat_plugins.bench.recipes options --preset "$PRESET" --latency-sentences "$LATENCY_SENTENCES")
+OPTIONS=$(python -m nat_recipes.catalogue options --preset "$PRESET" --latency-sentences "$LATENCY_SENTENCES")
 SYSTEMS=(--system "AR teacher, greedy, translation_nat=$TEACHER::--beam 1")
 [ -z "$ROWS" ] || mapfile -t -O 2 SYSTEMS <<< "$ROWS"
 mapfile -t OPTIONS <<< "$OPTIONS"

@@ -48,17 +48,19 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import nat_plugins
-from nat_plugins.bench import recipes
 from nat_plugins.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
 from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.engine.block_call import IncrementalCache
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # nat_recipes/, beside the package
+from nat_recipes import catalogue  # noqa: E402
+
 WARMUP = 5
 PROFILED = 10
 LENGTH_LIMIT = "--max-len-a 1.2 --max-len-b 10"
 DECODE_RANGE = "call_profile.decode"
-# the quickstart's rows profiled after the teacher's (their arguments: nat_plugins/bench/recipes.py, PRESET=cpu)
+# the quickstart's rows profiled after the teacher's (their arguments: nat_recipes/catalogue.py, PRESET=cpu)
 CATALOGUE_ROWS = (
     "Speculative k=3, exact",
     "Blockwise k=4 frozen, exact",
@@ -120,12 +122,12 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
         Way(replace(plugin, name="plugin greedy, fairseq's incremental cache"), use_incremental_cache),
         Way(replace(plugin_int8_spec(teacher), name="plugin greedy, int8 decoder (--int8-decoder)")),
     ]
-    run = recipes.Run(work, os.path.join(work, "data-bin"), teacher, "checkpoint_last.pt")
+    run = catalogue.Run(work, os.path.join(work, "data-bin"), teacher, "checkpoint_last.pt")
     skipped = []
-    for row in recipes.rows("cpu"):
+    for row in catalogue.rows("cpu"):
         if row.name not in CATALOGUE_ROWS:
             continue
-        spec = row.spec(run, recipes.PRESETS["cpu"])  # the quickstart's arguments (int8 drafts included)
+        spec = row.spec(run, catalogue.PRESETS["cpu"])  # the quickstart's arguments (int8 drafts included)
         if os.path.isfile(spec.checkpoint):
             ways.append(Way(spec))
             if row.step in ("sat-2", "recover-sat-2"):

@@ -17,13 +17,13 @@ mapfile -t ROWS < <(python - "$TEACHER" ${LIMITS:-100000 16 8 4 2 1 0} <<'PY'
 import dataclasses
 import sys
 
-from nat_plugins.bench import recipes
+from nat_recipes import catalogue
 
-run = recipes.Run(".", "data-bin", sys.argv[1], "checkpoint_last.pt")
+run = catalogue.Run(".", "data-bin", sys.argv[1], "checkpoint_last.pt")
 for limit in sys.argv[2:]:
-    for row in recipes.rows("cpu", ["speculative", "blockwise"]):
+    for row in catalogue.rows("cpu", ["spec-drafter", "blockwise"]):
         if row.name in ("Speculative k=3, exact", "Blockwise k=4 fine-tuned, exact"):
-            spec = row.spec(run, recipes.PRESETS["cpu"])
+            spec = row.spec(run, catalogue.PRESETS["cpu"])
             limited = dataclasses.replace(
                 spec, name=f"{row.name}, limit {limit}", args=spec.args + ["--max-drafting-sentences", limit]
             )

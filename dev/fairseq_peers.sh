@@ -41,7 +41,7 @@ for model in nat cmlm; do
 done
 # the plugin NAT's rows and the quickstart's fairseq rows, as the run's benchmark decodes them
 mapfile -t CATALOGUE < <(for system in fertility-nat fairseq; do
-  python -m nat_plugins.bench.recipes rows --preset "$PRESET" --work . --data-bin data-bin --teacher "$TEACHER" \
+  python -m nat_recipes.catalogue rows --preset "$PRESET" --work . --data-bin data-bin --teacher "$TEACHER" \
     --checkpoint-name "$STUDENT_CHECKPOINT" --only "$system" --existing
 done)
 log "decoding (training times: $TRAINING_TIMES)"

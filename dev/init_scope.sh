@@ -3,7 +3,7 @@
 # all: every teacher parameter whose name and shape fit) against the same recipes trained again with
 # --init-from-ar-scope paper (only what each paper initialises from its AR model), one seed each, decoded as their
 # benchmark rows are (dev/variant.sh: sacreBLEU, Rep/Mis, decoder calls) with sacreBLEU's paired bootstrap test of the
-# two. The recipes and their arguments come from the catalogue (nat_plugins/bench/recipes.py); the speculative drafter
+# two. The recipes and their arguments come from the catalogue (nat_recipes/catalogue.py); the speculative drafter
 # prints the teacher's output either way, so what decides it is the tokens it gets accepted per teacher call.
 #   [PRESET=cpu|cpu-long] bash dev/init_scope.sh WORK [STEP ...]     (default steps: the four below)
 # Writes WORK/variants/STEP{,-scope-paper}.{gen,hyp} and prints one line per step.
@@ -22,7 +22,7 @@ declare -A DECODE=(
 )
 run_dir "$WORK" init_scope.sh bench/hyp.ar-teacher-greedy.txt "$TEACHER"
 mkdir -p variants
-PLAN=$(python -m nat_plugins.bench.recipes steps --preset "$PRESET" --work . --data-bin data-bin --teacher "$TEACHER" \
+PLAN=$(python -m nat_recipes.catalogue steps --preset "$PRESET" --work . --data-bin data-bin --teacher "$TEACHER" \
   --checkpoint-name "$STUDENT_CHECKPOINT")
 SUMMARY=()
 for STEP in "${STEPS[@]}"; do

@@ -13,8 +13,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 WORK=$(cd "${1:-$ROOT/work/multi30k-$PRESET}" && pwd)
 OUT=${2:-$WORK/nad-ad-seeds}
 run_dir "$WORK" nad_ad_seeds.sh "ckpt/nad-ad/$STUDENT_CHECKPOINT" "ckpt/ar-baseline/$STUDENT_CHECKPOINT"
-# the two rows' names and decoding arguments: the catalogue's (nat_plugins/bench/recipes.py)
-mapfile -t CATALOGUE < <(python -c 'import shlex; from nat_plugins.bench import recipes as r
+# the two rows' names and decoding arguments: the catalogue's (nat_recipes/catalogue.py)
+mapfile -t CATALOGUE < <(python -c 'import shlex; from nat_recipes import catalogue as r
 rows = {row.name: row for row in r.rows("cpu", ["nad-ad"])}
 for name in (r.AR_SAME_UPDATES_ROW, r.NAD_AD_ROW): print(name); print(shlex.join(map(str, rows[name].args)))')
 AR_ROW=${CATALOGUE[0]} AR_ARGS=${CATALOGUE[1]} NAD_AD_ROW=${CATALOGUE[2]} NAD_AD_ARGS=${CATALOGUE[3]}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every student step's fairseq-train command line, for every preset, without training anything (fairseq-train replaced
 # by echo, on a throw-away work folder of empty placeholder files): diff two runs of it to show that a change to the
-# catalogue (nat_plugins/bench/recipes.py) or the recipes (examples/multi30k/*.sh, run_scripts/common.sh) keeps the
+# catalogue (nat_recipes/catalogue.py) or the recipes (examples/multi30k/*.sh, run_scripts/common.sh) keeps the
 # commands, byte for byte.
 #   bash dev/recipe_commands.sh OUT [REPO]      # REPO: the checkout to read (default: this one)
 # Environment that changes the commands (STUDENT_UPDATES, TEACHER_SHAPE, STUDENT_VALIDATE) passes through.
@@ -18,7 +18,7 @@ for preset in cpu cpu-long gpu; do
     valid.en-de.en.idx test.en-de.en.idx train.kd.de.idx train.kd.de.bin train.kd_greedy.de.idx train.fert.en \
     valid.fert.en; do touch "$B/$f"; done  # what the recipes look for before they train (else they would make it)
   touch "$W/ckpt/teacher/checkpoint_best.pt"
-  (cd "$REPO" && python -m nat_plugins.bench.recipes steps --preset "$preset" --work "$W" --data-bin "$B" \
+  (cd "$REPO" && python -m nat_recipes.catalogue steps --preset "$preset" --work "$W" --data-bin "$B" \
     --teacher "$W/ckpt/teacher/checkpoint_best.pt" --checkpoint-name checkpoint_last.pt) |
   while IFS=$'\t' read -r -a fields; do
     case ${fields[2]} in examples/*) ;; *) continue ;; esac  # fairseq-train recipes only

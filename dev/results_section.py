@@ -1,18 +1,21 @@
-"""Put a quickstart run into the docs: its short form (:func:`~nat_plugins.bench.run_report.build_summary`) between
+"""Put a quickstart run into the docs: its short form (:func:`~nat_recipes.run_report.build_summary`) between
 ``<!-- report:SECTION -->`` and ``<!-- /report:SECTION -->`` of docs/results.md (appended with a heading if absent),
 its full report as docs/runs/SECTION.md, and the run's plots as docs/img/SECTION-<plot>.
 
     python dev/results_section.py WORK --preset cpu
-    python dev/results_section.py WORK --preset cpu --section own-teacher --only speculative,blockwise --command "..."
+    python dev/results_section.py WORK --preset cpu --section own-teacher --only spec-drafter,blockwise --command "..."
 """
 
 import argparse
 import os
 import shutil
+import sys
 
-from nat_plugins.bench.run_report import add_run_options, build_report, build_summary
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # nat_recipes/, beside the package
+from nat_recipes.run_report import add_run_options, build_report, build_summary  # noqa: E402
 
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results.md")
+DOCS = os.path.join(ROOT, "docs", "results.md")
 
 
 def replace_section(doc_path: str, section: str, body: str):

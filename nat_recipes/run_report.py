@@ -1,10 +1,10 @@
 """The report of a quickstart run (``run_scripts/quickstart.sh`` calls it last): the benchmark's tables, the teacher's
-validation curve, each step's wall time and the preset's quality targets (:mod:`nat_plugins.bench.recipes`) checked
+validation curve, each step's wall time and the preset's quality targets (:mod:`nat_recipes.catalogue`) checked
 against the measured rows; a target whose row the benchmark lacks is an error. :func:`build_summary` is its short
 form (the targets and one table of the numbers a user compares), which ``dev/results_section.py`` puts into
 ``docs/results.md``.
 
-    python -m nat_plugins.bench.run_report WORK --preset cpu-long
+    python -m nat_recipes.run_report WORK --preset cpu-long
 
 Writes ``WORK/report.md`` (and prints it).
 """
@@ -15,9 +15,10 @@ import os
 import re
 from typing import List, Optional
 
-from . import recipes
-from .report import ratio_cell
-from .rows import CT2_GREEDY
+from nat_plugins.bench.report import ratio_cell
+from nat_plugins.bench.rows import CT2_GREEDY
+
+from . import catalogue
 
 
 def teacher_curve(log_path: str) -> List[tuple]:
@@ -99,18 +100,18 @@ def reference_note(results: dict, work: str) -> List[str]:
     ]
 
 
-def target_table(results: dict, preset: str, only: recipes.Only = None) -> List[str]:
+def target_table(results: dict, preset: str, only: catalogue.Only = None) -> List[str]:
     """The preset's targets (the catalogue's, README claims included) checked against the run: markdown lines."""
-    measured = recipes.Measured(
-        {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), recipes.plugin_rows(preset)
+    measured = catalogue.Measured(
+        {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), catalogue.plugin_rows(preset)
     )
     budget = results["meta"].get("time_budget") or {}
     left_out = set(budget.get("rows_left_out", ()))
     left_out |= {row["name"] for row in budget.get("not_timed_at_batch1", ())}  # as the GPU run at 3a66eee wrote it
     checked = []
-    bars = recipes.targets(preset, only)
+    bars = catalogue.targets(preset, only)
     if only is not None:  # a run on the user's own teacher: its exact rows print that teacher's greedy output
-        bars += recipes.exact_row_targets(results["rows"])
+        bars += catalogue.exact_row_targets(results["rows"])
     for target in bars:
         missing = [name for name in target.rows if name in left_out]
         if missing:  # the benchmark's --time-budget left the row out: not measured, said so
@@ -130,11 +131,11 @@ def minutes(seconds: int) -> str:
 
 
 def build_report(
-    work: str, preset: str, image_prefix: str = "", only: recipes.Only = None, command: Optional[str] = None
+    work: str, preset: str, image_prefix: str = "", only: catalogue.Only = None, command: Optional[str] = None
 ) -> str:
     """The report's markdown; plots are referenced as ``image_prefix + file name``; ``only``: the run's systems (its
     targets only, no README claims: a run on your own teacher); ``command``: the run's command (default: the
-    quickstart's for ``preset``). Raises :class:`~.recipes.MissingRow` when a target's row is not among the
+    quickstart's for ``preset``). Raises :class:`~.catalogue.MissingRow` when a target's row is not among the
     benchmark's."""
     bench = os.path.join(work, "bench")
     results = load_results(work)
@@ -150,7 +151,7 @@ def build_report(
             "",
         ]
     lines += target_table(results, preset, only)
-    notes = recipes.made_notes(preset, only)
+    notes = catalogue.made_notes(preset, only)
     if notes:
         lines += ["", "How each row was made, where it departs from or chooses within its paper:", ""]
         lines += ["| row | made |", "|---|---|"] + [f"| {name} | {made} |" for name, made in notes]
@@ -212,7 +213,7 @@ def build_summary(
     image_prefix: str = "",
     full_report: str = "",
     command: Optional[str] = None,
-    only: recipes.Only = None,
+    only: catalogue.Only = None,
 ) -> str:
     """The run in short, for ``docs/results.md``: its command and device, the wall time of its steps, the preset's
     targets checked, one table (BLEU, whether a row prints the teacher's greedy output, batch-1 speed alone where the
@@ -264,7 +265,7 @@ def add_run_options(parser: argparse.ArgumentParser):
     """The options that say which run a report is of (this module's command and dev/results_section.py)."""
     parser.add_argument("work", help="the quickstart's WORK folder (with bench/ and logs/)")
     parser.add_argument(
-        "--preset", required=True, choices=list(recipes.PRESETS), help="the run's preset: its targets are checked"
+        "--preset", required=True, choices=list(catalogue.PRESETS), help="the run's preset: its targets are checked"
     )
     parser.add_argument(
         "--only",
@@ -283,7 +284,7 @@ def main(argv=None):
         parser.error(f"{args.work}/bench/results.json does not exist: run the benchmark step first")
     try:
         report = build_report(args.work, args.preset, only=args.only, command=args.command)
-    except (recipes.MissingRow, recipes.CatalogueError) as err:
+    except (catalogue.MissingRow, catalogue.CatalogueError) as err:
         parser.error(str(err))
     with open(os.path.join(args.work, "report.md"), "w", encoding="utf-8") as f:
         f.write(report)

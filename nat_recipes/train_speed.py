@@ -1,8 +1,8 @@
 """Training throughput of a fairseq-train command line: updates/s over the same batches for every system.
 
-    python -m nat_plugins.bench.train_speed --label sat-2 --updates 20 --output speed.jsonl -- \\
+    python -m nat_recipes.train_speed --label sat-2 --updates 20 --output speed.jsonl -- \\
         DATA_BIN --user-dir nat_plugins --task translation_nat --arch sat_transformer ...  # fairseq-train's options
-    python -m nat_plugins.bench.train_speed --table speed.jsonl  # the runs as a markdown table
+    python -m nat_recipes.train_speed --table speed.jsonl  # the runs as a markdown table
 
 Takes exactly fairseq-train's options after ``--`` and builds what fairseq-train builds (task, model with its
 ``--init-from-ar``/``--finetune-from-model`` initialisation, criterion, optimizer, fairseq's ``Trainer``), then
@@ -12,7 +12,7 @@ depend only on the data, the
 batching options and ``--seed``, so commands that share them time the same batches (students trained on the
 distilled targets batch by those targets' lengths). One JSON line per run is appended to ``--output``;
 ``run_scripts/train_speed.sh`` runs every recipe through it (``FAIRSEQ_TRAIN``), each ``--compared-with`` the recipe
-trained on the same batches (:mod:`nat_plugins.bench.recipes`), and prints the table.
+trained on the same batches (:mod:`nat_recipes.catalogue`), and prints the table.
 """
 
 import argparse
@@ -30,7 +30,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 from tqdm import tqdm
 
-logger = logging.getLogger("nat_plugins.bench.train_speed")
+logger = logging.getLogger("nat_recipes.train_speed")
 
 
 def parse(argv):

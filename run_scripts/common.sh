@@ -12,6 +12,10 @@ case $PRESET in cpu|cpu-long|gpu) ;; *) echo "PRESET must be 'cpu', 'cpu-long' o
 # NAT_VENV=system: the python3 on the PATH, which already has fairseq and this package (e.g. a GPU machine's)
 # shellcheck disable=SC1091
 [ "${NAT_VENV:-}" = system ] || source "${NAT_VENV:-$ROOT/.venv}/bin/activate"
+# the repository's experiment catalogue (python -m nat_recipes.catalogue, .run_report, .train_speed) lies beside the
+# package, not in it: the repository root on PYTHONPATH imports it from any working directory (once: every script
+# sources this file; a PYTHONPATH that already names the root, as dev/before_after.sh sets it, is kept as it is)
+case ":${PYTHONPATH:-}:" in *":$ROOT:"*) ;; *) export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} ;; esac
 # glibc hands every freed block over 32 MiB back to the kernel, so each CPU training step page-faults its
 # vocabulary-sized tensors in again. Keeping freed memory in the heap made every quickstart step 12-44% shorter on 2
 # cores (docs/design-notes.md; peak memory ~1 GB higher). A GLIBC_TUNABLES you set is kept.
@@ -43,12 +47,12 @@ GPU_VALIDATION=(--validate-interval 1000 --save-interval 1000 --validate-interva
   --save-interval-updates 500 --keep-interval-updates 1)
 # student_args RECIPE: STUDENT_ARGS, the training options every plugin model (student) shares, with RECIPE's number of
 # updates (also left in STUDENT_UPDATES), learning rate and warm-up on PRESET: the catalogue's budgets
-# (nat_plugins/bench/recipes.py BUDGETS; STUDENT_UPDATES set beforehand replaces every recipe's updates). Updates of
-# 4,096 tokens on the CPU presets, 8,192 on the GPU. No preset validates a student (STUDENT_VALIDATE=1 does): its
-# last checkpoint is decoded.
+# (their systems' blocks in nat_recipes/catalogue.py; STUDENT_UPDATES set beforehand replaces every recipe's updates).
+# Updates of 4,096 tokens on the CPU presets, 8,192 on the GPU. No preset validates a student (STUDENT_VALIDATE=1
+# does): its last checkpoint is decoded.
 student_args() {
   local budget lr warmup
-  budget=$(python -m nat_plugins.bench.recipes budget --preset "$PRESET" ${STUDENT_UPDATES:+--updates "$STUDENT_UPDATES"} "$1")
+  budget=$(python -m nat_recipes.catalogue budget --preset "$PRESET" ${STUDENT_UPDATES:+--updates "$STUDENT_UPDATES"} "$1")
   read -r STUDENT_UPDATES lr warmup <<< "$budget"
   if [ "$PRESET" = gpu ]; then
     STUDENT_ARGS=(--max-tokens 8192 --max-update "$STUDENT_UPDATES" --lr "$lr" --warmup-updates "$warmup" --dropout 0.3)
@@ -64,7 +68,7 @@ student_args() {
     --no-epoch-checkpoints --log-format simple --log-interval 20 --seed 1 --no-progress-bar)
 }
 # the training command of every recipe: fairseq-train, or a tool taking the same options (run_scripts/train_speed.sh
-# sets FAIRSEQ_TRAIN to nat_plugins.bench.train_speed to time the recipes on the same batches)
+# sets FAIRSEQ_TRAIN to nat_recipes.train_speed to time the recipes on the same batches)
 read -r -a FAIRSEQ_TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
 log() { echo "[$(basename "$0") $(date +%H:%M:%S)] $*"; }
 distilled_target_lang() {  # distilled_target_lang DATA_BIN: TGT, the language of DATA_BIN/train.kd.TGT.{bin,idx}

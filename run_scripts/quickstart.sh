@@ -7,7 +7,7 @@
 # Bring your own teacher: a fairseq translation Transformer you trained, and the data-bin it was trained on (any size,
 # shared embeddings or not, pre- or post-norm; sentencepiece, fastBPE or no BPE):
 #   TEACHER=path/checkpoint.pt DATA_BIN=path/data-bin bash run_scripts/quickstart.sh
-# distils it, trains the lossless systems on it (SYSTEMS=speculative,blockwise by default; any of the catalogue's
+# distils it, trains the lossless systems on it (SYSTEMS=spec-drafter,blockwise by default; any of the catalogue's
 # systems, comma-separated: sat, recover-sat, fertility-nat, nad-ad) and benchmarks them against it on the data-bin's
 # test split (REFERENCE=raw test targets, else the split's targets as text; POST_PROCESS=sentencepiece|subword_nmt|none,
 # else read off the dictionary). WORK defaults to work/own-teacher-$PRESET-<the checkpoint's sha1, 8 digits>, and a
@@ -35,7 +35,7 @@ if [ -n "${TEACHER:-}" ]; then  # bring your own teacher (above)
   WORK=${WORK:-$ROOT/work/own-teacher-$PRESET-${TEACHER_SUM:0:8}}
   REFERENCE=${REFERENCE:+$(realpath "$REFERENCE")}
   REFERENCE=${REFERENCE:-$WORK/reference.test.txt}
-  ONLY=(--only "${SYSTEMS:-speculative,blockwise}")
+  ONLY=(--only "${SYSTEMS:-spec-drafter,blockwise}")
   REPORT_ARGS=("${ONLY[@]}" --command "TEACHER=$TEACHER DATA_BIN=$OWN_DATA_BIN ${SYSTEMS:+SYSTEMS=$SYSTEMS }PRESET=$PRESET bash run_scripts/quickstart.sh")
   TITLE="$(basename "$OWN_DATA_BIN") test, own teacher $(basename "$(dirname "$TEACHER")")/$(basename "$TEACHER") (PRESET=$PRESET)"
 else
@@ -74,12 +74,12 @@ elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
   log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~3 h on 2 cores: training ~2 h 30 min, then the benchmark)."
 fi
-# the systems of the preset, their benchmark rows and the benchmark's options: nat_plugins/bench/recipes.py
+# the systems of the preset, their benchmark rows and the benchmark's options: nat_recipes/catalogue.py
 RECIPES=(--preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" --teacher "$TEACHER"
   --checkpoint-name "$STUDENT_CHECKPOINT" "${ONLY[@]}")
-PLAN=$(python -m nat_plugins.bench.recipes steps "${RECIPES[@]}")  # one training step a line: JOB STEP SCRIPT ARGS...
-ROWS=$(python -m nat_plugins.bench.recipes rows "${RECIPES[@]}")  # --system and --paired-test options, a word a line
-OPTIONS=$(python -m nat_plugins.bench.recipes options --preset "$PRESET" \
+PLAN=$(python -m nat_recipes.catalogue steps "${RECIPES[@]}")  # one training step a line: JOB STEP SCRIPT ARGS...
+ROWS=$(python -m nat_recipes.catalogue rows "${RECIPES[@]}")  # --system and --paired-test options, a word a line
+OPTIONS=$(python -m nat_recipes.catalogue options --preset "$PRESET" \
   ${LATENCY_SENTENCES:+--latency-sentences "$LATENCY_SENTENCES"})
 mapfile -t STEPS <<< "$PLAN"
 mapfile -t ROW_ARGS <<< "$ROWS"
@@ -194,7 +194,7 @@ step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --
   --title "$TITLE" "${BENCH_ARGS[@]}" "${ROW_ARGS[@]}"
 
 # the report: the preset's targets, the teacher's validation curve, step times, the benchmark's tables
-python -m nat_plugins.bench.run_report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
+python -m nat_recipes.run_report "$WORK" --preset "$PRESET" "${REPORT_ARGS[@]}" > /dev/null
 log "finished in $(( $(date +%s) - START )) s; outputs in $WORK (report: $WORK/report.md, benchmark tables and plots: $WORK/bench)"
 echo
 cat "$WORK/report.md"

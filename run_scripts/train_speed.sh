@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training speed of every recipe of the preset, measured in one run on the same batches: each fairseq-train step of
-# the quickstart (nat_plugins/bench/recipes.py) and the teacher's recipe on the distilled targets runs with FAIRSEQ_TRAIN set
-# to nat_plugins.bench.train_speed, which takes the recipe's exact fairseq-train options and times UPDATES updates
+# the quickstart (nat_recipes/catalogue.py) and the teacher's recipe on the distilled targets runs with FAIRSEQ_TRAIN set
+# to nat_recipes.train_speed, which takes the recipe's exact fairseq-train options and times UPDATES updates
 # (after 3 untimed ones) of fairseq's Trainer; nothing is saved.
 # Needs a finished quickstart's work directory (distilled targets, fertilities, teacher, frozen blockwise heads).
 #   [PRESET=cpu|cpu-long|gpu] bash run_scripts/train_speed.sh [WORK] [UPDATES] [OUT]   (defaults:
@@ -23,14 +23,14 @@ mkdir -p "$OUT"
 RESULTS=$OUT/speed.jsonl
 rm -f "$RESULTS"
 # one step a line: STEP, the step it is compared with, SCRIPT, ARGS... (every step saves into one scratch directory)
-PLAN=$(python -m nat_plugins.bench.recipes speed-steps --preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" \
+PLAN=$(python -m nat_recipes.catalogue speed-steps --preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" \
   --teacher "$TEACHER" --checkpoint-name "$STUDENT_CHECKPOINT" --save-dir "$OUT/unused-save-dir")
 mapfile -t STEPS <<< "$PLAN"
 for line in "${STEPS[@]}"; do
   IFS=$'\t' read -r -a fields <<< "$line"
   log "${fields[0]}"
-  FAIRSEQ_TRAIN="python -m nat_plugins.bench.train_speed --label ${fields[0]} --compared-with ${fields[1]} \
+  FAIRSEQ_TRAIN="python -m nat_recipes.train_speed --label ${fields[0]} --compared-with ${fields[1]} \
     --updates $UPDATES --output $RESULTS --" bash "$ROOT/${fields[2]}" "${fields[@]:3}"
 done
 echo
-python -m nat_plugins.bench.train_speed --table "$RESULTS"
+python -m nat_recipes.train_speed --table "$RESULTS"

@@ -17,11 +17,12 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.bench import analysis, benchmark, measure, paper_points, recipes, report, schedule
+from nat_plugins.bench import analysis, benchmark, measure, paper_points, report, schedule
 from nat_plugins.bench import rows as bench_rows
 from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import rep_mis
 from nat_plugins.cli.decoding import Generation
+from nat_recipes import catalogue
 
 from .utils import TINY_TRANSFORMER, train_model
 
@@ -1064,7 +1065,7 @@ def test_the_solo_pass_is_checked_against_the_teachers_greedy_output_too():
     same = measure.solo_exact_check({0: "a", 1: "b'", 3: "d"}, greedy, own, own_check, 1e-4)
     assert (same["differ"], same["near_ties"]) == (1, 1)  # the near-tie of the round-robin pass, nothing else
     row = {"name": "exact", "exact_check": {"1": own_check, "solo": same}}
-    measured = recipes.Measured({"exact": row}, [], ())
+    measured = catalogue.Measured({"exact": row}, [], ())
     assert not measured.same_output(row, {"name": "greedy"})  # the round-robin pass's real divergence at sentence 2
     row["exact_check"] = {"1": measure.exact_check(own, own, None, 1e-4), "solo": check}
     assert not measured.same_output(row, {"name": "greedy"})  # the solo pass alone differs: not exact either

@@ -155,7 +155,7 @@ def test_the_exact_rows_print_the_teachers_greedy_output_at_batch_1_too(quicksta
 
 @pytest.mark.slow
 def test_train_speed_times_every_recipe_with_its_own_options(quickstart):
-    """Every fairseq-train step of the preset's catalogue (nat_plugins/bench/recipes.py), the drafter included."""
+    """Every fairseq-train step of the preset's catalogue (nat_recipes/catalogue.py), the drafter included."""
     work = quickstart["work"]
     run = subprocess.run(
         ["bash", os.path.join(REPO_ROOT, "run_scripts", "train_speed.sh"), work, "1"],

@@ -1,4 +1,4 @@
-"""The system catalogue (nat_plugins.bench.recipes): consistent with itself (a target or paired test naming a row its
+"""The system catalogue (nat_recipes.catalogue): consistent with itself (a target or paired test naming a row its
 preset does not make fails), the quickstart's steps and rows as run_scripts/quickstart.sh ran them before the
 catalogue, and its command line as the run scripts read it."""
 
@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from nat_plugins.bench import recipes
 from nat_plugins.bench.rows import parse_system_spec
+from nat_recipes import catalogue
 
 from .utils import REPO_ROOT
 
@@ -19,7 +19,7 @@ T = RUN["teacher"]
 
 
 def cli(capsys, *argv):
-    recipes.main(list(argv))
+    catalogue.main(list(argv))
     return capsys.readouterr().out
 
 
@@ -32,12 +32,12 @@ def run_options(preset, checkpoint_name="checkpoint_last.pt"):
 
 def test_the_catalogue_is_consistent():
     """Every target and paired test of every preset names a row that preset makes, every row a step it trains."""
-    recipes.check()
-    for preset in recipes.PRESETS:
-        names = [row.name for row in recipes.rows(preset)]
+    catalogue.check()
+    for preset in catalogue.PRESETS:
+        names = [row.name for row in catalogue.rows(preset)]
         assert len(names) == len(set(names))
-        names += recipes.REFERENCE_ROWS
-        assert all(name in names for target in recipes.targets(preset) for name in target.rows)
+        names += catalogue.REFERENCE_ROWS
+        assert all(name in names for target in catalogue.targets(preset) for name in target.rows)
 
 
 def test_the_readme_states_the_numbers_the_main_job_checks():
@@ -46,7 +46,7 @@ def test_the_readme_states_the_numbers_the_main_job_checks():
     with open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8") as f:
         table = [line for line in f.read().split("## Systems", 1)[1].splitlines() if line.startswith("| ")][1:]
     cells = [line.rstrip(" |").rsplit(" | ", 1)[1] for line in table]
-    claims = recipes.README_CLAIMS["cpu"]
+    claims = catalogue.README_CLAIMS["cpu"]
     for claim in claims:
         assert any(claim.text() in cell for cell in cells), f"the README does not state {claim.row}: {claim.text()}"
     stated = [n for cell in cells for n in re.findall(r"\d+\.\d\d / \d+(?:\.\d+)?×", cell)]
@@ -56,27 +56,52 @@ def test_the_readme_states_the_numbers_the_main_job_checks():
 @pytest.mark.parametrize(
     "preset, target",
     [
-        ("cpu-long", recipes.Speculative("Speculative k=4, exact", 1.5)),  # the drift this check exists for
-        ("gpu", recipes.BleuShare("SAT K=4, greedy", 0.8)),  # a cpu-long row
+        ("cpu-long", catalogue.Speculative("Speculative k=4, exact", 1.5)),  # the drift this check exists for
+        ("gpu", catalogue.BleuShare("SAT K=4, greedy", 0.8)),  # a cpu-long row
     ],
 )
 def test_a_target_naming_a_row_its_preset_lacks_is_an_error(monkeypatch, preset, target):
-    sat = next(system for system in recipes.SYSTEMS if system.key == "sat")
+    sat = next(system for system in catalogue.SYSTEMS if system.key == "sat")
     bad = dataclasses.replace(sat, targets={**sat.targets, preset: sat.targets[preset] + (target,)})
-    monkeypatch.setattr(recipes, "SYSTEMS", tuple(bad if s is sat else s for s in recipes.SYSTEMS))
-    with pytest.raises(recipes.CatalogueError, match=f"{preset}: target .* names the row '{target.row}'"):
-        recipes.check()
+    monkeypatch.setattr(catalogue, "SYSTEMS", tuple(bad if s is sat else s for s in catalogue.SYSTEMS))
+    with pytest.raises(catalogue.CatalogueError, match=f"{preset}: target .* names the row '{target.row}'"):
+        catalogue.check()
 
 
 def test_a_paired_test_naming_a_missing_row_is_an_error(monkeypatch):
     def nad_ad(value):
-        return dataclasses.replace(recipes.nad_ad(value), paired_tests=(("SAT K=9, greedy", recipes.NAD_AD_ROW),))
+        return dataclasses.replace(catalogue.nad_ad(value), paired_tests=(("SAT K=9, greedy", catalogue.NAD_AD_ROW),))
 
-    system = next(s for s in recipes.SYSTEMS if s.key == "nad-ad")
+    system = next(s for s in catalogue.SYSTEMS if s.key == "nad-ad")
     bad = dataclasses.replace(system, configure=nad_ad)
-    monkeypatch.setattr(recipes, "SYSTEMS", tuple(bad if s is system else s for s in recipes.SYSTEMS))
-    with pytest.raises(recipes.CatalogueError, match="paired test .* names the row 'SAT K=9, greedy'"):
-        recipes.check()
+    monkeypatch.setattr(catalogue, "SYSTEMS", tuple(bad if s is system else s for s in catalogue.SYSTEMS))
+    with pytest.raises(catalogue.CatalogueError, match="paired test .* names the row 'SAT K=9, greedy'"):
+        catalogue.check()
+
+
+def test_one_block_and_one_key_per_system():
+    """A system's block holds its budgets and README claims (the module's BUDGETS and README_CLAIMS are theirs), and
+    a plugin system's key, '-' for '_', names its recipe script (examples/multi30k/KEY.sh), the prefix of the
+    architecture it trains and its budgets; a claim on a row its system does not make is an error."""
+    assert catalogue.BUDGETS == {name: budget for s in catalogue.SYSTEMS for name, budget in s.budgets.items()}
+    systems = {s.key: s for s in catalogue.SYSTEMS}
+    claims = [claim for key in catalogue.README_ORDER for claim in systems[key].claims.get("cpu", ())]
+    assert catalogue.README_CLAIMS["cpu"] == tuple(claims) + catalogue.REFERENCE_CLAIMS["cpu"]
+    plugin = [s for s in catalogue.SYSTEMS if any(row.plugin for row in catalogue.rows("cpu-long", s.key))]
+    assert [s.key for s in plugin] == ["blockwise", "spec-drafter", "sat", "recover-sat", "fertility-nat", "nad-ad"]
+    for system in plugin:
+        name = system.key.replace("-", "_")
+        script = f"examples/multi30k/{name}.sh"
+        assert script in [step.script for job in catalogue.jobs("cpu", system.key) for step in job.steps]
+        with open(os.path.join(REPO_ROOT, script), encoding="utf-8") as f:
+            assert re.search(rf"^arch_args {name}\w*$", f.read(), flags=re.M), script
+        assert any(budget == system.key or budget.startswith(system.key + "-") for budget in system.budgets)
+    sat = systems["sat"]
+    stray = dataclasses.replace(sat, claims={"cpu": (catalogue.Claim("RecoverSAT K=2", 24.38, 2.8),)})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(catalogue, "SYSTEMS", tuple(stray if s is sat else s for s in catalogue.SYSTEMS))
+        with pytest.raises(catalogue.CatalogueError, match="cpu: 'sat' claims the row 'RecoverSAT K=2'"):
+            catalogue.check()
 
 
 def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
@@ -115,7 +140,7 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
 
 
 def test_gpu_and_cpu_long_rows():
-    gpu = [row.name for row in recipes.rows("gpu")]
+    gpu = [row.name for row in catalogue.rows("gpu")]
     assert gpu[:2] == ["Blockwise k=4 frozen, exact", "Blockwise k=4 fine-tuned, exact"]
     assert [n for n in gpu if n.startswith(("SAT", "RecoverSAT", "NAT"))] == [
         "SAT K=2, greedy",
@@ -125,17 +150,17 @@ def test_gpu_and_cpu_long_rows():
         "NAT, average fertility",
         "NAT, NPD S=10",
     ]
-    assert gpu[-2:] == [recipes.NAD_AD_ROW, recipes.AR_SAME_UPDATES_ROW]  # fairseq's NAT/CMLM: the cpu-long preset
-    speculative = recipes.rows("gpu", "speculative")[0].spec(
-        recipes.Run(checkpoint_name="c.pt", **RUN), recipes.PRESETS["gpu"]
+    assert gpu[-2:] == [catalogue.NAD_AD_ROW, catalogue.AR_SAME_UPDATES_ROW]  # fairseq's NAT/CMLM: the cpu-long preset
+    speculative = catalogue.rows("gpu", "spec-drafter")[0].spec(
+        catalogue.Run(checkpoint_name="c.pt", **RUN), catalogue.PRESETS["gpu"]
     )
     assert "--int8-drafts" not in speculative.args  # the GPU preset decodes in fp16 without int8 drafts
-    cpu_long = [row.name for row in recipes.rows("cpu-long")]
-    assert "SAT K=4, beam 4" in cpu_long and recipes.FAIRSEQ_CMLM_ROW in cpu_long
+    cpu_long = [row.name for row in catalogue.rows("cpu-long")]
+    assert "SAT K=4, beam 4" in cpu_long and catalogue.FAIRSEQ_CMLM_ROW in cpu_long
     assert [n for n in cpu_long if n.startswith("RecoverSAT")] == ["RecoverSAT K=2", "RecoverSAT K=10"]
-    normalised = next(row for row in recipes.rows("cpu-long") if row.name == "NAT, NPD S=10, length-normalised")
+    normalised = next(row for row in catalogue.rows("cpu-long") if row.name == "NAT, NPD S=10, length-normalised")
     assert normalised.args[-1] == "--npd-length-normalize" and "--npd-samples" in normalised.args
-    assert recipes.FAIRSEQ_NAT_ROW not in [row.name for row in recipes.rows("cpu")]
+    assert catalogue.FAIRSEQ_NAT_ROW not in [row.name for row in catalogue.rows("cpu")]
 
 
 def test_steps_are_the_quickstarts_jobs(capsys):
@@ -182,7 +207,7 @@ def test_speed_steps_time_every_training_recipe(capsys):
 def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path):
     options = run_options("cpu")
     options[options.index("--work") + 1] = str(tmp_path)
-    words = cli(capsys, "rows", *options, "--only", "speculative", "--values", "4").splitlines()
+    words = cli(capsys, "rows", *options, "--only", "spec-drafter", "--values", "4").splitlines()
     assert [parse_system_spec(w).name for w in words[1::2]] == [
         "Speculative k=4, exact",
         "Speculative k=4, relaxed",
@@ -197,23 +222,23 @@ def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path)
         f"Encoder-NAD-AD, beam 4={os.path.join(tmp_path, 'ckpt/nad-ad/checkpoint_last.pt')}::--beam 4",
     ]
     with pytest.raises(SystemExit):
-        recipes.main(["rows", *options, "--values", "4"])  # --values needs --only
+        catalogue.main(["rows", *options, "--values", "4"])  # --values needs --only
 
 
 def test_several_systems_own_their_steps_rows_and_targets_without_the_readmes_claims(capsys):
     """What a run on your own teacher selects (quickstart.sh's SYSTEMS=...): those systems' steps and rows, their
     targets, not the README's claims (numbers of the quickstart's own teacher)."""
     options = run_options("cpu-long")
-    steps = cli(capsys, "steps", *options, "--only", "speculative,blockwise").splitlines()
+    steps = cli(capsys, "steps", *options, "--only", "spec-drafter,blockwise").splitlines()
     assert [line.split("\t")[1] for line in steps] == ["blockwise-4-frozen", "blockwise-4-finetuned", "spec-drafter-3"]
-    assert {t.what for t in recipes.targets("cpu-long", ["speculative"])} == {
-        t.what for t in recipes.targets("cpu-long") if set(t.rows) <= {"Speculative k=3, exact"}
+    assert {t.what for t in catalogue.targets("cpu-long", ["spec-drafter"])} == {
+        t.what for t in catalogue.targets("cpu-long") if set(t.rows) <= {"Speculative k=3, exact"}
     }
-    assert recipes.targets("cpu", ["speculative", "blockwise"]) == []
-    assert recipes.targets("cpu")[-len(recipes.README_CLAIMS["cpu"]) :] == list(recipes.README_CLAIMS["cpu"])
-    for bad in (["--only", "specul"], ["--only", "speculative,blockwise", "--values", "4"]):
+    assert catalogue.targets("cpu", ["spec-drafter", "blockwise"]) == []
+    assert catalogue.targets("cpu")[-len(catalogue.README_CLAIMS["cpu"]) :] == list(catalogue.README_CLAIMS["cpu"])
+    for bad in (["--only", "specul"], ["--only", "spec-drafter,blockwise", "--values", "4"]):
         with pytest.raises(SystemExit):
-            recipes.main(["rows", *options, *bad])
+            catalogue.main(["rows", *options, *bad])
 
 
 def test_every_recipe_takes_its_budget_from_the_catalogue(capsys):
@@ -237,7 +262,7 @@ def test_every_recipe_takes_its_budget_from_the_catalogue(capsys):
             asked |= set(re.findall(r"^\s*student_args \"?([\w$-]+)", f.read(), flags=re.M))
     # fairseq_nat.sh asks for "fairseq-$MODEL", MODEL nat or cmlm
     asked = {name for name in asked if "$" not in name} | {"fairseq-nat", "fairseq-cmlm"}
-    assert asked == set(recipes.BUDGETS)
+    assert asked == set(catalogue.BUDGETS)
 
 
 def test_benchmark_options_of_the_presets(capsys):
@@ -265,7 +290,7 @@ def test_the_gpu_preset_marks_the_rows_its_time_budget_may_leave_out(capsys):
     options = ["--work", "W", "--data-bin", "D", "--teacher", "T", "--checkpoint-name", "c.pt"]
     words = cli(capsys, "rows", "--preset", "gpu", *options).splitlines()
     optional = [words[i + 1] for i, word in enumerate(words) if word == "--optional-row"]
-    assert optional == list(recipes.GPU_OPTIONAL_ROWS)
+    assert optional == list(catalogue.GPU_OPTIONAL_ROWS)
     systems = [words[i + 1] for i, word in enumerate(words) if word == "--system"]
     assert all(any(system.startswith(name + "=") for system in systems) for name in optional)
     assert "--optional-row" not in cli(capsys, "rows", "--preset", "cpu", *options).splitlines()
@@ -275,12 +300,12 @@ def test_a_bleu_share_reads_the_speedup_over_the_search_it_names():
     """The GPU preset's targets are speed-ups over the teacher's greedy search (the issue's "x fairseq greedy"), the
     CPU presets' over its beam: one row meets one and misses the other."""
     rows = {
-        "beam": {"name": "beam", "role": recipes.TEACHER_BEAM, "bleu": 30.0},
+        "beam": {"name": "beam", "role": catalogue.TEACHER_BEAM, "bleu": 30.0},
         "NAT": {"name": "NAT", "bleu": 25.0, "latency_speedup_vs_ar_beam": 6.0, "latency_speedup_vs_ar_greedy": 4.0},
     }
-    measured = recipes.Measured(rows, [], ("NAT",))
-    assert recipes.BleuShare("NAT", 0.8, 5.0).check(measured) == ("83.3% at 6.00x vs beam", True)
-    assert recipes.BleuShare("NAT", 0.8, 5.0, over="greedy").check(measured) == ("83.3% at 4.00x vs greedy", False)
+    measured = catalogue.Measured(rows, [], ("NAT",))
+    assert catalogue.BleuShare("NAT", 0.8, 5.0).check(measured) == ("83.3% at 6.00x vs beam", True)
+    assert catalogue.BleuShare("NAT", 0.8, 5.0, over="greedy").check(measured) == ("83.3% at 4.00x vs greedy", False)
 
 
 def test_a_slowdown_bar_reads_the_paired_per_round_ratio():
@@ -295,5 +320,5 @@ def test_a_slowdown_bar_reads_the_paired_per_round_ratio():
         },
         "AR": {"name": "AR", "bleu": 29.0, "latency_ms_median": 100.0, "latency_round_seconds": [1.0, 1.0, 1.0]},
     }
-    text, met = recipes.BleuGain("NAD-AD", "AR", 0.5, max_slowdown=0.10).check(recipes.Measured(rows, [], ()))
+    text, met = catalogue.BleuGain("NAD-AD", "AR", 0.5, max_slowdown=0.10).check(catalogue.Measured(rows, [], ()))
     assert met and text == "+1.00 BLEU, +5% time"

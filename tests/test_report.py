@@ -1,4 +1,4 @@
-"""The quickstart's report: the preset's targets (nat_plugins.bench.recipes) checked against the benchmark's rows, a
+"""The quickstart's report: the preset's targets (nat_recipes.catalogue) checked against the benchmark's rows, a
 target whose row is missing refused, the teacher's curve and step times from the run's logs; and the builders'
 tools: the one that puts a report into docs/results.md (dev/results_section.py), the one that pools seeds
 (dev/seed_gain.py) and the decoding counts (dev/decode_stats.py)."""
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from nat_plugins.bench import recipes
-from nat_plugins.bench import run_report as report
 from nat_plugins.bench.rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY
+from nat_recipes import catalogue
+from nat_recipes import run_report as report
 
 from .utils import REPO_ROOT
 
@@ -87,16 +87,16 @@ def cpu_long_rows():
             latency_speedup_vs_ct2_greedy=0.9,
             exact_check=exact_check((2, 2), (0, 0)),
         ),
-        recipes.NAD_AD_ROW: row(recipes.NAD_AD_ROW, 30.5, 110.0),
-        recipes.AR_SAME_UPDATES_ROW: row(recipes.AR_SAME_UPDATES_ROW, 30.0, 100.0),
-        recipes.FAIRSEQ_NAT_ROW: row(recipes.FAIRSEQ_NAT_ROW, 10.0, 5.0),
-        recipes.FAIRSEQ_CMLM_ROW: row(recipes.FAIRSEQ_CMLM_ROW, 12.0, 50.0),
+        catalogue.NAD_AD_ROW: row(catalogue.NAD_AD_ROW, 30.5, 110.0),
+        catalogue.AR_SAME_UPDATES_ROW: row(catalogue.AR_SAME_UPDATES_ROW, 30.0, 100.0),
+        catalogue.FAIRSEQ_NAT_ROW: row(catalogue.FAIRSEQ_NAT_ROW, 10.0, 5.0),
+        catalogue.FAIRSEQ_CMLM_ROW: row(catalogue.FAIRSEQ_CMLM_ROW, 12.0, 50.0),
     }
     teacher = [
         row("AR teacher, beam 4", 30.0, 100.0, TEACHER_BEAM),
         row("AR teacher, greedy", 29.0, 80.0, TEACHER_GREEDY),
     ]
-    return teacher + [measured.get(r.name) or row(r.name, 25.0, 20.0) for r in recipes.rows("cpu-long")]
+    return teacher + [measured.get(r.name) or row(r.name, 25.0, 20.0) for r in catalogue.rows("cpu-long")]
 
 
 def verdicts_of(text):
@@ -108,11 +108,11 @@ def verdicts_of(text):
 
 
 def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
-    paired = [{"system": recipes.NAD_AD_ROW, "p_value": 0.04}]
+    paired = [{"system": catalogue.NAD_AD_ROW, "p_value": 0.04}]
     write_run(str(tmp_path), cpu_long_rows(), paired)
     text = report.build_report(str(tmp_path), "cpu-long")
     verdicts = verdicts_of(text)
-    assert len(verdicts) == len(recipes.targets("cpu-long"))  # every target checked
+    assert len(verdicts) == len(catalogue.targets("cpu-long"))  # every target checked
     assert verdicts["SAT K=2, beam 4: BLEU >= 95% of the teacher's beam"] == ["95.3% at 1.67x vs beam", "yes |"]
     assert verdicts["SAT K=4, greedy: BLEU >= 80% of the teacher's beam"][1] == "**no** |"
     frozen = next(v for k, v in verdicts.items() if k.startswith("Blockwise k=4 frozen"))
@@ -124,11 +124,11 @@ def test_cpu_long_targets_are_checked_against_the_rows(tmp_path):
         "identical to greedy, 3.20 tokens per teacher call, 2.00x vs greedy (0.90x vs CTranslate2 greedy)",
         "yes |",
     ]
-    nad = next(v for k, v in verdicts.items() if k.startswith(recipes.NAD_AD_ROW))
+    nad = next(v for k, v in verdicts.items() if k.startswith(catalogue.NAD_AD_ROW))
     assert nad == ["+0.50 BLEU (p = 0.040), +10% time", "yes |"]
     fairseq = next(v for k, v in verdicts.items() if k.startswith("every plugin row"))
     assert fairseq[1] == "yes |" and "SAT K=2, beam 4: BLEU" in fairseq[0]
-    assert recipes.AR_SAME_UPDATES_ROW not in fairseq[0]  # a baseline, not a plugin row
+    assert catalogue.AR_SAME_UPDATES_ROW not in fairseq[0]  # a baseline, not a plugin row
     assert "250 updates: loss 5.500 / ppl 16.00, 500 updates: loss 4.750" in text
     assert "| teacher | 2 min 05 s |" in text and "| all steps | 2 min 35 s |" in text  # the last run of a step
     assert str(tmp_path) not in text  # nothing of the machine's paths
@@ -150,7 +150,7 @@ def test_exact_means_every_difference_in_every_timed_pass_is_a_near_tie(tmp_path
     assert spec[0].startswith("differs from greedy") and spec[1] == "**no** |"
     frozen = next(v for k, v in verdicts.items() if k.startswith("Blockwise k=4 frozen"))
     assert frozen[0].startswith("differs from greedy") and frozen[1] == "**no** |"
-    measured = recipes.Measured({r["name"]: r for r in rows}, [], ())
+    measured = catalogue.Measured({r["name"]: r for r in rows}, [], ())
     greedy = measured.role(TEACHER_GREEDY)
     assert measured.same_output(greedy, greedy)  # the reference itself
 
@@ -158,7 +158,7 @@ def test_exact_means_every_difference_in_every_timed_pass_is_a_near_tie(tmp_path
 def test_a_target_whose_row_the_benchmark_lacks_is_an_error(tmp_path, capsys):
     rows = [r for r in cpu_long_rows() if r["name"] != "RecoverSAT K=2"]
     write_run(str(tmp_path), rows)
-    with pytest.raises(recipes.MissingRow, match="'RecoverSAT K=2'"):
+    with pytest.raises(catalogue.MissingRow, match="'RecoverSAT K=2'"):
         report.build_report(str(tmp_path), "cpu-long")
     with pytest.raises(SystemExit) as exit_info:
         report.main([str(tmp_path), "--preset", "cpu-long"])
@@ -170,9 +170,9 @@ def claimed_rows(speed_share=1.0, bleu_drop=0.0, solo_share=None):
     """A cpu run whose every README claim is measured at ``speed_share`` of its speed-up and ``bleu_drop`` below its
     BLEU (the exact rows print the teacher's greedy output); ``solo_share``: the one-process-per-engine speed-ups
     at that share instead (the round-robin ones then halved)."""
-    roles = {recipes.TEACHER_BEAM_ROW: TEACHER_BEAM, recipes.TEACHER_GREEDY_ROW: TEACHER_GREEDY}
+    roles = {catalogue.TEACHER_BEAM_ROW: TEACHER_BEAM, catalogue.TEACHER_GREEDY_ROW: TEACHER_GREEDY}
     rows = []
-    for claim in recipes.README_CLAIMS["cpu"]:
+    for claim in catalogue.README_CLAIMS["cpu"]:
         measured = row(claim.row, claim.bleu - bleu_drop, 20.0, roles.get(claim.row, "system"))
         if claim.exact:  # checked by the benchmark in every pass: one near-tie at batch 1
             measured["exact_check"] = exact_check((1, 1), (0, 0))
@@ -201,8 +201,8 @@ def test_the_main_job_checks_the_readme_numbers(tmp_path, speed_share, bleu_drop
     report.main([str(tmp_path), "--preset", "cpu"])
     text = (tmp_path / "report.md").read_text()
     verdicts = verdicts_of(text)
-    assert len(verdicts) == len(recipes.README_CLAIMS["cpu"]) and "| system | BLEU |" in text
-    claim = next(c for c in recipes.README_CLAIMS["cpu"] if c.row == "NAT, argmax fertility")
+    assert len(verdicts) == len(catalogue.README_CLAIMS["cpu"]) and "| system | BLEU |" in text
+    claim = next(c for c in catalogue.README_CLAIMS["cpu"] if c.row == "NAT, argmax fertility")
     nat = next(v for k, v in verdicts.items() if k.startswith(f"README: {claim.row} {claim.text()}"))
     assert nat[1] == ("yes |" if met else "**no** |")
     assert ("each engine alone" in nat[0]) == (solo_share is not None)
@@ -223,7 +223,7 @@ def test_the_report_says_how_each_row_was_made(tmp_path):
     assert "--init-from-ar-scope all" in made["| SAT K=2, greedy"]
     assert "--npd-candidates argmax_and_samples" in made["| NAT, NPD S=10"]
     assert "splits at any subword" in made["| RecoverSAT K=2"]
-    assert set(made) >= {f"| {name}" for name in recipes.plugin_rows("cpu")}
+    assert set(made) >= {f"| {name}" for name in catalogue.plugin_rows("cpu")}
 
 
 def dev_module(name):
@@ -249,10 +249,10 @@ def test_the_presets_section_of_the_results_file_is_replaced_in_place(tmp_path):
 
 def solo_run(work):
     """A run whose greedy engines were timed alone (three rounds) and whose beam row only round-robin."""
-    greedy, ct2, spec = recipes.TEACHER_GREEDY_ROW, recipes.CT2_INT8_GREEDY_ROW, "Speculative k=3, exact"
+    greedy, ct2, spec = catalogue.TEACHER_GREEDY_ROW, catalogue.CT2_INT8_GREEDY_ROW, "Speculative k=3, exact"
     seconds = {greedy: [2.0, 2.2, 1.8], ct2: [0.2, 0.2, 0.3], spec: [1.0, 1.0, 1.2]}
     rows = [
-        row(recipes.TEACHER_BEAM_ROW, 30.0, 80.0, TEACHER_BEAM, latency_ratio_rounds=[0.6, 0.7, 0.65]),
+        row(catalogue.TEACHER_BEAM_ROW, 30.0, 80.0, TEACHER_BEAM, latency_ratio_rounds=[0.6, 0.7, 0.65]),
         row(greedy, 29.0, 50.0, TEACHER_GREEDY, decoder_calls_per_sentence=14.0, rep_ratio=12.04),
         row(ct2, 28.9, 3.0, CT2_GREEDY, throughput_ratio_rounds=[5.0, 6.0, 5.5]),
         row(spec, 29.0, 30.0, exact_check=exact_check((0, 0), (1, 1)), decoder_calls_per_sentence=11.5),
@@ -273,13 +273,13 @@ def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path
     """docs/results.md's short form: each row's batch-1 time alone where the run timed it alone (else round-robin),
     its speed-up over the fastest CTranslate2 engine from the same rounds, and whether it printed greedy's output."""
     solo_run(str(tmp_path))
-    text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="speculative")
+    text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="spec-drafter")
     table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if line.startswith("| ")}
-    assert table[recipes.TEACHER_BEAM_ROW][2:5] == ["round-robin", "80.0", "0.65× (0.60–0.70)"]
+    assert table[catalogue.TEACHER_BEAM_ROW][2:5] == ["round-robin", "80.0", "0.65× (0.60–0.70)"]
     spec = table["Speculative k=3, exact"]
     assert spec[1:4] == ["1", "alone", "10.0"]  # the differing sentence (a near-tie) counted
     assert spec[5] == "0.20× (0.20–0.25)"  # CTranslate2's seconds over its own, round by round
-    assert table[recipes.TEACHER_GREEDY_ROW][-2:] == ["14.00", "12.0 |"]
+    assert table[catalogue.TEACHER_GREEDY_ROW][-2:] == ["14.00", "12.0 |"]
     assert "Wall time: 2 min 35 s over the steps" in text and "pareto" not in text  # no plot in this run
     assert "[runs/x.md](runs/x.md)" in text
     # a run on the user's own teacher has the bars of its exact rows (no README claim: those are the quickstart's)
@@ -290,7 +290,7 @@ def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path
     (spec,) = [r for r in results["rows"] if r["name"] == "Speculative k=3, exact"]
     spec["exact_check"]["solo"] = {"sentences": 100, "differ": 1, "near_ties": 0, "divergences": []}
     path.write_text(json.dumps(results))
-    text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="speculative")
+    text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="spec-drafter")
     (bar,) = [line for line in text.splitlines() if line.startswith("| Speculative k=3, exact: =")]
     assert "differs from greedy (passes: 1, 64, solo)" in bar and bar.endswith("| **no** |")  # alone it differed
 
@@ -302,12 +302,12 @@ def test_students_trained_side_by_side_count_once_in_the_wall_time(tmp_path):
     with open(tmp_path / "logs" / "steps.tsv", "w") as f:
         f.write("teacher\t100\t\nsat-2\t200\tside by side\nnad-ad\t150\tside by side\n")
         f.write("students, 2 at a time\t210\tphase\nbenchmark-1a2b\t60\t\n")
-    summary = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="speculative")
+    summary = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="spec-drafter")
     assert "Wall time: 6 min 10 s over the steps (set-up not counted): teacher 1 min 40 s, sat-2 (side by side) " in (
         summary
     )
     assert "students, 2 at a time 3 min 30 s, benchmark 1 min 00 s; training 5 min 10 s." in summary
-    full = report.build_report(str(tmp_path), "cpu", only="speculative")
+    full = report.build_report(str(tmp_path), "cpu", only="spec-drafter")
     assert "| nad-ad (side by side) | 2 min 30 s |" in full and "| all steps | 6 min 10 s |" in full
 
 
@@ -316,7 +316,7 @@ def test_a_run_goes_into_the_docs_as_a_section_and_a_full_report(tmp_path, monke
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "results.md").write_text("# Results\n\n<!-- report:mine -->\nold\n<!-- /report:mine -->\nkept\n")
-    argv = ["results_section", str(tmp_path / "work"), "--preset", "cpu", "--section", "mine", "--only", "speculative"]
+    argv = ["results_section", str(tmp_path / "work"), "--preset", "cpu", "--section", "mine", "--only", "spec-drafter"]
     monkeypatch.setattr("sys.argv", argv + ["--docs", str(docs / "results.md")])
     dev_module("results_section").main()
     text = (docs / "results.md").read_text()
@@ -373,7 +373,7 @@ def test_npd_above_argmax_needs_a_significant_paired_test(tmp_path, p_value, met
     the aligner's run-to-run spread."""
     rows = cpu_long_rows()
     next(r for r in rows if r["name"] == "NAT, NPD S=10")["bleu"] = 25.16
-    paired = [{"system": recipes.NAD_AD_ROW, "baseline": recipes.AR_SAME_UPDATES_ROW, "p_value": 0.04}]
+    paired = [{"system": catalogue.NAD_AD_ROW, "baseline": catalogue.AR_SAME_UPDATES_ROW, "p_value": 0.04}]
     if p_value is not None:
         paired.append({"system": "NAT, NPD S=10", "baseline": "NAT, argmax fertility", "p_value": p_value})
     write_run(str(tmp_path), rows, paired)
@@ -392,9 +392,9 @@ def test_a_reference_read_back_from_the_data_bin_says_its_unknown_words_lower_bl
     path.write_text(json.dumps(results))
     (tmp_path / "reference.test.txt").write_text("a <unk> b\nc d <unk> <unk>\n")
     for text in (
-        report.build_summary(str(tmp_path), "cpu", only="speculative"),
-        report.build_report(str(tmp_path), "cpu", only="speculative"),
+        report.build_summary(str(tmp_path), "cpu", only="spec-drafter"),
+        report.build_report(str(tmp_path), "cpu", only="spec-drafter"),
     ):
         assert "with 3 `<unk>` where the dictionary lacks a word" in text and "`REFERENCE=raw test targets`" in text
     (tmp_path / "reference.test.txt").write_text("a raw reference\n")
-    assert "<unk>" not in report.build_summary(str(tmp_path), "cpu", only="speculative")
+    assert "<unk>" not in report.build_summary(str(tmp_path), "cpu", only="spec-drafter")

@@ -1,11 +1,11 @@
-"""nat_plugins.bench.train_speed: fairseq-train's options in, timed updates of fairseq's Trainer out."""
+"""nat_recipes.train_speed: fairseq-train's options in, timed updates of fairseq's Trainer out."""
 
 import json
 import os
 
 import pytest
 
-from nat_plugins.bench import train_speed
+from nat_recipes import train_speed
 
 from .utils import TINY_TRANSFORMER, USER_DIR
 

@@ -12,7 +12,7 @@ DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}
 shift 3
 [ -f "$TEACHER" ] || { echo "ar_baseline.sh: teacher checkpoint $TEACHER does not exist" >&2; exit 1; }
 arch_args transformer
-student_args ar-baseline  # the same budget as nad_ad.sh (nat_plugins/bench/recipes.py)
+student_args ar-baseline  # the same budget as nad_ad.sh (nat_recipes/catalogue.py)
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --finetune-from-model "$TEACHER" \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \

@@ -26,7 +26,7 @@ shift 5
 [ -f "$INIT" ] || { echo "blockwise.sh: checkpoint $INIT does not exist" >&2; exit 1; }
 case $MODE in
   frozen)
-    student_args blockwise-frozen  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
+    student_args blockwise-frozen  # updates, learning rate, warm-up: nat_recipes/catalogue.py
     MODE_ARGS=(--freeze-base --init-from-ar "$INIT" --head-sampling mean --dropout 0) ;;
   finetuned)
     student_args blockwise-finetuned

@@ -20,7 +20,7 @@ if ! ls "$DATA_BIN"/train.fert.* "$DATA_BIN"/valid.fert.* >/dev/null 2>&1; then
   bash "$ROOT/run_scripts/fertility.sh" "$DATA_BIN"
 fi
 arch_args fertility_nat
-student_args fertility-nat  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
+student_args fertility-nat  # updates, learning rate, warm-up: nat_recipes/catalogue.py
 "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --init-from-ar "$TEACHER" --use-distilled target \
   --criterion fertility_nat_loss --label-smoothing 0.1 --max-fertility 50 \

@@ -17,7 +17,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
 usage="usage: nad_ad.sh DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]"
 DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}
 shift 3
-student_args nad-ad  # the same budget as ar_baseline.sh (nat_plugins/bench/recipes.py)
+student_args nad-ad  # the same budget as ar_baseline.sh (nat_recipes/catalogue.py)
 distilled_target_lang "$DATA_BIN"
 if [[ " ${STUDENT_ARGS[*]} $* " != *" --disable-validation "* ]] && [ ! -f "$DATA_BIN/valid.kd.$TGT.idx" ]; then
   log "distilling the validation set into $DATA_BIN/valid.kd.$TGT (the NAD's validation loss needs it)"

@@ -14,7 +14,7 @@ shift 4
 arch_args recover_sat
 # CPU learning rate 2e-3: on the quickstart's data (100 updates) 75.5% of the teacher's beam BLEU against 67.8% at
 # 5e-4 (docs/design-notes.md); the GPU recipe keeps 5e-4 (not measured)
-student_args recover-sat  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
+student_args recover-sat  # updates, learning rate, warm-up: nat_recipes/catalogue.py
 # anneal p over the first two thirds of training; q = 0.5, the paper's best (measured at K = 10). Only the DEL of a
 # pseudo-repetitive segment is trained (recover_sat_loss's default): at K = 2 with the copies trained too, a third of
 # the second segments restarted the sentence and q = 0.5 collapsed to copy-and-delete (docs/design-notes.md)

@@ -17,7 +17,7 @@ shift 4
 SLOT_ARGS=(--group-slot-embedding --group-repeat-bias)
 if [ "${1:-}" = --no-slot-options ]; then SLOT_ARGS=(); shift; fi
 arch_args sat_transformer
-student_args sat  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
+student_args sat  # updates, learning rate, warm-up: nat_recipes/catalogue.py
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --group-size "$K" "${SLOT_ARGS[@]}" --init-from-ar "$TEACHER" --use-distilled target \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --eval-bleu-args '{"beam": 4}' \

@@ -25,7 +25,7 @@ if ! compgen -G "$DATA_BIN/train.kd_greedy.*.idx" > /dev/null; then
   DISTILL_BEAM=1 bash "$ROOT/run_scripts/distill.sh" "$DATA_BIN" "$TEACHER" --output-name kd_greedy
 fi
 arch_args spec_drafter
-student_args spec-drafter  # updates, learning rate, warm-up: nat_plugins/bench/recipes.py
+student_args spec-drafter  # updates, learning rate, warm-up: nat_recipes/catalogue.py
 # CPU presets: updates of 512 tokens (the drafter learns per update more than per sentence; the catalogue's budget)
 [ "$PRESET" = gpu ] || STUDENT_ARGS+=(--max-tokens 512)
 # --freeze-encoder: the teacher's encoder pass serves both models when decoding, at the same acceptance (1.89 against
