@@ -35,6 +35,7 @@ it, under ``torch.no_grad()``. One sentence at a time:
 
 import argparse
 import logging
+import math
 import os
 import shlex
 import statistics
@@ -51,6 +52,7 @@ import nat_plugins
 from nat_plugins.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
 from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.engine.block_call import IncrementalCache
+from nat_plugins.engine.static_cache import StaticCache
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # nat_recipes/, beside the package
@@ -105,6 +107,42 @@ def use_incremental_cache(generator):
     generator.new_cache = new_cache
 
 
+def use_plain_static_loop(generator):
+    """The floor under the plugin's greedy loop: the same static decoder step on the same weights in the plainest
+    loop (one token a step, the output projection, pad masked, EOS held back below --min-len and forced at the length
+    limit, an argmax and one host sync on EOS), no scores, no batch bookkeeping. Batch 1 only; its tokens are the
+    plugin loop's, up to near-ties."""
+    if not isinstance(generator, GreedyLoop):
+        raise SystemExit(f"call_profile.py: expected the plugin's GreedyLoop, got {type(generator).__name__}")
+    model = generator.verifier
+    decoder, eos, pad = model.decoder, generator.eos, generator.pad
+    slots = torch.arange(4096).view(-1, 1, 1)  # slot t as a (1, 1) tensor, made once
+
+    def generate(models, sample, **kwargs):
+        src_tokens = sample["net_input"]["src_tokens"]
+        if src_tokens.size(0) != 1:
+            raise SystemExit("call_profile.py: the plain static loop decodes batch 1 only")
+        max_len = int(generator.max_lengths(src_tokens.new_full((1,), src_tokens.size(1)), generator.max_positions - 1))
+        encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+        cache = StaticCache(decoder, encoder_out, max_len + 2)
+        token, output = src_tokens.new_full((1, 1), eos), []
+        for t in range(max_len + 1):
+            logits = decoder.output_layer(cache.step(token, slots[t], slots[t], t + 1))[:, -1]
+            logits[:, pad] = -math.inf
+            if t < generator.min_len:
+                logits[:, eos] = -math.inf
+            if t == max_len:
+                logits[:, :eos] = logits[:, eos + 1 :] = -math.inf
+            token = logits.argmax(dim=-1, keepdim=True)
+            output.append(token)
+            if token.item() == eos:
+                break
+        tokens = torch.cat(output, dim=1)[0]
+        return [[{"tokens": tokens, "score": 0.0, "positional_scores": torch.zeros(len(tokens)), "alignment": None}]]
+
+    generator.generate = generate
+
+
 def use_fairseq_group_cache(generator):
     """SAT's or RecoverSAT's greedy decoding with fairseq's ``incremental_state`` instead of the static step."""
     generator.model.decoder.new_cache = lambda encoder_out, length: {}
@@ -119,6 +157,7 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
     ways = [
         Way(replace(teacher_specs(teacher, 1)[1], name="fairseq greedy (SequenceGenerator)")),
         Way(replace(plugin, name="plugin greedy, static step")),
+        Way(replace(plugin, name="plain loop over the static step (the floor)"), use_plain_static_loop),
         Way(replace(plugin, name="plugin greedy, fairseq's incremental cache"), use_incremental_cache),
         Way(replace(plugin_int8_spec(teacher), name="plugin greedy, int8 decoder (--int8-decoder)")),
     ]

@@ -109,6 +109,9 @@ def target_table(results: dict, preset: str, only: catalogue.Only = None) -> Lis
     left_out = set(budget.get("rows_left_out", ()))
     left_out |= {row["name"] for row in budget.get("not_timed_at_batch1", ())}  # as the GPU run at 3a66eee wrote it
     checked = []
+    device = results["meta"].get("device", "")
+    claims_kind = catalogue.CLAIMS_CPU_KIND.get(preset)
+    claims_speed = claims_kind is None or catalogue.cpu_kind(device) == claims_kind
     bars = catalogue.targets(preset, only)
     if only is not None:  # a run on the user's own teacher: its exact rows print that teacher's greedy output
         bars += catalogue.exact_row_targets(results["rows"])
@@ -116,6 +119,15 @@ def target_table(results: dict, preset: str, only: catalogue.Only = None) -> Lis
         missing = [name for name in target.rows if name in left_out]
         if missing:  # the benchmark's --time-budget left the row out: not measured, said so
             checked.append((target.what, f"not measured: {missing[0]} left out by the time budget", None))
+        elif isinstance(target, catalogue.Claim) and not claims_speed:
+            text, met = target.check(measured, speed=False)
+            checked.append(
+                (
+                    target.what,
+                    f"{text}; speed-ups not checked: the README's are an {claims_kind}'s, this run's CPU is {device}",
+                    met,
+                )
+            )
         else:
             checked.append((target.what, *target.check(measured)))
     if not checked:

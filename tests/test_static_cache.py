@@ -16,7 +16,15 @@ from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLo
 from nat_plugins.modules.segments import DEL_SYMBOL
 
 from .test_block_call import random_transformer
-from .test_blockwise import MAX_LEN_B, build_model, greedy
+from .test_blockwise import (
+    LENGTH_AND_SCORE_OPTIONS,
+    MAX_LEN_B,
+    assert_same_hypotheses,
+    build_model,
+    check_options_matter,
+    fairseq_greedy,
+    greedy,
+)
 from .test_recover_sat import build_recover_sat
 from .test_recover_sat import decode as recover_sat_decode
 from .test_sat import batch as sat_batch
@@ -105,6 +113,30 @@ def test_translation_nat_decodes_a_plain_transformer_greedily_with_the_plugins_l
         assert isinstance(toy_task.build_generator([model], Namespace(**other)), SequenceGenerator), other
     assert greedy_loop_refusal([model, model], Namespace(beam=1)) == "an ensemble"
     assert greedy_loop_refusal([model], Namespace(beam=1), extra_gen_cls_kwargs={"lm_model": model, "lm_weight": 1})
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_greedy_loop_follows_fairseqs_length_unk_and_score_options(toy_task, seed):
+    """The plugin's greedy loop on a batch of mixed source lengths (sentences leave it at different steps) under
+    --max-len-a, --min-len, --unkpen and --lenpen prints SequenceGenerator's beam-1 hypotheses and scores, on models
+    where each option changes the output (unk and EOS made likely)."""
+    dictionary = toy_task.target_dictionary
+    model = random_transformer(toy_task, seed)
+    model.eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight[dictionary.unk()] += torch.randn(32)
+        model.decoder.output_projection.weight[dictionary.eos()] += 3 * torch.randn(32)
+    sample = random_batch(dictionary, 8, seed)
+
+    def decode(options):
+        generator = toy_task.build_generator([model], Namespace(beam=1, **options))
+        assert isinstance(generator, GreedyLoop)
+        return generator.generate([model], sample)
+
+    assert_same_hypotheses(
+        decode(LENGTH_AND_SCORE_OPTIONS), fairseq_greedy(model, toy_task, sample, LENGTH_AND_SCORE_OPTIONS)
+    )
+    check_options_matter(decode, sample)
 
 
 def test_an_int8_decoder_decodes_greedily_in_the_plugins_loop(toy_task):

@@ -149,21 +149,24 @@ class LoopState:
     offsets: torch.Tensor  # (k,): 1..k, a block's positions after j
     tokens: torch.Tensor  # (B, L): y_t at column t (t = 0: BOS), pad after ŷ_{j+1}
     scores: torch.Tensor  # (B, L): log p(y_t | y_<t)
-    steps: torch.Tensor  # (B, 2): verifier calls of the sentence, those of them that verified drafts
     active: torch.Tensor  # (B,): sentence of each row
     last: torch.Tensor  # (B,): j, the position of the last accepted token (-1 before a first block after BOS)
     first: torch.Tensor  # (B,): ŷ_{j+1}, the verifier's argmax after j (BOS before a first block after BOS)
     first_score: torch.Tensor  # (B,): its log-probability
     features: Optional[torch.Tensor]  # (B, d): the verifier's decoder output at j, which predicted ŷ_{j+1}
-    finished: torch.Tensor  # (B,) bool: the last block ended with EOS
+    finished: Optional[torch.Tensor]  # (B,) bool: the last block ended with EOS (None: a block without drafts)
     out_tokens: torch.Tensor  # (B, L), the finished sentences' tokens ...
     out_scores: torch.Tensor  # (B, L) ... and scores
     out_lengths: torch.Tensor  # (B,): output tokens, EOS included
-    out_steps: torch.Tensor  # (B, 2): ``steps`` of the finished sentences
+    out_steps: torch.Tensor  # (B, 2): the finished sentences' verifier calls, those of them that verified drafts
     bos_block: bool  # the next block is [BOS, drafts] at positions 0..k-1 (j = -1)
     accepted: Optional[torch.Tensor] = None  # (B,): tokens accepted by the last call (None before the first block)
     width: int = 0  # tokens per sentence the last call read
     max_last: int = 0  # the largest j of the rows (known after :meth:`VerifyAcceptLoop.retire_finished`)
+    # verifier calls so far, and those of them that verified drafts: the same for every row still decoding (a row
+    # leaves the batch when it ends), so they are counted on the host and copied to a sentence's row when it ends
+    calls: int = 0
+    drafting_calls: int = 0
 
 
 class VerifyAcceptLoop(PluginGenerator):
@@ -213,6 +216,7 @@ class VerifyAcceptLoop(PluginGenerator):
         self.use_cache = use_cache
         self.max_positions = verifier.max_decoder_positions()
         self.may_reach_max_len = True  # whether the current step's positions can reach the length limit
+        self.may_be_below_min_len = True  # whether they can be below --min-len
 
     # ----- hooks ---------------------------------------------------------------------------------------------------
 
@@ -255,11 +259,12 @@ class VerifyAcceptLoop(PluginGenerator):
     def constrain_logits(self, logits: torch.Tensor, position: torch.Tensor, max_len: int) -> torch.Tensor:
         """``SequenceGenerator``'s rules on ``logits`` (..., V) of the 0-based output ``position``, in place (see
         :meth:`~nat_plugins.generators.base.PluginGenerator.constrain`), skipping those that cannot apply: the
-        forced EOS at ``max_len`` is checked only when this step's positions can reach it."""
+        forced EOS at ``max_len`` and the held-back EOS below ``--min-len`` are checked only when this step's positions
+        can reach them."""
         logits[..., self.pad] = -math.inf
         if self.unk_penalty:
             logits[..., self.unk] -= self.unk_penalty
-        if self.min_len > 0:
+        if self.min_len > 0 and self.may_be_below_min_len:
             logits[..., self.eos].masked_fill_(position < self.min_len, -math.inf)
         if self.may_reach_max_len:
             self.force_eos(logits, position >= max_len)
@@ -345,7 +350,6 @@ class VerifyAcceptLoop(PluginGenerator):
         tokens[:, 0] = self.eos if bos_token is None else bos_token
         scores = torch.zeros(bsz, max_len + k + 2, device=device)
         last = torch.zeros(bsz, dtype=torch.long, device=device)
-        out_steps = last.new_zeros(bsz, 2)
         state = LoopState(
             max_len=max_len,
             encoder_out=encoder_out,
@@ -353,7 +357,6 @@ class VerifyAcceptLoop(PluginGenerator):
             offsets=torch.arange(1, k + 1, device=device),
             tokens=tokens,
             scores=scores,
-            steps=out_steps.clone(),
             active=torch.arange(bsz, device=device),
             last=last,
             first=tokens[:, 0].clone(),  # BOS plays ŷ_{j+1} of a first block after BOS
@@ -363,7 +366,7 @@ class VerifyAcceptLoop(PluginGenerator):
             out_tokens=tokens.clone(),
             out_scores=scores.clone(),
             out_lengths=torch.zeros_like(last),
-            out_steps=out_steps,
+            out_steps=last.new_zeros(bsz, 2),
             bos_block=self.drafts_after_bos,
             width=k,
         )
@@ -375,8 +378,9 @@ class VerifyAcceptLoop(PluginGenerator):
 
     def first_call(self, state: LoopState) -> None:
         """The verifier's first call, on BOS alone: its argmax y_1 is ŷ_{j+1} of the first block (j = 0)."""
-        state.steps[:, 0] = 1
+        state.calls = 1
         self.may_reach_max_len = self.block_size >= state.max_len
+        self.may_be_below_min_len = True
         bos, last = state.tokens[:, :1], state.last
         if state.cache is None:
             features = decoder_block_features(self.verifier.decoder, bos, last.unsqueeze(1), state.encoder_out, None)
@@ -388,12 +392,21 @@ class VerifyAcceptLoop(PluginGenerator):
     def retire_finished(self, state: LoopState) -> bool:
         """Write ŷ_{j+1} (accepted whatever the next call says), let the cache keep the tokens the last call
         accepted, and move the sentences whose block or ŷ_{j+1} is EOS to the output; False once none is left.
-        Holds the step's one host sync (how many ended, the largest j)."""
+        Holds the step's one host sync (whether any ended; after a call with drafts also how many, and the largest
+        j)."""
         s = state
-        s.tokens.scatter_(1, (s.last + 1).unsqueeze(1), s.first.unsqueeze(1))
-        s.scores.scatter_(1, (s.last + 1).unsqueeze(1), s.first_score.unsqueeze(1))
-        done = s.finished if s.bos_block else s.finished | s.first.eq(self.eos)  # a first block's BOS ends nothing
-        num_done, s.max_last = torch.stack([done.sum(), s.last.max()]).tolist()
+        slot = (s.last + 1).unsqueeze(1)
+        s.tokens.scatter_(1, slot, s.first.unsqueeze(1))
+        s.scores.scatter_(1, slot, s.first_score.unsqueeze(1))
+        if s.finished is None:  # after a greedy step: every row's j is the same (rows start drafting, never stop)
+            done = s.first.eq(self.eos)
+            s.max_last += 1
+            if not done.any():
+                return True
+            num_done = int(done.sum())
+        else:
+            done = s.finished if s.bos_block else s.finished | s.first.eq(self.eos)  # a first block's BOS ends nothing
+            num_done, s.max_last = torch.stack([done.sum(), s.last.max()]).tolist()
         if s.accepted is not None and s.cache is not None:
             s.cache.accept(s.width, s.accepted, s.max_last + 1)
         if not num_done:
@@ -402,12 +415,16 @@ class VerifyAcceptLoop(PluginGenerator):
         order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
         gone, keep = order[remaining:], order[:remaining]
         rows = s.active[gone]
-        s.out_tokens[rows], s.out_scores[rows], s.out_steps[rows] = s.tokens[gone], s.scores[gone], s.steps[gone]
-        s.out_lengths[rows] = torch.where(s.finished[gone], s.last[gone], s.last[gone] + 1)
+        s.out_tokens[rows], s.out_scores[rows] = s.tokens[gone], s.scores[gone]
+        s.out_steps[rows] = rows.new_tensor([s.calls, s.drafting_calls])
+        if s.finished is None:
+            s.out_lengths[rows] = s.last[gone] + 1
+        else:
+            s.out_lengths[rows] = torch.where(s.finished[gone], s.last[gone], s.last[gone] + 1)
         if remaining == 0:
             return False
         s.active, s.last, s.first, s.first_score = s.active[keep], s.last[keep], s.first[keep], s.first_score[keep]
-        s.tokens, s.scores, s.steps = s.tokens[keep], s.scores[keep], s.steps[keep]
+        s.tokens, s.scores = s.tokens[keep], s.scores[keep]
         s.features = s.features[keep]
         s.encoder_out = self.verifier.encoder.reorder_encoder_out(s.encoder_out, keep)
         if s.cache is not None:
@@ -423,6 +440,14 @@ class VerifyAcceptLoop(PluginGenerator):
         s = state
         width = self.block_width(s.last.size(0))
         self.may_reach_max_len = s.max_last + width >= s.max_len
+        # every row's j is at least the calls so far - 1 (each call accepts a token or more), and the positions this
+        # call verifies are after j
+        self.may_be_below_min_len = s.calls < self.min_len
+        s.calls += 1
+        s.drafting_calls += width > 1
+        if width == 1 and s.cache is not None and not s.bos_block:
+            self.greedy_step(s)
+            return
         proposals = s.first.unsqueeze(1)
         if width > 1:
             drafts = self.propose(s.first, s.features, s.tokens[:, : s.max_last + 2], s.last, s.max_len)
@@ -434,8 +459,6 @@ class VerifyAcceptLoop(PluginGenerator):
             x = s.cache.step(proposals, positions, index, s.max_last + width + 1, s.encoder_out)
         else:
             x = self.recompute_block(s.tokens, proposals, index, s.encoder_out, s.max_len, s.max_last + width + 1)
-        s.steps[:, 0] += 1
-        s.steps[:, 1] += width > 1
         greedy, greedy_scores, logits, logsumexp = self.verify(x, index, s.max_len)
         # a first block's BOS (= EOS in fairseq) does not end it
         checked = proposals.masked_fill(block_offsets.eq(1), self.pad) if s.bos_block else proposals
@@ -451,6 +474,18 @@ class VerifyAcceptLoop(PluginGenerator):
         s.first, s.first_score = greedy.gather(1, at).squeeze(1), greedy_scores.gather(1, at).squeeze(1)
         s.features = x.gather(1, at.unsqueeze(2).expand(-1, -1, x.size(-1))).squeeze(1)
         s.accepted, s.width = accepted, width
+
+    def greedy_step(self, state: LoopState) -> None:
+        """A step without drafts: ŷ_{j+1} alone in one verifier call, whose argmax is the next ŷ_{j+1} (what
+        :meth:`draft_verify_accept` does at width 1, without its acceptance bookkeeping: the one token is accepted,
+        and :meth:`retire_finished` has written it)."""
+        s = state
+        index = s.last.unsqueeze(1) + 1
+        positions = index.clamp(max=s.max_len) if self.may_reach_max_len else index
+        s.features = s.cache.step(s.first.unsqueeze(1), positions, index, s.max_last + 2, s.encoder_out)[:, 0]
+        s.last = index.squeeze(1)
+        s.first, s.first_score, _, _ = self.verify(s.features, s.last, s.max_len)
+        s.finished, s.accepted, s.width = None, None, 1
 
     def hypotheses(
         self, tokens: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor
