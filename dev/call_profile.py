@@ -4,7 +4,7 @@ dispatch and the generator's bookkeeping). The plugin's greedy loop, SAT and Rec
 decoder step and with fairseq's incremental cache, the path it replaced; the greedy loop also with an int8 copy of
 the teacher's decoder (``--int8-decoder``).
 
-    python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md]
+    python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md] [--greedy-only]
 
 WORK is a quickstart work directory: ``data-bin/`` (split ``test``), ``ckpt/teacher/checkpoint_best.pt`` and the
 students' ``ckpt/<step>/checkpoint_last.pt`` that exist (a missing one skips its row, with a note); the students' rows
@@ -17,11 +17,11 @@ it, under ``torch.no_grad()``. One sentence at a time:
 
 * warm-up: each row on the first 5 test sentences, not counted;
 * timed pass: the next N sentences, the rows taking turns on each sentence (interleaved, as the benchmark times its
-  rows, so that a slower spell of the machine falls on every row). ms / sentence is their median; decoder calls /
-  sentence the mean of the benchmark's count (:class:`~nat_plugins.bench.measure.DecoderPassCounter`: runs of any
-  decoder layer stack, speculative decoding's teacher calls included); ms / call their total time over their total
-  calls (the encoder and the generator's per-sentence work spread over the calls, as the benchmark's
-  ``ms_per_decoder_call``);
+  rows, so that a slower spell of the machine falls on every row; who goes first alternates). ms / sentence is their
+  median; decoder calls / sentence the mean of the benchmark's count
+  (:class:`~nat_plugins.bench.measure.DecoderPassCounter`: runs of any decoder layer stack, speculative decoding's
+  teacher calls included); ms / call their total time over their total calls (the encoder and the generator's
+  per-sentence work spread over the calls, as the benchmark's ``ms_per_decoder_call``);
 * profiled pass: the first 10 timed sentences again under ``torch.profiler`` (CPU activity), each
   ``task.inference_step`` in a ``record_function`` range. Counted are the top-level aten ops of those ranges: events
   named ``aten::*`` with no ``aten::*`` event above them (``aten::linear`` counts once, not with its
@@ -107,11 +107,12 @@ def use_incremental_cache(generator):
     generator.new_cache = new_cache
 
 
-def use_plain_static_loop(generator):
+def use_plain_static_loop(generator, scores=False):
     """The floor under the plugin's greedy loop: the same static decoder step on the same weights in the plainest
     loop (one token a step, the output projection, pad masked, EOS held back below --min-len and forced at the length
     limit, an argmax and one host sync on EOS), no scores, no batch bookkeeping. Batch 1 only; its tokens are the
-    plugin loop's, up to near-ties."""
+    plugin loop's, up to near-ties. ``scores``: also each token's log-probability (fairseq's positional scores, which
+    the plugin's loop returns), a logsumexp over the vocabulary per token."""
     if not isinstance(generator, GreedyLoop):
         raise SystemExit(f"call_profile.py: expected the plugin's GreedyLoop, got {type(generator).__name__}")
     model = generator.verifier
@@ -125,20 +126,24 @@ def use_plain_static_loop(generator):
         max_len = int(generator.max_lengths(src_tokens.new_full((1,), src_tokens.size(1)), generator.max_positions - 1))
         encoder_out = model.encoder.forward_torchscript(sample["net_input"])
         cache = StaticCache(decoder, encoder_out, max_len + 2)
-        token, output = src_tokens.new_full((1, 1), eos), []
+        token, output, positional_scores = src_tokens.new_full((1, 1), eos), [], []
         for t in range(max_len + 1):
             logits = decoder.output_layer(cache.step(token, slots[t], slots[t], t + 1))[:, -1]
+            logsumexp = logits.logsumexp(dim=-1, keepdim=True) if scores else None
             logits[:, pad] = -math.inf
             if t < generator.min_len:
                 logits[:, eos] = -math.inf
             if t == max_len:
                 logits[:, :eos] = logits[:, eos + 1 :] = -math.inf
-            token = logits.argmax(dim=-1, keepdim=True)
+            best, token = logits.max(dim=-1, keepdim=True)
             output.append(token)
+            if scores:
+                positional_scores.append(best - logsumexp)
             if token.item() == eos:
                 break
         tokens = torch.cat(output, dim=1)[0]
-        return [[{"tokens": tokens, "score": 0.0, "positional_scores": torch.zeros(len(tokens)), "alignment": None}]]
+        positional = torch.cat(positional_scores, dim=1)[0] if scores else torch.zeros(len(tokens))
+        return [[{"tokens": tokens, "score": 0.0, "positional_scores": positional, "alignment": None}]]
 
     generator.generate = generate
 
@@ -158,6 +163,10 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
         Way(replace(teacher_specs(teacher, 1)[1], name="fairseq greedy (SequenceGenerator)")),
         Way(replace(plugin, name="plugin greedy, static step")),
         Way(replace(plugin, name="plain loop over the static step (the floor)"), use_plain_static_loop),
+        Way(
+            replace(plugin, name="the floor + positional scores"),
+            lambda generator: use_plain_static_loop(generator, scores=True),
+        ),
         Way(replace(plugin, name="plugin greedy, fairseq's incremental cache"), use_incremental_cache),
         Way(replace(plugin_int8_spec(teacher), name="plugin greedy, int8 decoder (--int8-decoder)")),
     ]
@@ -232,7 +241,7 @@ def measure(runners: List[FairseqRunner], timed: range) -> List[Profile]:
             decode_one(runner, index)
     timings = {runner.spec.name: [] for runner in runners}
     for index in timed:
-        for runner in runners:
+        for runner in runners if index % 2 else runners[::-1]:  # who goes first alternates
             timings[runner.spec.name].append(decode_one(runner, index))
     profiles = []
     for runner in runners:
@@ -307,12 +316,19 @@ def main():
     parser.add_argument("--sentences", type=int, default=100, help="timed test sentences (default: 100)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--out", default=None, metavar="FILE.md", help="also write the table to FILE.md")
+    parser.add_argument(
+        "--greedy-only",
+        action="store_true",
+        help="the teacher's greedy searches only (fairseq's, the plugin's, the floor)",
+    )
     args = parser.parse_args()
     # force: importing fairseq_cli.generate (measure.py) already configured the root logger at INFO
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING").upper(), stream=sys.stderr, force=True)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     ways, skipped = ways_of(args.work)
+    if args.greedy_only:
+        ways = [way for way in ways if way.spec.checkpoint == ways[0].spec.checkpoint]
     for note in skipped:
         print(f"call_profile.py: skipping {note}", file=sys.stderr)
     options = benchmark_args(args.work)
