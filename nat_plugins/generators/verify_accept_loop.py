@@ -277,10 +277,7 @@ class VerifyAcceptLoop(PluginGenerator):
         argmax's log-probability (float32, as ``SequenceGenerator``'s: logit - logsumexp), its constrained float32
         logits (..., V) and their logsumexp before the rules (...). No log-softmax over the vocabulary."""
         # contiguous: a CPU projection returns the transposed product (cpu_linear), whose rows reduce 3x slower
-        logits = self.verifier_logits(features)
-        if logits.dtype != torch.float32:  # .float() would be one more op per call on float32 logits
-            logits = logits.float()
-        logits = logits.contiguous()
+        logits = self.verifier_logits(features).float().contiguous()
         logsumexp = logits.logsumexp(dim=-1)
         logits = self.constrain_logits(logits, position, max_len)
         best, greedy = logits.max(dim=-1)
