@@ -1,10 +1,11 @@
 """What one decoder call costs at batch 1 on the CPU, for several ways of decoding: decoder calls per sentence, ms per
 call, aten ops per call and the share of the wall time spent inside aten ops (the rest is Python between them:
-dispatch and the generator's bookkeeping). The plugin's greedy loop, SAT and RecoverSAT are shown with their static
-decoder step and with fairseq's incremental cache, the path it replaced; the greedy loop also with an int8 copy of
-the teacher's decoder (``--int8-decoder``).
+dispatch and the generator's bookkeeping). The plugin's greedy loop, SAT, RecoverSAT and the speculative drafter are
+shown with their static decoder step and with fairseq's incremental cache, the path it replaced; the greedy loop also
+with an int8 copy of the teacher's decoder (``--int8-decoder``).
 
     python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md] [--greedy-only]
+        [--rows NAME ...] [--drafter CKPT ...]
 
 WORK is a quickstart work directory: ``data-bin/`` (split ``test``), ``ckpt/teacher/checkpoint_best.pt`` and the
 students' ``ckpt/<step>/checkpoint_last.pt`` that exist (a missing one skips its row, with a note); the students' rows
@@ -30,7 +31,10 @@ it, under ``torch.no_grad()``. One sentence at a time:
   so the share is an estimate of the split, not a timing;
 * same tokens as fairseq greedy: the timed sentences whose best hypothesis has the first row's token ids, for the
   rows that print the teacher's greedy output (:func:`~nat_plugins.bench.measure.prints_teacher_greedy`, as the
-  benchmark's exact check decides); "–" for the others.
+  benchmark's exact check decides); "–" for the others;
+* a row that drafts (blockwise, speculative decoding): ms per drafting call (host time of the drafter's calls or of
+  blockwise's heads, ``hypo["drafting_seconds"]``) and the rest of its time per verifier call (the teacher's call, the
+  encoder pass, the loop's work). ``--drafter CKPT`` adds a drafter decoded as the quickstart's exact speculative row.
 """
 
 import argparse
@@ -94,6 +98,11 @@ class Profile:
     profiled_seconds: float
     profiled_calls: Optional[int]
     claims_greedy: bool
+    # a verify-accept row on the CPU: its drafting time and calls and its verifier calls (hypo["steps"]) over the
+    # timed pass (None: a row that does not draft)
+    drafting_seconds: Optional[float] = None
+    drafting_calls: Optional[int] = None
+    verifier_calls: Optional[float] = None
 
 
 def use_incremental_cache(generator):
@@ -148,6 +157,12 @@ def use_plain_static_loop(generator, scores=False):
     generator.generate = generate
 
 
+def use_fairseq_drafter_cache(generator):
+    """Speculative decoding's drafter on fairseq's ``incremental_state`` (rolled back after each call) instead of the
+    static step's buffers."""
+    generator.new_drafter_cache = lambda max_len: {}
+
+
 def use_fairseq_group_cache(generator):
     """SAT's or RecoverSAT's greedy decoding with fairseq's ``incremental_state`` instead of the static step."""
     generator.model.decoder.new_cache = lambda encoder_out, length: {}
@@ -181,6 +196,10 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
             if row.step in ("sat-2", "recover-sat-2"):
                 ways.append(
                     Way(replace(spec, name=f"{row.name}, fairseq's incremental cache"), use_fairseq_group_cache)
+                )
+            if row.name == CATALOGUE_ROWS[0]:
+                ways.append(
+                    Way(replace(spec, name=f"{row.name}, drafter on fairseq's cache"), use_fairseq_drafter_cache)
                 )
         else:
             skipped.append(f"{row.name}: no {os.path.relpath(spec.checkpoint, work)}")
@@ -249,6 +268,8 @@ def measure(runners: List[FairseqRunner], timed: range) -> List[Profile]:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             profiled = [decode_one(runner, index) for index in timed[:PROFILED]]
         aten = top_level_aten(prof.events())
+        outputs = [runner.outputs[index] for index in timed]
+        drafting = all(out.drafting_seconds is not None for out in outputs)
         profiles.append(
             Profile(
                 name=runner.spec.name,
@@ -260,6 +281,9 @@ def measure(runners: List[FairseqRunner], timed: range) -> List[Profile]:
                 profiled_seconds=sum(s for s, _ in profiled),
                 profiled_calls=total_calls([c for _, c in profiled]),
                 claims_greedy=runner is runners[0] or prints_teacher_greedy(runner, runners[0]),
+                drafting_seconds=sum(out.drafting_seconds for out in outputs) if drafting else None,
+                drafting_calls=sum(out.drafting_steps for out in outputs) if drafting else None,
+                verifier_calls=sum(out.steps for out in outputs) if drafting else None,
             )
         )
         print(f"call_profile.py: {runner.spec.name} profiled", file=sys.stderr)
@@ -284,6 +308,11 @@ def table_row(row: Profile, greedy: Profile) -> str:
     cells.append(f"{row.aten_ops / row.profiled_calls:.0f}" if row.profiled_calls else "–")
     cells.append(f"{100 * row.aten_seconds / row.profiled_seconds:.0f}%")
     cells.append(same_tokens(row, greedy))
+    if row.drafting_calls:  # the drafter's share, and the rest per verifier call
+        cells.append(f"{1000 * row.drafting_seconds / row.drafting_calls:.3f}")
+        cells.append(f"{1000 * (sum(row.seconds) - row.drafting_seconds) / row.verifier_calls:.3f}")
+    else:
+        cells += ["–", "–"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -301,8 +330,8 @@ def report(rows: List[Profile], skipped: List[str], sentences: int, command: str
         f"`{command}`",
         "",
         "| way | ms / sentence (median) | decoder calls / sentence | ms / call | aten ops / call "
-        "| % wall in aten ops | same tokens as fairseq greedy |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| % wall in aten ops | same tokens as fairseq greedy | ms / drafting call | ms / verifier call (the rest) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [table_row(row, rows[0]) for row in rows]
     if skipped:
@@ -321,14 +350,39 @@ def main():
         action="store_true",
         help="the teacher's greedy searches only (fairseq's, the plugin's, the floor)",
     )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="only these rows (their names in the table) after fairseq greedy, the reference",
+    )
+    parser.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        metavar="CKPT",
+        help="also a spec_drafter checkpoint, decoded as the quickstart's exact speculative row (repeatable)",
+    )
     args = parser.parse_args()
     # force: importing fairseq_cli.generate (measure.py) already configured the root logger at INFO
     logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING").upper(), stream=sys.stderr, force=True)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     ways, skipped = ways_of(args.work)
+    speculative = next((way.spec for way in ways if way.spec.name == CATALOGUE_ROWS[0]), None)
+    for path in args.drafter:
+        if speculative is None:
+            raise SystemExit(f"call_profile.py: --drafter needs the quickstart's {CATALOGUE_ROWS[0]!r} row")
+        name = f"{CATALOGUE_ROWS[0]}, drafter {os.path.relpath(path, args.work)}"
+        ways.append(Way(replace(speculative, name=name, checkpoint=os.path.abspath(path))))
     if args.greedy_only:
         ways = [way for way in ways if way.spec.checkpoint == ways[0].spec.checkpoint]
+    if args.rows:
+        unknown = set(args.rows) - {way.spec.name for way in ways}
+        if unknown:
+            raise SystemExit(f"call_profile.py: --rows: no row named {', '.join(sorted(unknown))}")
+        ways = ways[:1] + [way for way in ways[1:] if way.spec.name in args.rows]
     for note in skipped:
         print(f"call_profile.py: skipping {note}", file=sys.stderr)
     options = benchmark_args(args.work)

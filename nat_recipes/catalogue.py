@@ -406,9 +406,13 @@ class Speculative(RowTarget):
         else:
             ok = row["bleu"] >= greedy["bleu"]
             quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
-        ct2 = row.get("latency_speedup_vs_ct2_greedy")
+        ct2, drafter, teacher = (
+            row.get(name) for name in ("latency_speedup_vs_ct2_greedy", "drafting_ms_per_call", "verify_ms_per_call")
+        )
         text = (
-            f"{quality}, {row.get('tokens_per_step') or 0.0:.2f} tokens per teacher call, {speedup:.2f}x vs greedy"
+            f"{quality}, {row.get('tokens_per_step') or 0.0:.2f} tokens per teacher call"
+            + (f" (drafter {drafter:.2f} ms, teacher {teacher:.2f} ms a call)" if drafter and teacher else "")
+            + f", {speedup:.2f}x vs greedy"
             + (f" ({ct2:.2f}x vs CTranslate2 greedy)" if ct2 is not None else "")
         )
         return text, ok and speedup >= self.min_speedup

@@ -177,6 +177,8 @@ def test_json_rows_and_metadata(fixture):
         "mean_steps",
         "tokens_per_step",
         "npd_samples",
+        "drafting_ms_per_call",
+        "verify_ms_per_call",
         "latency_speedup_vs_ar_beam",
         "latency_speedup_vs_ar_greedy",
         "latency_speedup_vs_ct2_greedy",
@@ -873,6 +875,22 @@ def test_speed_by_batch_size_of_fixed_timings():
     for bad in ("0,8", "eight"):
         with pytest.raises(BenchmarkError, match="--batch-sizes"):
             benchmark.parse_batch_sizes(bad, 64)
+
+
+def test_a_verify_accept_rows_batch_1_time_is_split_into_drafting_and_verifying():
+    """ms per drafting call: the sentences' drafting seconds over their drafting calls; ms per verifier call: the
+    rest of their latency over their verifier calls (``steps``); None where a sentence reports no drafting time."""
+    outputs = {
+        0: measure.Output("a", 6, steps=3, passes=5, drafting_steps=2, drafting_seconds=0.004),
+        1: measure.Output("b", 4, steps=2, passes=3, drafting_steps=1, drafting_seconds=0.001),
+    }
+    batch1 = measure.batch1_stats({0: 12.0, 1: 8.0}, outputs)
+    assert batch1.drafting_ms_per_call == pytest.approx(5 / 3)
+    assert batch1.verify_ms_per_call == pytest.approx((20 - 5) / 5)
+    assert batch1.tokens_per_step == pytest.approx(2) and batch1.decoder_calls_per_sentence == pytest.approx(4)
+    outputs[1] = measure.Output("b", 4, steps=2, passes=3)
+    batch1 = measure.batch1_stats({0: 12.0, 1: 8.0}, outputs)
+    assert batch1.drafting_ms_per_call is None and batch1.verify_ms_per_call is None
 
 
 def test_a_time_budget_plans_from_the_warm_up_and_leaves_out_the_optional_rows_that_do_not_fit():

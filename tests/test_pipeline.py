@@ -85,6 +85,10 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     assert steps["NAT, argmax fertility"] == 1 and steps["NAT, NPD S=10"] == 2  # one pass (+ the teacher's)
     speculative = next(r for r in rows if r["name"] == "Speculative k=3, exact")
     assert speculative["tokens_per_step"] >= 1  # tokens per teacher call
+    # its batch-1 time split into the drafter's calls and the rest per teacher call; none drafted without drafts
+    assert speculative["drafting_ms_per_call"] > 0 and speculative["verify_ms_per_call"] > 0
+    greedy_steps = next(r for r in rows if r["name"] == "Speculative k=3, greedy steps only")
+    assert greedy_steps["drafting_ms_per_call"] is None and greedy_steps["verify_ms_per_call"] > 0
     assert all(r["rep_ratio"] >= 0 and r["mis_ratio"] >= 0 for r in rows) and rows[1]["rep"] == rows[1]["mis"] == 0
 
 

@@ -7,6 +7,7 @@ synthetic task."""
 import copy
 import logging
 import math
+import time
 from argparse import Namespace
 
 import pytest
@@ -16,6 +17,7 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
+from nat_plugins.engine.static_cache import StaticCache
 from nat_plugins.generators.spec_drafter_decoding import SpeculativeGenerator
 from nat_plugins.modules.draft_masks import HIDDEN, draft_attention_mask, every_cut_attention_mask
 
@@ -250,15 +252,21 @@ class CheckedDrafter(SpeculativeGenerator):
         return drafts
 
 
-def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_path):
-    """The drafter's cache (new prefix tokens and queries appended, the queries rolled back) gives the drafts of a
-    forward over the whole prefix: batch 8 (sentences leave as they end) and each sentence alone."""
+@pytest.mark.parametrize("cache", ["static", "fairseq"])
+def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_path, cache):
+    """The drafter's cache gives the drafts of a forward over the whole prefix: the static step's buffers (new prefix
+    tokens at their positions, the queries after them, overwritten by the next call) and, for decoders the static
+    step does not run, fairseq's (new prefix tokens and queries appended, the queries rolled back); batch 8
+    (sentences leave as they end) and each sentence alone."""
     path = str(tmp_path / "teacher.pt")
     random_teacher(toy_task, 0, path)
     sample = random_batch(toy_task.target_dictionary, 8, 0)
     model = drafter(toy_task, 3, 4)
     generator = speculative(model, toy_task, path, CheckedDrafter)
+    if cache == "fairseq":
+        generator.new_drafter_cache = lambda max_len: {}
     generator.generate([model], sample)
+    assert isinstance(generator.drafter_cache, StaticCache if cache == "static" else dict)
     for i in range(8):
         generator.generate([model], sub_batch(sample, i))
     assert generator.checked > 16
@@ -287,6 +295,35 @@ def test_a_batch_of_64_takes_greedy_teacher_steps_until_few_sentences_are_left(t
         assert drafting == 0 and all(hypo["steps"] == len(hypo["tokens"]) for hypo in hypos)
     elif limit == 20:
         assert 0 < drafting < sum(hypo["steps"] for hypo in hypos)
+
+
+class SlowDrafter(SpeculativeGenerator):
+    """Every drafter call takes at least 20 ms more."""
+
+    def propose(self, *args, **kwargs):
+        time.sleep(0.02)
+        return super().propose(*args, **kwargs)
+
+
+def test_each_sentence_reports_the_time_its_drafts_took(toy_task, tmp_path):
+    """The benchmark splits a batch-1 sentence's time into drafting and verifying with ``hypo["drafting_seconds"]``:
+    the host time of the sentence's drafter calls (20 ms each here, at least), none for greedy steps only; a sentence of
+    a batch reports the batch's drafting time until it ended."""
+    path = str(tmp_path / "teacher.pt")
+    random_teacher(toy_task, 2, path)
+    model = drafter(toy_task, 3, 4)
+    sample = random_batch(toy_task.target_dictionary, 8, 2)
+    for limit in (None, 0):
+        generator = speculative(model, toy_task, path, SlowDrafter, max_drafting_sentences=limit)
+        for i in range(3):
+            (hypo,) = generator.generate([model], sub_batch(sample, i))[0]
+            calls = hypo["drafter_steps"]
+            assert (calls > 0) == (limit is None)
+            assert 0.02 * calls <= hypo["drafting_seconds"] < 0.02 * calls + 0.5
+        hypos = [h[0] for h in generator.generate([model], sample)]
+        for hypo in hypos:  # drafting calls happen while every sentence still decoding takes part
+            assert hypo["drafting_seconds"] >= 0.02 * hypo["drafter_steps"]
+        assert max(h["drafting_seconds"] for h in hypos) < 0.02 * max(h["drafter_steps"] for h in hypos) + 0.5
 
 
 def test_a_drafter_with_the_teachers_encoder_shares_it_at_decoding(toy_task, tmp_path):

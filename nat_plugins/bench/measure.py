@@ -215,14 +215,18 @@ def seed_everything(seed: int):
 @dataclass
 class Output:
     """What a row reports of one decoded sentence: its detokenized best hypothesis, emitted tokens (EOS included),
-    ``hypo["steps"]`` where the generator reports it, decoder passes (batch 1 only; None: not observable) and the
-    hypothesis' token ids (EOS included; None where the row does not keep them)."""
+    ``hypo["steps"]`` where the generator reports it, decoder passes (batch 1 only; None: not observable), the
+    hypothesis' token ids (EOS included; None where the row does not keep them) and, for a verify-accept loop on the
+    CPU, its drafting calls and the seconds they took (``hypo["drafting_steps"]`` or ``["drafter_steps"]``,
+    ``["drafting_seconds"]``)."""
 
     text: str
     tokens: int
     steps: Optional[float] = None
     passes: Optional[int] = None
     ids: Optional[Tuple[int, ...]] = None
+    drafting_steps: Optional[int] = None
+    drafting_seconds: Optional[float] = None
 
 
 class FairseqRunner:
@@ -273,6 +277,8 @@ class FairseqRunner:
                 None if steps is None else float(steps),
                 passes,
                 tuple(hypo["tokens"].tolist()),
+                hypo.get("drafting_steps", hypo.get("drafter_steps")),
+                hypo.get("drafting_seconds"),
             )
 
     @torch.no_grad()
@@ -394,11 +400,14 @@ class Batch1:
     tokens_per_call: Optional[float] = None
     mean_steps: Optional[float] = None
     tokens_per_step: Optional[float] = None  # emitted tokens per hypo["steps"] (speculative: per teacher call)
+    drafting_ms_per_call: Optional[float] = None  # a verify-accept loop's drafting time per drafting call (CPU)
+    verify_ms_per_call: Optional[float] = None  # the rest of its time (encoder included) per verifier call (CPU)
 
 
 def batch1_stats(latency_ms: Dict[int, float], outputs: Dict[int, Output]) -> Batch1:
     """Latency, decoder calls, tokens per call and per ``hypo["steps"]`` over the timed sentences (``latency_ms``:
-    sentence -> ms), in sentence order."""
+    sentence -> ms), in sentence order; where every sentence reports its drafting time, the time per drafting call
+    and the rest per verifier call."""
     ids = sorted(latency_ms)
     timed = [outputs[i] for i in ids]
     stepped = [out for out in timed if out.steps is not None]
@@ -410,6 +419,11 @@ def batch1_stats(latency_ms: Dict[int, float], outputs: Dict[int, Output]) -> Ba
         calls = sum(out.passes for out in timed)
         batch1.decoder_calls_per_sentence = calls / len(timed)
         batch1.tokens_per_call = sum(out.tokens for out in timed) / max(calls, 1)
+    if timed and steps > 0 and all(out.drafting_seconds is not None for out in timed):
+        drafting_ms = 1000 * sum(out.drafting_seconds for out in timed)
+        drafting_calls = sum(out.drafting_steps for out in timed)
+        batch1.drafting_ms_per_call = drafting_ms / drafting_calls if drafting_calls else None
+        batch1.verify_ms_per_call = (sum(batch1.latency_ms) - drafting_ms) / steps
     return batch1
 
 
@@ -440,4 +454,6 @@ def make_row(runner, hyps: List[str], references: List[str], rates: List[float],
         batch1.mean_steps,
         batch1.tokens_per_step,
         runner.npd_samples,
+        drafting_ms_per_call=batch1.drafting_ms_per_call,
+        verify_ms_per_call=batch1.verify_ms_per_call,
     )

@@ -173,12 +173,15 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
         ("tokens / call", "tokens_per_call", number(2)),
         ("steps", "mean_steps", number(2)),
         ("tokens / step", "tokens_per_step", number(2)),
+        ("ms / drafting call", "drafting_ms_per_call", number(2)),
+        ("ms / verifier call", "verify_ms_per_call", number(2)),
         ("Rep %", "rep_ratio", number(2)),
         ("missing tokens %", "mis_ratio", number(2)),
         ("Rep Δ% vs greedy", "rep", number(2)),
         ("Mis Δ% vs greedy", "mis", number(2)),
     ]
-    for absent in ("_ct2_", "_plugin", "exact_check"):  # references and checks the run did not have
+    # references, checks and drafting times the run did not have
+    for absent in ("_ct2_", "_plugin", "exact_check", "_ms_per_call"):
         if all(getattr(r, attr) is None for r in rows for _, attr, _ in columns if absent in attr):
             columns = [column for column in columns if absent not in column[1]]
     lines = [
@@ -248,7 +251,10 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         "ms / decoder call: mean batch-1 latency / decoder calls per sentence (the cost of one greedy step or "
         "one verify-accept call, encoder pass included); "
         "tokens / call: emitted tokens (EOS included) per pass; steps: the generator's own `hypo['steps']` "
-        "(fairseq's IterativeRefinementGenerator counts them from 0)",
+        "(fairseq's IterativeRefinementGenerator counts them from 0); ms / drafting call (CPU, blockwise and "
+        "speculative rows): batch-1 host time in the drafting calls (blockwise's heads, the speculative drafter) per "
+        "drafting call; ms / verifier call: the rest of the batch-1 time (the verifier's calls, the encoder pass and "
+        "the loop) per verifier call (`steps`)",
         f"- teacher: `{meta['teacher']}`; arguments of every row: `{meta['generate_args'] or '(none)'}`",
         f"- output length limit: max_len = {meta['length_limit']['limit']} (|x|: source subwords incl. EOS; "
         "fairseq's --max-len-a/--max-len-b from the arguments of every row, default 0·|x| + 200) for every row"

@@ -235,6 +235,10 @@ class Row:
     # per teacher call (speculative decoding)
     tokens_per_step: Optional[float] = None
     npd_samples: Optional[int] = None  # S of a row decoded with noisy parallel decoding (fertility_nat)
+    # a verify-accept loop's batch-1 cost split (CPU): ms per drafting call (the drafter's call, or blockwise's heads),
+    # and the rest of the time per verifier call (its decoder call, the encoder pass and the loop's bookkeeping)
+    drafting_ms_per_call: Optional[float] = None
+    verify_ms_per_call: Optional[float] = None
     # batch-1 seconds of each round's block (.schedule): the latency ratios to the other rows pair them round by round
     latency_round_seconds: List[float] = field(default_factory=list)
     # per timed pass ("1", str(--batch-size), every --batch-sizes size), for a row that prints the teacher's greedy

@@ -34,7 +34,7 @@ Options: :class:`SpecDrafterDecodingConfig` (teacher, verification) and
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Union
 
 import torch
 from fairseq.dataclass import ChoiceEnum
@@ -43,6 +43,8 @@ from torch import nn
 
 from ..engine.block_call import inexact_verifier, rollback_cache
 from ..engine.cpu_linear import int8_copy
+from ..engine.lean_decoder import IncrementalState
+from ..engine.static_cache import StaticCache, static_unsupported
 from ..modules.teacher import TEACHER_FIX, FrozenTeacher
 from .base import DecodingConfig, EncoderOut, Hypothesis
 from .verify_accept_loop import VerifyAcceptDecodingConfig, VerifyAcceptLoop
@@ -186,7 +188,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
             self.drafter_out = encoder_out
         else:
             self.drafter_out = self.model.encoder.forward_torchscript(sample["net_input"])
-        self.drafter_cache = {}
+        self.drafter_cache = None  # made by the first call, which knows the batch's length limit
         self.drafted = torch.zeros_like(sample["net_input"]["src_tokens"][:, 0])  # prefix tokens in the cache
         # a single sentence's cache width (its prefix read so far); None for batches, whose rows differ
         self.drafted_width = 0 if self.drafted.numel() == 1 else None
@@ -194,8 +196,20 @@ class SpeculativeGenerator(VerifyAcceptLoop):
     def reorder(self, keep: torch.Tensor) -> None:
         """Keep the rows ``keep`` of the drafter's encoder output and cache."""
         self.drafter_out = self.model.encoder.reorder_encoder_out(self.drafter_out, keep)
-        self.drafter_decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
+        if isinstance(self.drafter_cache, StaticCache):
+            self.drafter_cache.reorder(keep)
+        elif self.drafter_cache is not None:
+            self.drafter_decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
         self.drafted = self.drafted[keep]
+
+    def new_drafter_cache(self, max_len: int) -> Union[StaticCache, IncrementalState]:
+        """The drafter's cache for a batch whose length limit is ``max_len``: the static step's buffers
+        (:meth:`~nat_plugins.models.spec_drafter.SpecDrafterDecoder.draft_on_static_cache`: every prefix position,
+        the k queries after the longest prefix and a last slot for padding) where it runs the drafter's decoder,
+        else fairseq's ``incremental_state``, rolled back after every call."""
+        if static_unsupported(self.drafter_decoder, self.drafter_out) is None:
+            return StaticCache(self.drafter_decoder, self.drafter_out, max_len + self.drafter_decoder.draft_size + 3)
+        return {}
 
     def propose(
         self,
@@ -213,6 +227,8 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         and its k queries, then drops the queries from its cache (:func:`~nat_plugins.engine.block_call.
         rollback_cache`)."""
         decoder, width = self.drafter_decoder, tokens.size(1)
+        if self.drafter_cache is None:
+            self.drafter_cache = self.new_drafter_cache(max_len)
         if self.drafted_width is None:
             new_width = int((last + 2 - self.drafted).max())
         else:
@@ -222,16 +238,19 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(
             index >= prefix_lengths.unsqueeze(1), self.pad
         )
-        logits, _ = decoder(
-            new_tokens,
-            encoder_out=self.drafter_out,
-            prefix_lengths=prefix_lengths,
-            incremental_state=self.drafter_cache,
-            prefix_start=self.drafted,
-        )
-        rollback_cache(
-            decoder, self.drafter_cache, new_width + decoder.draft_size, prefix_lengths - self.drafted, width
-        )
+        if isinstance(self.drafter_cache, StaticCache):
+            logits = decoder.draft_on_static_cache(self.drafter_cache, new_tokens, self.drafted, prefix_lengths, width)
+        else:
+            logits, _ = decoder(
+                new_tokens,
+                encoder_out=self.drafter_out,
+                prefix_lengths=prefix_lengths,
+                incremental_state=self.drafter_cache,
+                prefix_start=self.drafted,
+            )
+            rollback_cache(
+                decoder, self.drafter_cache, new_width + decoder.draft_size, prefix_lengths - self.drafted, width
+            )
         self.drafted = prefix_lengths
         if self.drafted_width is not None:
             self.drafted_width = width

@@ -26,6 +26,7 @@ Blockwise decoding drafts with its k-1 extra heads, speculative decoding with a 
 """
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -167,6 +168,10 @@ class LoopState:
     # leaves the batch when it ends), so they are counted on the host and copied to a sentence's row when it ends
     calls: int = 0
     drafting_calls: int = 0
+    # seconds spent drafting so far (:meth:`VerifyAcceptLoop.propose`, host clock; None where the device runs
+    # asynchronously), copied to a sentence's ``out_drafting_seconds`` when it ends as the calls are
+    drafting_seconds: Optional[float] = None
+    out_drafting_seconds: Optional[List[float]] = None
 
 
 class VerifyAcceptLoop(PluginGenerator):
@@ -176,9 +181,10 @@ class VerifyAcceptLoop(PluginGenerator):
     for the verifier (the maximum length is ``max_len_a`` × the padded source length of the batch + ``max_len_b``,
     as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier (up to
     near-ties: see the module). Each hypothesis also carries ``steps`` (verifier calls for its sentence, a first call
-    on BOS alone included), ``drafting_steps`` (those of them that verified drafts) and ``mean_accepted_block``
-    (emitted tokens, EOS included, per verifier call). With ``use_cache=False`` every call recomputes the whole
-    prefix (the reference path). ``min_block_size``: the caller's checked value (blockwise:
+    on BOS alone included), ``drafting_steps`` (those of them that verified drafts), ``mean_accepted_block``
+    (emitted tokens, EOS included, per verifier call) and, on the CPU, ``drafting_seconds`` (host time spent drafting
+    while the sentence was decoding: its own at batch 1, the batch's beside others). With ``use_cache=False`` every
+    call recomputes the whole prefix (the reference path). ``min_block_size``: the caller's checked value (blockwise:
     :meth:`~nat_plugins.generators.blockwise_decoding.BlockwiseDecodingConfig.parsed`). ``max_drafting_sentences``
     (exact acceptance only, :meth:`VerifyAcceptDecodingConfig.checked_drafting_limit`): drafts only while at most that
     many sentences are decoding, greedy steps before (:meth:`block_width`); ``math.inf``: drafts at every step; None:
@@ -325,7 +331,11 @@ class VerifyAcceptLoop(PluginGenerator):
         state = self.start_batch(sample, bos_token)
         while self.retire_finished(state):
             self.draft_verify_accept(state)
-        return self.hypotheses(state.out_tokens, state.out_scores, state.out_lengths, state.out_steps)
+        hypos = self.hypotheses(state.out_tokens, state.out_scores, state.out_lengths, state.out_steps)
+        if state.out_drafting_seconds is not None:
+            for (hypo,), seconds in zip(hypos, state.out_drafting_seconds):
+                hypo["drafting_seconds"] = seconds
+        return hypos
 
     def start_batch(self, sample: Dict[str, Any], bos_token: Optional[int]) -> LoopState:
         """Set up a batch: its length limit (one for the batch, from its padded source length, as
@@ -370,6 +380,8 @@ class VerifyAcceptLoop(PluginGenerator):
             bos_block=self.drafts_after_bos,
             width=k,
         )
+        if device.type == "cpu":  # a CPU runs the drafts before the host clock is read again: timing them is free
+            state.drafting_seconds, state.out_drafting_seconds = 0.0, [0.0] * bsz
         if state.bos_block:
             state.last = last - 1
         else:
@@ -417,6 +429,9 @@ class VerifyAcceptLoop(PluginGenerator):
         rows = s.active[gone]
         s.out_tokens[rows], s.out_scores[rows] = s.tokens[gone], s.scores[gone]
         s.out_steps[rows] = rows.new_tensor([s.calls, s.drafting_calls])
+        if s.drafting_seconds is not None:
+            for row in rows.tolist():
+                s.out_drafting_seconds[row] = s.drafting_seconds
         if s.finished is None:
             s.out_lengths[rows] = s.last[gone] + 1
         else:
@@ -450,7 +465,10 @@ class VerifyAcceptLoop(PluginGenerator):
             return
         proposals = s.first.unsqueeze(1)
         if width > 1:
+            started = time.perf_counter()
             drafts = self.propose(s.first, s.features, s.tokens[:, : s.max_last + 2], s.last, s.max_len)
+            if s.drafting_seconds is not None:
+                s.drafting_seconds += time.perf_counter() - started
             proposals = torch.cat([proposals, drafts], dim=1)
         block_offsets = s.offsets[:width]
         index = s.last.unsqueeze(1) + block_offsets
