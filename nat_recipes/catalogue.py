@@ -59,7 +59,7 @@ REFERENCE_SPECS = (
 )
 REFERENCE_ROWS = tuple(spec.name for spec in REFERENCE_SPECS)
 TEACHER_BEAM_ROW, TEACHER_GREEDY_ROW, TEACHER_GREEDY_PLUGIN_ROW, TEACHER_INT8_DECODER_ROW = REFERENCE_ROWS[:4]
-CT2_INT8_GREEDY_ROW = REFERENCE_ROWS[-1]
+CT2_GREEDY_ROW, CT2_INT8_GREEDY_ROW = REFERENCE_ROWS[-3], REFERENCE_ROWS[-1]  # CTranslate2 greedy, float32 and int8
 # the rows' "made" notes that several systems share
 INIT_ALL = (
     "--init-from-ar-scope all: every teacher parameter that fits, decoder layers included (the paper: encoder, "
@@ -386,36 +386,48 @@ class ExactBlockwise(RowTarget):
 @dataclass(frozen=True)
 class Speculative(RowTarget):
     """Speculative decoding: exact verification prints the teacher's greedy output, relaxed keeps at least its BLEU;
-    both at a batch-1 speedup over greedy >= ``min_speedup`` (shown: mean accepted tokens per teacher call and the
-    speedup over greedy decoding in CTranslate2)."""
+    both at a batch-1 speed-up over fairseq's greedy search >= ``min_speedup`` (each engine alone where the run timed
+    it so: :func:`speedup_vs_greedy`), >= ``min_tokens_per_call`` tokens per teacher call and >= ``min_vs_ct2`` times
+    CTranslate2's float32 greedy search (the same measurement; unchecked where the run has no such row). Shown besides:
+    the drafter's and the teacher's ms per call."""
 
     min_speedup: float
     exact: bool = True
+    min_tokens_per_call: float = 0.0
+    min_vs_ct2: float = 0.0
 
     @property
     def what(self) -> str:
         quality = "= the teacher's greedy output" if self.exact else "BLEU >= the teacher's greedy"
-        return f"{self.row}: {quality}, >= {self.min_speedup}x vs greedy"
+        bars = [f">= {self.min_speedup}x vs greedy"]
+        if self.min_tokens_per_call:
+            bars.append(f">= {self.min_tokens_per_call} tokens per teacher call")
+        if self.min_vs_ct2:
+            bars.append(f">= {self.min_vs_ct2}x CTranslate2 float32 greedy")
+        return f"{self.row}: {quality}, {', '.join(bars)}"
 
     def check(self, measured: Measured) -> Tuple[str, bool]:
         row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
-        speedup = row.get("latency_speedup_vs_ar_greedy") or 0.0
+        speedup, how = speedup_vs_greedy(row)
+        speedup = speedup or 0.0
         if self.exact:
             ok = measured.same_output(row, greedy)
             quality = "identical to greedy" if ok else "differs from greedy"
         else:
             ok = row["bleu"] >= greedy["bleu"]
             quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
-        ct2, drafter, teacher = (
-            row.get(name) for name in ("latency_speedup_vs_ct2_greedy", "drafting_ms_per_call", "verify_ms_per_call")
+        tokens = row.get("tokens_per_step") or 0.0
+        drafter, teacher = row.get("drafting_ms_per_call"), row.get("verify_ms_per_call")
+        text = f"{quality}, {tokens:.2f} tokens per teacher call" + (
+            f" (drafter {drafter:.2f} ms, teacher {teacher:.2f} ms a call)" if drafter and teacher else ""
         )
-        text = (
-            f"{quality}, {row.get('tokens_per_step') or 0.0:.2f} tokens per teacher call"
-            + (f" (drafter {drafter:.2f} ms, teacher {teacher:.2f} ms a call)" if drafter and teacher else "")
-            + f", {speedup:.2f}x vs greedy"
-            + (f" ({ct2:.2f}x vs CTranslate2 greedy)" if ct2 is not None else "")
-        )
-        return text, ok and speedup >= self.min_speedup
+        text += f", {speedup:.2f}x vs greedy ({how})"
+        ok &= speedup >= self.min_speedup and tokens >= self.min_tokens_per_call
+        ct2 = speedup_vs_greedy(measured.rows[CT2_GREEDY_ROW])[0] if CT2_GREEDY_ROW in measured.rows else None
+        if ct2:
+            text += f", {speedup / ct2:.2f}x CTranslate2 float32 greedy"
+            ok &= speedup / ct2 >= self.min_vs_ct2
+        return text, ok
 
 
 @dataclass(frozen=True)
@@ -435,12 +447,12 @@ class PrintsTeacherGreedy(RowTarget):
         row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
         same = measured.same_output(row, greedy)
         bleu_equal = abs(row["bleu"] - greedy["bleu"]) < 0.005
-        alone = row.get("solo")
-        speedup = statistics.median(alone["latency_ratio_rounds"]) if alone else row["latency_speedup_vs_ar_greedy"]
+        speedup, how = speedup_vs_greedy(row)
+        speedup = speedup or 0.0
         passes = ", ".join(row.get("exact_check") or {})
         text = (
             f"{'identical to greedy' if same else 'differs from greedy'} (passes: {passes}), BLEU {row['bleu']:.2f} "
-            f"(greedy {greedy['bleu']:.2f}), {speedup:.2f}x vs greedy {'alone' if alone else 'round-robin'}"
+            f"(greedy {greedy['bleu']:.2f}), {speedup:.2f}x vs greedy ({how})"
         )
         return text, same and bleu_equal and speedup >= self.min_speedup
 
@@ -711,6 +723,9 @@ SPEC_DRAFTER = System(
     {"cpu": (3,), "cpu-long": (3,), "gpu": (8,)},
     spec_drafter,
     targets={
+        # the main job's: what exact speculative decoding should reach on a CPU (not met yet: docs/design-notes.md,
+        # "What a speculative step costs at batch 1")
+        "cpu": (Speculative("Speculative k=3, exact", 2.5, min_tokens_per_call=3.0, min_vs_ct2=1.0),),
         "cpu-long": (Speculative("Speculative k=3, exact", 1.5),),
         "gpu": (
             Speculative("Speculative k=8, exact", 1.5),
@@ -951,6 +966,10 @@ REFERENCE_CLAIMS: Dict[str, Tuple[Claim, ...]] = {
 }
 
 
+# the bars on them: the plugin's greedy loop, the floor under every exact row, at >= 2.2x fairseq's greedy search
+REFERENCE_TARGETS: Dict[str, Tuple[Target, ...]] = {"cpu": (PrintsTeacherGreedy(TEACHER_GREEDY_PLUGIN_ROW, 2.2),)}
+
+
 # --- the catalogue: every system's block above, in the order a run trains and decodes them ---------------------------
 
 # The CPU presets train one headline configuration of every system (cpu-long adds SAT K=4, RecoverSAT K=10, NPD
@@ -1040,10 +1059,12 @@ def paired_tests(preset: str, only: Only = None, values: Optional[Sequence] = No
 
 
 def targets(preset: str, only: Only = None) -> List[Target]:
-    """The quality bars of a run of ``preset``, system by system, then the README's claims on it (``only``: the bars
-    of those systems, no claims: the README's numbers are the quickstart's own teacher's)."""
+    """The quality bars of a run of ``preset``, system by system, then the teacher rows' and the README's claims on it
+    (``only``: the bars of those systems, no others: the README's numbers are the quickstart's own teacher's)."""
     bars = [target for system in selected_systems(only) for target in system.targets.get(preset, ())]
-    return bars + (list(README_CLAIMS.get(preset, ())) if only is None else [])
+    if only is not None:
+        return bars
+    return bars + list(REFERENCE_TARGETS.get(preset, ())) + list(README_CLAIMS.get(preset, ()))
 
 
 def made_notes(preset: str, only: Only = None) -> List[Tuple[str, str]]:
