@@ -53,7 +53,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import nat_plugins
-from nat_plugins.bench.measure import FairseqRunner, generation_cfg, load_split, prints_teacher_greedy
+from nat_plugins.bench.measure import (
+    FairseqRunner,
+    batch1_stats,
+    generation_cfg,
+    load_split,
+    prints_teacher_greedy,
+)
 from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.engine.block_call import IncrementalCache
 from nat_plugins.engine.static_cache import StaticCache
@@ -98,11 +104,10 @@ class Profile:
     profiled_seconds: float
     profiled_calls: Optional[int]
     claims_greedy: bool
-    # a verify-accept row on the CPU: its drafting time and calls and its verifier calls (hypo["steps"]) over the
-    # timed pass (None: a row that does not draft)
-    drafting_seconds: Optional[float] = None
-    drafting_calls: Optional[int] = None
-    verifier_calls: Optional[float] = None
+    # a verify-accept row on the CPU: ms per drafting call and the rest per verifier call over the timed pass, as the
+    # benchmark splits them (batch1_stats; None: a row that does not draft)
+    drafting_ms_per_call: Optional[float] = None
+    verify_ms_per_call: Optional[float] = None
 
 
 def use_incremental_cache(generator):
@@ -268,8 +273,7 @@ def measure(runners: List[FairseqRunner], timed: range) -> List[Profile]:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             profiled = [decode_one(runner, index) for index in timed[:PROFILED]]
         aten = top_level_aten(prof.events())
-        outputs = [runner.outputs[index] for index in timed]
-        drafting = all(out.drafting_seconds is not None for out in outputs)
+        split = batch1_stats({index: 1000 * s for index, s in zip(timed, seconds)}, runner.outputs)
         profiles.append(
             Profile(
                 name=runner.spec.name,
@@ -281,9 +285,8 @@ def measure(runners: List[FairseqRunner], timed: range) -> List[Profile]:
                 profiled_seconds=sum(s for s, _ in profiled),
                 profiled_calls=total_calls([c for _, c in profiled]),
                 claims_greedy=runner is runners[0] or prints_teacher_greedy(runner, runners[0]),
-                drafting_seconds=sum(out.drafting_seconds for out in outputs) if drafting else None,
-                drafting_calls=sum(out.drafting_steps for out in outputs) if drafting else None,
-                verifier_calls=sum(out.steps for out in outputs) if drafting else None,
+                drafting_ms_per_call=split.drafting_ms_per_call,
+                verify_ms_per_call=split.verify_ms_per_call,
             )
         )
         print(f"call_profile.py: {runner.spec.name} profiled", file=sys.stderr)
@@ -308,11 +311,10 @@ def table_row(row: Profile, greedy: Profile) -> str:
     cells.append(f"{row.aten_ops / row.profiled_calls:.0f}" if row.profiled_calls else "–")
     cells.append(f"{100 * row.aten_seconds / row.profiled_seconds:.0f}%")
     cells.append(same_tokens(row, greedy))
-    if row.drafting_calls:  # the drafter's share, and the rest per verifier call
-        cells.append(f"{1000 * row.drafting_seconds / row.drafting_calls:.3f}")
-        cells.append(f"{1000 * (sum(row.seconds) - row.drafting_seconds) / row.verifier_calls:.3f}")
-    else:
+    if row.drafting_ms_per_call is None:  # a row that does not draft
         cells += ["–", "–"]
+    else:  # the drafter's share, the rest per verifier call
+        cells += [f"{row.drafting_ms_per_call:.3f}", f"{row.verify_ms_per_call:.3f}"]
     return "| " + " | ".join(cells) + " |"
 
 
