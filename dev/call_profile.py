@@ -1,8 +1,9 @@
 """What one decoder call costs at batch 1 on the CPU, for several ways of decoding: decoder calls per sentence, ms per
 call, aten ops per call and the share of the wall time spent inside aten ops (the rest is Python between them:
 dispatch and the generator's bookkeeping). The plugin's greedy loop, SAT, RecoverSAT and the speculative drafter are
-shown with their static decoder step and with fairseq's incremental cache, the path it replaced; the greedy loop also
-with an int8 copy of the teacher's decoder (``--int8-decoder``).
+shown with their static decoder step (traced, the CPU's default), that step run eagerly (``NAT_TRACED_STEP=0``) and with
+fairseq's incremental cache, the path it replaced; the greedy loop also with an int8 copy of the teacher's decoder
+(``--int8-decoder``).
 
     python dev/call_profile.py WORK [--sentences N] [--threads T] [--out FILE.md] [--greedy-only]
         [--rows NAME ...] [--drafter CKPT ...]
@@ -62,7 +63,7 @@ from nat_plugins.bench.measure import (
 )
 from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.engine.block_call import IncrementalCache
-from nat_plugins.engine.static_cache import StaticCache
+from nat_plugins.engine.static_cache import TRACE_ENV, StaticCache
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # nat_recipes/, beside the package
@@ -121,6 +122,21 @@ def use_incremental_cache(generator):
     generator.new_cache = new_cache
 
 
+def use_eager_step(generator):
+    """The generator with its static decoder step run eagerly, op by op from Python (``NAT_TRACED_STEP=0`` while it
+    decodes), instead of the CPU's default trace (nat_plugins/engine/static_cache.py)."""
+    generate = generator.generate
+
+    def eager_generate(*args, **kwargs):
+        os.environ[TRACE_ENV] = "0"
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            del os.environ[TRACE_ENV]
+
+    generator.generate = eager_generate
+
+
 def use_plain_static_loop(generator, scores=False):
     """The floor under the plugin's greedy loop: the same static decoder step on the same weights in the plainest
     loop (one token a step, the output projection, pad masked, EOS held back below --min-len and forced at the length
@@ -142,7 +158,7 @@ def use_plain_static_loop(generator, scores=False):
         cache = StaticCache(decoder, encoder_out, max_len + 2)
         token, output, positional_scores = src_tokens.new_full((1, 1), eos), [], []
         for t in range(max_len + 1):
-            logits = decoder.output_layer(cache.step(token, slots[t], slots[t], t + 1))[:, -1]
+            logits = decoder.output_layer(cache.step(token, slots[t], slots[t]))[:, -1]
             logsumexp = logits.logsumexp(dim=-1, keepdim=True) if scores else None
             logits[:, pad] = -math.inf
             if t < generator.min_len:
@@ -182,6 +198,7 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
     ways = [
         Way(replace(teacher_specs(teacher, 1)[1], name="fairseq greedy (SequenceGenerator)")),
         Way(replace(plugin, name="plugin greedy, static step")),
+        Way(replace(plugin, name="plugin greedy, eager static step"), use_eager_step),
         Way(replace(plugin, name="plain loop over the static step (the floor)"), use_plain_static_loop),
         Way(
             replace(plugin, name="the floor + positional scores"),
@@ -206,6 +223,8 @@ def ways_of(work: str) -> Tuple[List[Way], List[str]]:
                 ways.append(
                     Way(replace(spec, name=f"{row.name}, drafter on fairseq's cache"), use_fairseq_drafter_cache)
                 )
+            if row.step != "fertility-nat":  # the NAT's one pass has no static step
+                ways.append(Way(replace(spec, name=f"{row.name}, eager static step"), use_eager_step))
         else:
             skipped.append(f"{row.name}: no {os.path.relpath(spec.checkpoint, work)}")
     return ways, skipped

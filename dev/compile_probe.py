@@ -1,11 +1,11 @@
-"""Does ``torch.compile`` make the static decoder step cheaper on this CPU? One teacher decoder step at batch 1
+"""What the static decoder step costs on this CPU, run three ways: one teacher decoder step at batch 1
 (``nat_plugins/engine/static_cache.py``: 2 layers, the output projection and an argmax) on a random source of 20
 subwords, the greedy loop fed its own argmax for 30 steps, ms per call:
 
-* eager: the plugin's step (``StaticCache.step``, attention over the slots used so far);
-* compiled: the same step over every slot of the buffers under an additive mask (one static shape for every step),
-  ``torch.compile(dynamic=False)`` (inductor; ``--cpp-wrapper``: its C++ wrapper), after a first compiling pass;
-* full-width eager: that full-width step without compiling (what the mask costs).
+* eager: the step's layers run op by op from Python (``NAT_TRACED_STEP=0``);
+* traced: the plugin's default on the CPU, a TorchScript trace of the layers per (batch size, new tokens);
+* compiled: the same step under ``torch.compile(dynamic=False)`` (inductor; ``--cpp-wrapper``: its C++ wrapper),
+  after a first compiling pass.
 
     python dev/compile_probe.py CHECKPOINT DATA_BIN [--cpp-wrapper] [--threads 2]
 
@@ -13,16 +13,15 @@ Every way must emit the same tokens (printed). The compiled step needs a C++ com
 """
 
 import argparse
+import os
 import time
 
 import torch
 import torch._inductor.config as inductor_config
-import torch.nn.functional as F
 from fairseq import checkpoint_utils
 
 from nat_plugins import engine
-from nat_plugins.engine.block_call import layer_inputs, layer_outputs
-from nat_plugins.engine.static_cache import StaticCache
+from nat_plugins.engine.static_cache import TRACE_ENV, StaticCache
 
 STEPS, LENGTH, REPEATS = 30, 40, 5
 
@@ -47,45 +46,35 @@ def main():
     with torch.no_grad():
         cache = StaticCache(decoder, model.encoder(source, src_lengths=torch.tensor([20])), LENGTH)
 
-        def eager(token, position, slot, step):
-            return decoder.output_projection(cache.step(token, position, slot, step + 1))[:, -1].argmax(-1)
+        def step(token, slot):
+            return decoder.output_projection(cache.step(token, slot, slot))[:, -1].argmax(-1)
 
-        def full_width(token, position, slot, bias):
-            x = layer_inputs(decoder, decoder.embed_scale * decoder.embed_tokens(token), position)
-            x = layer_outputs(decoder, cache.run(x, slot, LENGTH, bias))
-            return F.linear(x[:, -1], decoder.output_projection.weight).argmax(-1)
-
-        def loop(step_fn, masked):
+        def loop(step_fn):
             token, tokens = torch.tensor([[decoder.dictionary.eos()]]), []
             start = time.perf_counter()
-            for step in range(STEPS):
-                position, slot = torch.tensor([[step]]), torch.tensor([[step]])
-                if masked:
-                    bias = torch.full((1, 1, 1, LENGTH), float("-inf"))
-                    bias[..., : step + 1] = 0
-                    token = step_fn(token, position, slot, bias).view(1, 1)
-                else:
-                    token = step_fn(token, position, slot, step).view(1, 1)
+            for t in range(STEPS):
+                token = step_fn(token, torch.tensor([[t]])).view(1, 1)
                 tokens.append(int(token))
             return 1000 * (time.perf_counter() - start) / STEPS, tokens
 
-        def best_of(step_fn, masked):
-            return min(loop(step_fn, masked) for _ in range(REPEATS))
+        def best_of(step_fn):
+            return min(loop(step_fn) for _ in range(REPEATS))
 
-        eager_ms, reference = best_of(eager, False)
-        compiled = torch.compile(full_width, dynamic=False)
+        traced_ms, reference = best_of(step)
+        os.environ[TRACE_ENV] = "0"
+        eager_ms, eager_tokens = best_of(step)
+        compiled = torch.compile(step, dynamic=False)
         start = time.perf_counter()
-        loop(compiled, True)
+        loop(compiled)
         compile_s = time.perf_counter() - start
-        compiled_ms, compiled_tokens = best_of(compiled, True)
-        full_ms, full_tokens = best_of(full_width, True)
+        compiled_ms, compiled_tokens = best_of(compiled)
     print(f"torch {torch.__version__}, {args.threads} threads, cpp_wrapper={args.cpp_wrapper}")
-    print(f"eager step: {eager_ms:.3f} ms a call")
+    print(f"traced step: {traced_ms:.3f} ms a call")
+    print(f"eager step: {eager_ms:.3f} ms a call, same tokens: {eager_tokens == reference}")
     print(
-        f"compiled full-width step: {compiled_ms:.3f} ms a call (first pass {compile_s:.1f} s), same tokens: "
+        f"compiled step: {compiled_ms:.3f} ms a call (first pass {compile_s:.1f} s), same tokens: "
         f"{compiled_tokens == reference}"
     )
-    print(f"full-width eager step: {full_ms:.3f} ms a call, same tokens: {full_tokens == reference}")
 
 
 if __name__ == "__main__":

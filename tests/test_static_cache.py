@@ -11,7 +11,7 @@ from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.engine.block_call import IncrementalCache
-from nat_plugins.engine.static_cache import StaticCache, static_unsupported
+from nat_plugins.engine.static_cache import TRACE_ENV, TRACES, StaticCache, static_unsupported
 from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
 from nat_plugins.modules.segments import DEL_SYMBOL
 
@@ -43,11 +43,14 @@ def full_features(model, encoder_out, tokens, rows, lengths):
     return out
 
 
+@pytest.mark.parametrize("traced", [False, True])
 @pytest.mark.parametrize("pre_norm", [False, True])
-def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
+def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm, traced, monkeypatch):
     """Blocks of 3 new tokens per sentence, of which each sentence keeps a different number: every call's features
     equal fairseq's decoder on the accepted prefix + the block, the rejected slots (left in the buffers, overwritten
-    later) never seen; then a sentence leaves the batch and the others go on."""
+    later) never seen; then a sentence leaves the batch and the others go on. Eager and traced (the CPU's default:
+    one trace per batch size and block width, here (3, 1), (3, 3) and (2, 3))."""
+    monkeypatch.setenv(TRACE_ENV, "1" if traced else "0")
     if pre_norm:
         arch = [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"]
         model = build_model(toy_task, None, 0, ["--decoder-normalize-before", "--encoder-normalize-before"], arch)
@@ -58,8 +61,9 @@ def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
     encoder_out = model.encoder.forward_torchscript(sample["net_input"])
     tokens = torch.randint(4, 28, (3, 14), generator=torch.Generator().manual_seed(0))
     tokens[:, 0] = toy_task.target_dictionary.eos()  # BOS
-    cache = StaticCache(model.decoder, encoder_out, 16)
-    first = cache.step(tokens[:, :1], torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long), 1)
+    with torch.no_grad():
+        cache = StaticCache(model.decoder, encoder_out, 16)
+        first = cache.step(tokens[:, :1], torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long))
     for row, full in enumerate(full_features(model, encoder_out, tokens, range(3), [1] * 3)):
         torch.testing.assert_close(first[row], full, rtol=1e-5, atol=1e-5)
     lengths, rows = torch.ones(3, dtype=torch.long), [0, 1, 2]  # slots each sentence keeps: BOS, accepted tokens
@@ -70,11 +74,48 @@ def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
             lengths, rows = lengths[keep], [0, 2]
         slots = lengths.unsqueeze(1) + torch.arange(3)
         block = tokens[rows].gather(1, slots)
-        features = cache.step(block, slots, slots, int(slots.max()) + 1)
+        with torch.no_grad():
+            features = cache.step(block, slots, slots)
         expected = full_features(model, encoder_out, tokens, rows, (lengths + 3).tolist())
         for i, full in enumerate(expected):
             torch.testing.assert_close(features[i], full[-3:], rtol=1e-5, atol=1e-5)
         lengths = lengths + torch.tensor(accepted)
+    assert (len(TRACES.get(model.decoder, (None, {}))[1]) == 3) == traced
+
+
+def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weights(toy_task, monkeypatch):
+    """The trace runs the eager step's operations: the same features bit for bit, at any source and buffer length
+    (one trace per batch size and width serves them all), and the same buffers written; once the weights change
+    (in place, as an optimizer does), a new trace computes with the new weights, not the ones the first trace held."""
+    model = random_transformer(toy_task, seed=0).eval()
+
+    def features(traced, batch_size, length, seed):
+        monkeypatch.setenv(TRACE_ENV, "1" if traced else "0")
+        sample = random_batch(toy_task.target_dictionary, batch_size, seed=seed)
+        with torch.no_grad():
+            cache = StaticCache(model.decoder, model.encoder.forward_torchscript(sample["net_input"]), length)
+            generator = torch.Generator().manual_seed(seed)
+            for buffer in cache.keys + cache.values:
+                buffer.normal_(generator=generator)  # slots written earlier: seen by the queries
+            slots = torch.arange(4, 8).expand(batch_size, 4)
+            tokens = torch.randint(4, 28, slots.shape, generator=generator)
+            return cache.step(tokens, slots, slots), cache.keys + cache.values
+
+    for batch_size, length, seed in ((1, 12, 0), (1, 20, 1), (2, 12, 2), (1, 9, 3)):
+        (eager, eager_buffers), (traced, traced_buffers) = (
+            features(False, batch_size, length, seed),
+            features(True, batch_size, length, seed),
+        )
+        assert torch.equal(eager, traced)
+        assert all(torch.equal(a, b) for a, b in zip(eager_buffers, traced_buffers))
+    assert len(TRACES[model.decoder][1]) == 2  # (1, 4) and (2, 4)
+    before = features(True, 1, 12, 0)[0]
+    with torch.no_grad():
+        for parameter in model.decoder.layers[0].parameters():
+            parameter.mul_(1.5)
+    after, _ = features(True, 1, 12, 0)
+    assert torch.equal(after, features(False, 1, 12, 0)[0])
+    assert not torch.allclose(after, before)
 
 
 def test_the_static_step_is_used_where_it_runs_the_verifier(toy_task):

@@ -30,6 +30,7 @@ from fairseq_cli.generate import get_symbols_to_strip_from_output
 from torch import nn
 
 from ..cli.decoding import Generation, load_generation
+from ..engine import static_cache
 from ..generators.verify_accept_loop import VerifyAcceptLoop
 from ..modules.teacher import FrozenTeacher
 from .analysis import corpus_bleu
@@ -167,7 +168,9 @@ class DecoderPassCounter:
     """Counts decoder passes while decoding, with forward pre-hooks on the self-attention layer norm of the first
     layer of every decoder stack (:func:`decoder_stacks`) of the ensemble ``models`` and the generator's
     ``auxiliary`` models: every pass runs it once, through fairseq's layer forward or the lean forward of
-    :mod:`~nat_plugins.engine.lean_decoder` (which does not call the layer itself).
+    :mod:`~nat_plugins.engine.lean_decoder` (which does not call the layer itself); a traced static step, which runs
+    no hooks, reports its pass to :data:`~nat_plugins.engine.static_cache.PASS_OBSERVERS` (and the run that makes a
+    trace is not counted).
 
     ``passes`` = the most passes of any ensemble member (members are called together, one pass each per step)
     + the auxiliary models' passes. Not observable (None) when a model has no such decoder layers."""
@@ -181,19 +184,29 @@ class DecoderPassCounter:
         self.handles = []
 
     def __enter__(self):
+        self.group_of = {}
         for group, layers in enumerate(self.stacks):
             for layer in layers:
                 hook = functools.partial(self._count, group)
                 self.handles.append(layer.self_attn_layer_norm.register_forward_pre_hook(hook))
+                self.group_of[id(layer)] = group
+        static_cache.PASS_OBSERVERS.append(self._traced_pass)
         return self
 
     def __exit__(self, *exc):
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        static_cache.PASS_OBSERVERS.remove(self._traced_pass)
 
     def _count(self, group, _module, _inputs):
-        self.counts[group] += 1
+        if not torch.jit.is_tracing():  # making a trace runs the layers once more
+            self.counts[group] += 1
+
+    def _traced_pass(self, decoder: nn.Module) -> None:
+        group = self.group_of.get(id(decoder.layers[0]))
+        if group is not None:
+            self.counts[group] += 1
 
     def reset(self):
         self.counts = [0] * len(self.stacks)

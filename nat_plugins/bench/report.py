@@ -368,6 +368,8 @@ def layout_line(meta: dict) -> str:
         if chosen["torch_ms"] is not None
         else ""
     )
+    if (chosen.get("spread") or 0) > cpu_linear.MAX_SPREAD:
+        times += f" (fastest passes; they varied up to {chosen['spread']:.1f}×, so the choice was not cached)"
     return (
         f"- CPU linear layout of the plugin rows and *AR teacher, greedy (plugin layout)*: **{chosen['layout']}** "
         f"({'W·xᵀ' if chosen['layout'] == cpu_linear.WEIGHT_FIRST else 'F.linear, x·Wᵀ'}) at {chosen['threads']} "

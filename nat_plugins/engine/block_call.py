@@ -239,10 +239,9 @@ class IncrementalCache:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        used: int,
         encoder_out: Optional[Dict[str, List[torch.Tensor]]],
     ) -> torch.Tensor:
-        """:func:`decoder_block_features` (the cache is compact: ``slots`` and ``used`` are not needed)."""
+        """:func:`decoder_block_features` (the cache is compact: ``slots`` are not needed)."""
         return decoder_block_features(self.decoder, tokens, positions, encoder_out, self.state)
 
     def accept(self, width: int, accepted: torch.Tensor, kept_length: int) -> None:

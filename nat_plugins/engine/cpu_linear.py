@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -42,14 +41,19 @@ MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 LAYOUT_ENV = "NAT_LINEAR_LAYOUT"
 AUTO, WEIGHT_FIRST, TORCH = "auto", "weight-first", "torch"
 FEW_ROWS = 4  # rows of the measured few-row products: a verify-accept block, a beam of 4
-REPEATS = 9  # timed passes of each layout (odd: the median is one of them)
+REPEATS = 9  # timed passes of each layout
+# a measurement whose slowest pass of a layout took more than this many times its fastest was disturbed (another
+# process on the cores): it decides for this process, by the fastest passes, but is not cached for later ones
+MAX_SPREAD = 1.5
 
 
 @dataclass
 class LayoutChoice:
     """The layout :func:`linear` uses at a thread count, and why: ``source`` is ``override`` (``NAT_LINEAR_LAYOUT``),
     ``measured`` (:func:`time_layouts` in this process) or ``cache`` (measured by an earlier process, read from
-    ``cache_file``); ``torch_ms``/``weight_first_ms``: the median pass of each layout (None when overridden)."""
+    ``cache_file``); ``torch_ms``/``weight_first_ms``: the fastest pass of each layout (None when overridden);
+    ``spread``: the largest ratio of a layout's slowest pass to its fastest (measured here; above
+    :data:`MAX_SPREAD` the choice was not cached)."""
 
     layout: str
     source: str
@@ -60,6 +64,7 @@ class LayoutChoice:
     cpu: str = ""
     torch_version: str = ""
     cache_file: Optional[str] = None
+    spread: Optional[float] = None
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)
@@ -131,7 +136,9 @@ def choose(
 ) -> LayoutChoice:
     """The :class:`LayoutChoice` for products of the weight ``shapes`` (out, in, bias) at ``threads`` threads: the one
     ``NAT_LINEAR_LAYOUT`` forces; else the one cached for this CPU model, torch version, thread count and shapes;
-    else W·xᵀ where :func:`time_layouts` times it faster than ``F.linear``, cached."""
+    else W·xᵀ where :func:`time_layouts` times its fastest pass faster than ``F.linear``'s, cached unless the passes
+    varied more than :data:`MAX_SPREAD` (the minimum is what another process's load disturbs least; a disturbed
+    measurement is not kept for the processes after)."""
     override = os.environ.get(LAYOUT_ENV, AUTO)
     if override not in (AUTO, WEIGHT_FIRST, TORCH):
         raise ValueError(f"{LAYOUT_ENV}={override!r}: expected {AUTO!r}, {WEIGHT_FIRST!r} or {TORCH!r}")
@@ -141,15 +148,18 @@ def choose(
         return LayoutChoice(override, "override", **where)
     path, key = cache_file(), cache_key(shapes, threads)
     entry = read_cache(path).get(key)
-    source = "cache"
+    source, spread = "cache", None
     if entry is None:
-        seconds = time_layouts(shapes, clock)
+        passes = time_layouts(shapes, clock)
+        fastest = {name: min(seconds) for name, seconds in passes.items()}
+        spread = max(max(seconds) / max(min(seconds), 1e-12) for seconds in passes.values())
         entry = {
-            "layout": WEIGHT_FIRST if seconds[WEIGHT_FIRST] < seconds[TORCH] else TORCH,
-            "torch_ms": 1000 * seconds[TORCH],
-            "weight_first_ms": 1000 * seconds[WEIGHT_FIRST],
+            "layout": WEIGHT_FIRST if fastest[WEIGHT_FIRST] < fastest[TORCH] else TORCH,
+            "torch_ms": 1000 * fastest[TORCH],
+            "weight_first_ms": 1000 * fastest[WEIGHT_FIRST],
         }
-        write_cache(path, key, {**entry, "shapes": distinct, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        if spread <= MAX_SPREAD:
+            write_cache(path, key, {**entry, "shapes": distinct, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
         source = "measured"
     return LayoutChoice(
         entry["layout"],
@@ -157,16 +167,17 @@ def choose(
         torch_ms=entry["torch_ms"],
         weight_first_ms=entry["weight_first_ms"],
         cache_file=path,
+        spread=spread,
         **where,
     )
 
 
 def time_layouts(
     shapes: List[Tuple[int, int, bool]], clock: Callable[[], float] = time.perf_counter
-) -> Dict[str, float]:
-    """Median seconds of one pass of each layout (:data:`PRODUCTS`) over one weight per shape of ``shapes`` (out, in,
-    bias; random values), at one row and at :data:`FEW_ROWS` rows: one untimed pass each, then :data:`REPEATS` timed
-    passes each, the layouts alternating which goes first."""
+) -> Dict[str, List[float]]:
+    """The seconds of each timed pass of each layout (:data:`PRODUCTS`) over one weight per shape of ``shapes`` (out,
+    in, bias; random values), at one row and at :data:`FEW_ROWS` rows: one untimed pass each, then :data:`REPEATS`
+    timed passes each, the layouts alternating which goes first."""
     generator = torch.Generator().manual_seed(0)
     layers = [
         (torch.randn(out, into, generator=generator), torch.randn(out, generator=generator) if bias else None)
@@ -187,7 +198,7 @@ def time_layouts(
                 start = clock()
                 one_pass(PRODUCTS[name])
                 seconds[name].append(clock() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    return seconds
 
 
 def cpu_model() -> str:

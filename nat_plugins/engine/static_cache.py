@@ -5,21 +5,40 @@ those of :mod:`.lean_decoder`, so it runs the decoders :func:`~.lean_decoder.lea
 
 Every layer's self-attention keys and values live in (B, heads, L, d) buffers, L the batch's longest output + the
 block: a token at target position p is written into slot p in place, and a query at slot p attends to the slots <= p
-of its own sentence. A rejected draft needs no rollback (its slot is overwritten when that position is decoded again,
-and no query attends past its own slot meanwhile); a sentence leaving the batch is an index on the buffers' first
-dimension; the encoder's keys, values and padding mask are computed once per batch. Features equal fairseq's up to
-rounding (tests/test_static_cache.py). Against fairseq's growing cache: see docs/design-notes.md, *The static decoder
-step against fairseq's incremental cache*.
+of its own sentence (every query runs over all L slots under an additive mask, so a call's shapes depend on the
+batch size B and the new tokens T only). A rejected draft needs no rollback (its slot is overwritten when that
+position is decoded again, and no query attends past its own slot meanwhile); a sentence leaving the batch is an
+index on the buffers' first dimension; the encoder's keys, values and padding mask are computed once per batch.
+Features equal fairseq's up to rounding (tests/test_static_cache.py). Against fairseq's growing cache: see
+docs/design-notes.md, *The static decoder step against fairseq's incremental cache*.
+
+On the CPU the layers run as a TorchScript trace, one per (B, T) and decoder, made at its first call (~10 ms): the same
+operations on the same tensors, bit for bit, without Python's cost per operation, which at batch 1 is a third of a
+call (docs/design-notes.md, *The traced static step*). ``NAT_TRACED_STEP=0`` runs them eagerly.
 """
 
-from typing import Dict, List, Optional
+import os
+import warnings
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+from torch import nn
 
 from .block_call import layer_inputs, layer_outputs
 from .lean_decoder import attend, feed_forward, lean_unsupported, padding_bias, project_qkv, residual_block, split_heads
+
+TRACE_ENV = "NAT_TRACED_STEP"  # "0": run the layers eagerly (StaticCache.run)
+# each decoder's traces of static_layers: the weights version they were made with, and the traces by the key
+# StaticCache.run builds (kept per decoder object, outside it: copies of a decoder, its state dict and its pickles
+# carry none)
+TRACES: "weakref.WeakKeyDictionary[TransformerDecoderBase, Tuple[tuple, Dict[tuple, Callable]]]" = (
+    weakref.WeakKeyDictionary()
+)
+# told the decoder of every traced call (a trace runs no module hooks): the benchmark's DecoderPassCounter
+PASS_OBSERVERS: List[Callable[[TransformerDecoderBase], None]] = []
 
 
 def static_unsupported(
@@ -41,16 +60,15 @@ def self_attention(
     keys: torch.Tensor,
     values: torch.Tensor,
     index: torch.Tensor,
-    used: int,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor,
 ) -> torch.Tensor:
     """``layer``'s self-attention for new slots ``x`` (B, T, C): their keys and values written into the ``keys`` and
     ``values`` buffers (B, heads, L, d) at ``index`` (their slots, expanded to (B, heads, T, d)), their queries
-    attending to the first ``used`` slots under the additive ``bias`` (or None: every one of them visible)."""
+    attending to every slot under the additive ``bias`` (B, 1, T, L)."""
     queries, new_keys, new_values = project_qkv(layer.self_attn, x)
     keys.scatter_(2, index, new_keys)
     values.scatter_(2, index, new_values)
-    return attend(layer.self_attn, queries, keys[:, :, :used], values[:, :, :used], bias)
+    return attend(layer.self_attn, queries, keys, values, bias)
 
 
 def encoder_attention(
@@ -63,6 +81,50 @@ def encoder_attention(
     """``layer``'s encoder attention against the encoder's cached ``keys`` and ``values``."""
     attention = layer.encoder_attn
     return attend(attention, split_heads(attention.q_proj(x), attention), keys, values, bias)
+
+
+def static_layers(
+    decoder: TransformerDecoderBase,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    last_visible: torch.Tensor,
+    hidden_slots: Optional[torch.Tensor],
+    keys: List[torch.Tensor],
+    values: List[torch.Tensor],
+    encoder_keys: List[Optional[torch.Tensor]],
+    encoder_values: List[Optional[torch.Tensor]],
+    encoder_bias: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """``decoder``'s layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T) against the
+    buffers of :class:`StaticCache`: a query sees the slots up to ``last_visible`` (B, T) but ``hidden_slots``
+    ((B, L) bool, or None). Every query attends over all L slots, so the operations and their shapes depend on
+    (B, T) only, not on how far decoding got (what lets :class:`StaticCache` run one trace per (B, T))."""
+    bsz, width = slots.shape
+    hidden = torch.arange(keys[0].size(2), device=slots.device) > last_visible.unsqueeze(-1)  # (B, T, L)
+    if hidden_slots is not None:
+        hidden = hidden | hidden_slots.unsqueeze(1)
+    bias = torch.zeros(hidden.shape, dtype=x.dtype, device=x.device).masked_fill_(hidden, float("-inf")).unsqueeze(1)
+    index = slots[:, None, :, None].expand(bsz, keys[0].size(1), width, keys[0].size(3))
+    for i, layer in enumerate(decoder.layers):
+        x = residual_block(layer, layer.self_attn_layer_norm, x, self_attention, keys[i], values[i], index, bias)
+        if encoder_keys[i] is not None:
+            x = residual_block(
+                layer,
+                layer.encoder_attn_layer_norm,
+                x,
+                encoder_attention,
+                encoder_keys[i],
+                encoder_values[i],
+                encoder_bias,
+            )
+        x = residual_block(layer, layer.final_layer_norm, x, feed_forward)
+    return layer_outputs(decoder, x)
+
+
+def tracing_wanted(x: torch.Tensor) -> bool:
+    """Whether :meth:`StaticCache.run` runs its trace for ``x``: on the CPU without gradients, unless
+    ``NAT_TRACED_STEP=0``."""
+    return x.is_cpu and not torch.is_grad_enabled() and os.environ.get(TRACE_ENV, "1") != "0"
 
 
 class StaticCache:
@@ -91,52 +153,56 @@ class StaticCache:
             shape = (memory.size(0), layer.self_attn.num_heads, length, layer.self_attn.head_dim)
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
+        # the decoder's weights as this batch finds them: a trace holds the tensors it was made with (fused q/k/v
+        # projections included), so one made before the weights changed is not run after
+        self.weights_version = tuple((p.data_ptr(), p._version) for p in decoder.parameters())
 
     def step(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        used: int,
         encoder_out: Optional[Dict[str, List[torch.Tensor]]] = None,
     ) -> torch.Tensor:
         """Decoder features (B, T, C; after the final layer norm and ``project_out_dim``) of the new ``tokens``
         (B, T) at target ``positions`` (B, T; their positional embeddings), written into cache ``slots`` (B, T),
-        each seeing the slots <= its own among the first ``used`` (``used`` > every slot: the caller knows it on
-        the host, so the step needs no device-to-host copy). ``encoder_out`` is not read: the encoder's keys and
-        values were computed once."""
+        each seeing the slots <= its own. ``encoder_out`` is not read: the encoder's keys and values were computed
+        once."""
         decoder = self.decoder
         x = layer_inputs(decoder, decoder.embed_scale * decoder.embed_tokens(tokens), positions)
-        bias = None
-        # one sentence's single new slot is the last used one: it sees them all, no bias
-        if tokens.size(0) > 1 or tokens.size(1) > 1:
-            hidden = torch.arange(used, device=slots.device) > slots.unsqueeze(-1)  # (B, T, used)
-            bias = torch.zeros(hidden.shape, dtype=x.dtype, device=x.device).masked_fill_(hidden, float("-inf"))
-            bias = bias.unsqueeze(1)
-        return self.run(x, slots, used, bias)
+        return self.run(x, slots, slots)
 
-    def run(self, x: torch.Tensor, slots: torch.Tensor, used: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The decoder's layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T), which
-        attend to the first ``used`` slots under the additive ``bias`` (broadcast to (B, heads, T, used); None:
-        every one of them visible). Returns features as :meth:`step`."""
-        bsz, width = slots.shape
-        index = slots[:, None, :, None].expand(bsz, self.keys[0].size(1), width, self.keys[0].size(3))
-        for i, layer in enumerate(self.decoder.layers):
-            x = residual_block(
-                layer, layer.self_attn_layer_norm, x, self_attention, self.keys[i], self.values[i], index, used, bias
-            )
-            if self.encoder_keys[i] is not None:
-                x = residual_block(
-                    layer,
-                    layer.encoder_attn_layer_norm,
-                    x,
-                    encoder_attention,
-                    self.encoder_keys[i],
-                    self.encoder_values[i],
-                    self.encoder_bias,
-                )
-            x = residual_block(layer, layer.final_layer_norm, x, feed_forward)
-        return layer_outputs(self.decoder, x)
+    def run(
+        self,
+        x: torch.Tensor,
+        slots: torch.Tensor,
+        last_visible: torch.Tensor,
+        hidden_slots: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """The decoder's layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T), each query
+        seeing the slots up to its ``last_visible`` (B, T) but ``hidden_slots`` ((B, L) bool; None: none hidden).
+        Returns features as :meth:`step`. On the CPU without gradients it runs a TorchScript trace of
+        :func:`static_layers`, made at the first call of each (B, T) (see the module): the same operations on the
+        same tensors, without Python's per-operation cost."""
+        buffers = (self.keys, self.values, self.encoder_keys, self.encoder_values, self.encoder_bias)
+        if not tracing_wanted(x):
+            return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
+        inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
+        inputs += self.keys + self.values + [t for t in self.encoder_keys + self.encoder_values if t is not None]
+        inputs += [] if self.encoder_bias is None else [self.encoder_bias]
+        version, traces = TRACES.get(self.decoder, (None, {}))
+        if version != self.weights_version:  # the weights changed since those traces were made (or none was)
+            traces = {}
+            TRACES[self.decoder] = (self.weights_version, traces)
+        key = (x.dtype, *slots.shape, hidden_slots is not None, self.encoder_bias is not None)
+        if key not in traces:
+            traces[key] = trace_layers(self.decoder, inputs, hidden_slots is not None, self.encoder_bias is not None)
+        if traces[key] is None:
+            return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
+        for observe in PASS_OBSERVERS:
+            observe(self.decoder)
+        with torch.jit.optimized_execution(False):  # run the graph as traced: no profiling runs, nothing to fuse
+            return traces[key](*inputs)
 
     def accept(self, width: int, accepted: torch.Tensor, kept_length: int) -> None:
         """Nothing to roll back: a rejected slot is overwritten when its position is decoded again."""
@@ -151,3 +217,48 @@ class StaticCache:
         self.encoder_keys, self.encoder_values = select(self.encoder_keys), select(self.encoder_values)
         if self.encoder_bias is not None:
             self.encoder_bias = self.encoder_bias.index_select(0, keep)
+
+
+class StaticLayers(nn.Module):
+    """:func:`static_layers` of ``decoder`` on the flat tensor list :meth:`StaticCache.run` builds: x, slots,
+    last_visible, [hidden_slots], the keys, values, encoder keys and values of the layers that have encoder
+    attention, [the encoder's padding bias] (what a trace takes; the decoder is a submodule, so its parameters are
+    the trace's, not constants)."""
+
+    def __init__(self, decoder: TransformerDecoderBase, has_hidden_slots: bool, has_encoder_bias: bool) -> None:
+        super().__init__()
+        self.decoder = decoder
+        self.has_hidden_slots, self.has_encoder_bias = has_hidden_slots, has_encoder_bias
+        self.cross = [layer.encoder_attn is not None for layer in decoder.layers]
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        x, slots, last_visible, *rest = tensors
+        hidden_slots = rest.pop(0) if self.has_hidden_slots else None
+        num_layers = len(self.cross)
+        keys, values, rest = rest[:num_layers], rest[num_layers : 2 * num_layers], rest[2 * num_layers :]
+        encoder_keys = [rest.pop(0) if has else None for has in self.cross]
+        encoder_values = [rest.pop(0) if has else None for has in self.cross]
+        encoder_bias = rest.pop(0) if self.has_encoder_bias else None
+        return static_layers(
+            self.decoder, x, slots, last_visible, hidden_slots, keys, values, encoder_keys, encoder_values, encoder_bias
+        )
+
+
+def trace_layers(
+    decoder: TransformerDecoderBase, inputs: List[torch.Tensor], has_hidden_slots: bool, has_encoder_bias: bool
+) -> Optional[Callable[..., torch.Tensor]]:
+    """A TorchScript trace of :class:`StaticLayers` of ``decoder`` on ``inputs``, or None where tracing fails (a
+    torch without TorchScript, a layer it cannot trace): the step then runs eagerly, the same operations."""
+    examples = tuple(t.clone() for t in inputs)  # the trace runs the layers once: not on the cache's buffers
+    with warnings.catch_warnings():
+        # the trace fixes the Python branches on shapes (cpu_linear's layout by row count): one trace per (B, T);
+        # torch >= 2.10 calls TorchScript deprecated, and still runs it
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            layers = StaticLayers(decoder, has_hidden_slots, has_encoder_bias)
+            # frozen: the weights become the graph's constants (the same tensors); read as module attributes at
+            # every call, they would cost what the trace saves
+            return torch.jit.freeze(torch.jit.trace(layers, examples, check_trace=False).eval())
+        except Exception:  # noqa: BLE001 - any failure to trace leaves the eager step, which computes the same
+            return None

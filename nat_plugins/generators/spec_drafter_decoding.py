@@ -239,7 +239,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
             index >= prefix_lengths.unsqueeze(1), self.pad
         )
         if isinstance(self.drafter_cache, StaticCache):
-            logits = decoder.draft_on_static_cache(self.drafter_cache, new_tokens, self.drafted, prefix_lengths, width)
+            logits = decoder.draft_on_static_cache(self.drafter_cache, new_tokens, self.drafted, prefix_lengths)
         else:
             logits, _ = decoder(
                 new_tokens,

@@ -397,7 +397,7 @@ class VerifyAcceptLoop(PluginGenerator):
         if state.cache is None:
             features = decoder_block_features(self.verifier.decoder, bos, last.unsqueeze(1), state.encoder_out, None)
         else:
-            features = state.cache.step(bos, last.unsqueeze(1), last.unsqueeze(1), 1, state.encoder_out)
+            features = state.cache.step(bos, last.unsqueeze(1), last.unsqueeze(1), state.encoder_out)
         state.features = features[:, 0]
         state.first, state.first_score, _, _ = self.verify(state.features, state.last, state.max_len)
 
@@ -474,7 +474,7 @@ class VerifyAcceptLoop(PluginGenerator):
         index = s.last.unsqueeze(1) + block_offsets
         if s.cache is not None:
             positions = index.clamp(max=s.max_len) if self.may_reach_max_len else index
-            x = s.cache.step(proposals, positions, index, s.max_last + width + 1, s.encoder_out)
+            x = s.cache.step(proposals, positions, index, s.encoder_out)
         else:
             x = self.recompute_block(s.tokens, proposals, index, s.encoder_out, s.max_len, s.max_last + width + 1)
         greedy, greedy_scores, logits, logsumexp = self.verify(x, index, s.max_len)
@@ -500,7 +500,7 @@ class VerifyAcceptLoop(PluginGenerator):
         s = state
         index = s.last.unsqueeze(1) + 1
         positions = index.clamp(max=s.max_len) if self.may_reach_max_len else index
-        s.features = s.cache.step(s.first.unsqueeze(1), positions, index, s.max_last + 2, s.encoder_out)[:, 0]
+        s.features = s.cache.step(s.first.unsqueeze(1), positions, index, s.encoder_out)[:, 0]
         s.last = index.squeeze(1)
         s.first, s.first_score, _, _ = self.verify(s.features, s.last, s.max_len)
         s.finished, s.accepted, s.width = None, None, 1

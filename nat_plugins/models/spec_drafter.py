@@ -124,7 +124,6 @@ class SpecDrafterDecoder(TransformerDecoder):
         new_tokens: torch.Tensor,
         prefix_start: torch.Tensor,
         prefix_lengths: torch.Tensor,
-        prefix_width: int,
     ) -> torch.Tensor:
         """Draft logits (B, k, V), as :meth:`forward` drafts with fairseq's incremental state, on the buffers of a
         :class:`~nat_plugins.engine.static_cache.StaticCache` of this decoder (fewer operations a call, no rollback).
@@ -133,9 +132,8 @@ class SpecDrafterDecoder(TransformerDecoder):
         (B,), right-padded after ``prefix_lengths`` (B,). A prefix token goes to the slot of its position, where
         later calls read it; the k queries to the slots after their row's prefix, which the next call's prefix
         tokens and queries overwrite (nothing to roll back: a query sees the slots up to its row's last query
-        only); padding to the buffers' last slot, which no query sees (the buffers hold at least
-        ``prefix_width`` + k + 1 slots). ``prefix_width``: the largest prefix length, known on the host (the loop's
-        token width)."""
+        only); padding to the buffers' last slot, which no query sees (the buffers hold at least the longest prefix
+        + k + 1 slots)."""
         k, (bsz, width), device = self.draft_size, new_tokens.shape, new_tokens.device
         new = torch.arange(width, device=device)
         prefix_positions = prefix_start.unsqueeze(1) + new
@@ -145,14 +143,11 @@ class SpecDrafterDecoder(TransformerDecoder):
         slots = torch.cat([prefix_slots, query_positions], dim=1)
         # a prefix token sees the slots up to its own, a query every slot up to its row's last query
         last_seen = torch.cat([prefix_slots, (prefix_lengths + k - 1).unsqueeze(1).expand(-1, k)], dim=1)
-        used = prefix_width + k
-        hidden = torch.arange(used, device=device) > last_seen.unsqueeze(-1)
         prefix = self.embed_scale * self.embed_tokens(new_tokens)
         queries = self.mask_embedding.to(prefix).expand(bsz, k, -1)
         positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=self.max_positions() - 1)
         x = layer_inputs(self, torch.cat([prefix, queries], dim=1), positions)
-        bias = torch.zeros(hidden.shape, dtype=x.dtype, device=device).masked_fill_(hidden, float("-inf"))
-        return self.output_layer(cache.run(x, slots, used, bias.unsqueeze(1))[:, width:])
+        return self.output_layer(cache.run(x, slots, last_seen)[:, width:])
 
 
 @register_model("spec_drafter")

@@ -14,11 +14,12 @@ fairseq's key padding mask hides them; else in fairseq's ``incremental_state``.
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from torch import nn
 
-from ..engine.lean_decoder import IncrementalState, padding_bias
+from ..engine.lean_decoder import IncrementalState
 from ..engine.static_cache import StaticCache, static_unsupported
 from .sat_masks import relaxed_causal_mask
 
@@ -81,12 +82,14 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         ``cache`` (:meth:`new_cache`), which this call extends by the group."""
         if not isinstance(cache, StaticCache):
             return self.extract_features(prev_output_tokens, encoder_out=encoder_out, incremental_state=cache)[0]
-        used = prev_output_tokens.size(1)
-        slots = torch.arange(used - self.group_size, used, device=prev_output_tokens.device)
+        bsz, used = prev_output_tokens.shape
+        slots = torch.arange(used - self.group_size, used, device=prev_output_tokens.device).expand(bsz, -1)
         padded = prev_output_tokens.eq(self.padding_idx)
+        hidden_slots = None
+        if padded.any():  # padding (a finished sentence's) is never seen; the buffers' other slots are after `used`
+            hidden_slots = F.pad(padded, (0, cache.keys[0].size(2) - used))
         x = self.layer_inputs(prev_output_tokens, cache)
-        bias = padding_bias(padded, x) if padded.any() else None
-        return cache.run(x, slots.expand(x.size(0), -1), used, bias)
+        return cache.run(x, slots, slots.new_full(slots.shape, used - 1), hidden_slots)
 
     def reorder_cache(self, cache: DecodingCache, keep: torch.Tensor) -> None:
         """Keep the sentences ``keep`` (indices into the batch) of ``cache`` (:meth:`new_cache`)."""
