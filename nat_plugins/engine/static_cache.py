@@ -12,9 +12,10 @@ index on the buffers' first dimension; the encoder's keys, values and padding ma
 Features equal fairseq's up to rounding (tests/test_static_cache.py). Against fairseq's growing cache: see
 docs/design-notes.md, *The static decoder step against fairseq's incremental cache*.
 
-On the CPU the layers run as a TorchScript trace, one per (B, T) and decoder, made at its first call (~10 ms): the same
-operations on the same tensors, bit for bit, without Python's cost per operation, which at batch 1 is a third of a
-call (docs/design-notes.md, *The traced static step*). ``NAT_TRACED_STEP=0`` runs them eagerly.
+For one sentence on the CPU (batch 1) the layers run as a TorchScript trace, one per (B, T) and decoder, made at its
+first call (10-20 ms): the same operations on the same tensors, bit for bit, without Python's cost per operation,
+which at batch 1 is a third of the layers' time (docs/design-notes.md, *The traced static step*).
+``NAT_TRACED_STEP=0`` runs them eagerly.
 """
 
 import os
@@ -122,9 +123,10 @@ def static_layers(
 
 
 def tracing_wanted(x: torch.Tensor) -> bool:
-    """Whether :meth:`StaticCache.run` runs its trace for ``x``: on the CPU without gradients, unless
-    ``NAT_TRACED_STEP=0``."""
-    return x.is_cpu and not torch.is_grad_enabled() and os.environ.get(TRACE_ENV, "1") != "0"
+    """Whether :meth:`StaticCache.run` runs its trace for ``x`` (B, T, C): one sentence (B = 1) on the CPU without
+    gradients, unless ``NAT_TRACED_STEP=0``. A trace costs 10-20 ms to make and saves ~0.15 ms a call: at batch 1 it
+    pays within a few sentences; a batch's calls are longer and its size changes as sentences end, one trace each."""
+    return x.size(0) == 1 and x.is_cpu and not torch.is_grad_enabled() and os.environ.get(TRACE_ENV, "1") != "0"
 
 
 class StaticCache:
@@ -181,9 +183,9 @@ class StaticCache:
     ) -> torch.Tensor:
         """The decoder's layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T), each query
         seeing the slots up to its ``last_visible`` (B, T) but ``hidden_slots`` ((B, L) bool; None: none hidden).
-        Returns features as :meth:`step`. On the CPU without gradients it runs a TorchScript trace of
-        :func:`static_layers`, made at the first call of each (B, T) (see the module): the same operations on the
-        same tensors, without Python's per-operation cost."""
+        Returns features as :meth:`step`. For one sentence on the CPU without gradients (:func:`tracing_wanted`) it
+        runs a TorchScript trace of :func:`static_layers`, made at the first call of each (B, T) (see the module):
+        the same operations on the same tensors, without Python's per-operation cost."""
         buffers = (self.keys, self.values, self.encoder_keys, self.encoder_values, self.encoder_bias)
         if not tracing_wanted(x):
             return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
@@ -222,8 +224,7 @@ class StaticCache:
 class StaticLayers(nn.Module):
     """:func:`static_layers` of ``decoder`` on the flat tensor list :meth:`StaticCache.run` builds: x, slots,
     last_visible, [hidden_slots], the keys, values, encoder keys and values of the layers that have encoder
-    attention, [the encoder's padding bias] (what a trace takes; the decoder is a submodule, so its parameters are
-    the trace's, not constants)."""
+    attention, [the encoder's padding bias] (what :func:`trace_layers` traces)."""
 
     def __init__(self, decoder: TransformerDecoderBase, has_hidden_slots: bool, has_encoder_bias: bool) -> None:
         super().__init__()
@@ -255,10 +256,17 @@ def trace_layers(
         # torch >= 2.10 calls TorchScript deprecated, and still runs it
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
+        layers = StaticLayers(decoder, has_hidden_slots, has_encoder_bias)
+        # a function of the tensors, not the module: the weights become the graph's constants (the same tensors;
+        # read as module attributes at every call, they would cost what the trace saves), which a trace takes only
+        # from tensors that do not require gradients: so for the time of tracing
+        wanted = [(parameter, parameter.requires_grad) for parameter in layers.parameters()]
         try:
-            layers = StaticLayers(decoder, has_hidden_slots, has_encoder_bias)
-            # frozen: the weights become the graph's constants (the same tensors); read as module attributes at
-            # every call, they would cost what the trace saves
-            return torch.jit.freeze(torch.jit.trace(layers, examples, check_trace=False).eval())
+            for parameter, _ in wanted:
+                parameter.requires_grad_(False)
+            return torch.jit.trace(lambda *tensors: layers(*tensors), examples, check_trace=False)
         except Exception:  # noqa: BLE001 - any failure to trace leaves the eager step, which computes the same
             return None
+        finally:
+            for parameter, requires_grad in wanted:
+                parameter.requires_grad_(requires_grad)
