@@ -11,6 +11,7 @@ from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.engine.block_call import IncrementalCache
+from nat_plugins.engine.cpu_linear import int8_copy
 from nat_plugins.engine.static_cache import TRACE_ENV, TRACES, StaticCache, static_unsupported
 from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
 from nat_plugins.modules.segments import DEL_SYMBOL
@@ -115,6 +116,25 @@ def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weigh
     after, _ = features(True, 1, 12, 0)
     assert torch.equal(after, features(False, 1, 12, 0)[0])
     assert not torch.allclose(after, before)
+
+
+def test_an_int8_decoders_step_is_traced_too(toy_task, monkeypatch):
+    """An int8 copy (``--int8-drafts``, ``--int8-decoder``) cannot be traced as a function of the tensors (its packed
+    weights must belong to a traced module): its step runs the module's frozen trace, with the eager step's features
+    bit for bit."""
+    model = random_transformer(toy_task, seed=0).eval()
+    decoder = int8_copy(model.decoder, "the decoder")
+    sample = random_batch(toy_task.target_dictionary, 1, seed=0)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    slots = torch.arange(2, 5).unsqueeze(0)
+    tokens = torch.tensor([[5, 9, 7]])
+    out = {}
+    for traced in ("0", "1"):
+        monkeypatch.setenv(TRACE_ENV, traced)
+        with torch.no_grad():
+            out[traced] = StaticCache(decoder, encoder_out, 8).step(tokens, slots, slots)
+    assert isinstance(TRACES[decoder][1][(torch.float32, 1, 3, False, False)], torch.jit.ScriptModule)
+    assert torch.equal(out["0"], out["1"])
 
 
 def test_the_static_step_is_used_where_it_runs_the_verifier(toy_task):

@@ -13,7 +13,7 @@ Features equal fairseq's up to rounding (tests/test_static_cache.py). Against fa
 docs/design-notes.md, *The static decoder step against fairseq's incremental cache*.
 
 For one sentence on the CPU (batch 1) the layers run as a TorchScript trace, one per (B, T) and decoder, made at its
-first call (10-20 ms): the same operations on the same tensors, bit for bit, without Python's cost per operation,
+first call (~70 ms): the same operations on the same tensors, bit for bit, without Python's cost per operation,
 which at batch 1 is a third of the layers' time (docs/design-notes.md, *The traced static step*).
 ``NAT_TRACED_STEP=0`` runs them eagerly.
 """
@@ -124,8 +124,9 @@ def static_layers(
 
 def tracing_wanted(x: torch.Tensor) -> bool:
     """Whether :meth:`StaticCache.run` runs its trace for ``x`` (B, T, C): one sentence (B = 1) on the CPU without
-    gradients, unless ``NAT_TRACED_STEP=0``. A trace costs 10-20 ms to make and saves ~0.15 ms a call: at batch 1 it
-    pays within a few sentences; a batch's calls are longer and its size changes as sentences end, one trace each."""
+    gradients, unless ``NAT_TRACED_STEP=0``. A trace costs ~70 ms to make and saves ~0.1-0.15 ms a call: at batch 1
+    it pays within a few sentences; a batch's calls are longer and its size changes as sentences end, one trace
+    each."""
     return x.size(0) == 1 and x.is_cpu and not torch.is_grad_enabled() and os.environ.get(TRACE_ENV, "1") != "0"
 
 
@@ -248,25 +249,20 @@ class StaticLayers(nn.Module):
 def trace_layers(
     decoder: TransformerDecoderBase, inputs: List[torch.Tensor], has_hidden_slots: bool, has_encoder_bias: bool
 ) -> Optional[Callable[..., torch.Tensor]]:
-    """A TorchScript trace of :class:`StaticLayers` of ``decoder`` on ``inputs``, or None where tracing fails (a
-    torch without TorchScript, a layer it cannot trace): the step then runs eagerly, the same operations."""
+    """A frozen TorchScript trace of :class:`StaticLayers` of ``decoder`` on ``inputs`` (~70 ms to make), or None
+    where tracing fails (a torch without TorchScript, a layer it cannot trace): the step then runs eagerly, the same
+    operations. Frozen, the weights are the graph's constants and what depends on them alone is computed once: read
+    as module attributes at every call they would cost what the trace saves, and a trace of the layers as a function
+    of the tensors (10-20 ms to make) keeps those operations and cannot hold int8 copies' packed weights
+    (docs/design-notes.md, *The traced static step*)."""
     examples = tuple(t.clone() for t in inputs)  # the trace runs the layers once: not on the cache's buffers
     with warnings.catch_warnings():
         # the trace fixes the Python branches on shapes (cpu_linear's layout by row count): one trace per (B, T);
         # torch >= 2.10 calls TorchScript deprecated, and still runs it
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        layers = StaticLayers(decoder, has_hidden_slots, has_encoder_bias)
-        # a function of the tensors, not the module: the weights become the graph's constants (the same tensors;
-        # read as module attributes at every call, they would cost what the trace saves), which a trace takes only
-        # from tensors that do not require gradients: so for the time of tracing
-        wanted = [(parameter, parameter.requires_grad) for parameter in layers.parameters()]
         try:
-            for parameter, _ in wanted:
-                parameter.requires_grad_(False)
-            return torch.jit.trace(lambda *tensors: layers(*tensors), examples, check_trace=False)
+            layers = StaticLayers(decoder, has_hidden_slots, has_encoder_bias)
+            return torch.jit.freeze(torch.jit.trace(layers, examples, check_trace=False).eval())
         except Exception:  # noqa: BLE001 - any failure to trace leaves the eager step, which computes the same
             return None
-        finally:
-            for parameter, requires_grad in wanted:
-                parameter.requires_grad_(requires_grad)
