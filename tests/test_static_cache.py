@@ -108,13 +108,42 @@ def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weigh
         )
         assert torch.equal(eager, traced)
         assert all(torch.equal(a, b) for a, b in zip(eager_buffers, traced_buffers))
-    assert list(TRACES[model.decoder][1]) == [(torch.float32, 1, 4, False, False)]
+    (key, trace), *others = TRACES[model.decoder][1].items()
+    assert key == (torch.float32, 1, 4, False, False) and not others
+    assert isinstance(trace, torch.jit.ScriptModule)  # a trace, not the eager fallback
     before = features(True, 1, 12, 0)[0]
     with torch.no_grad():
         for parameter in model.decoder.layers[0].parameters():
             parameter.mul_(1.5)
     after, _ = features(True, 1, 12, 0)
     assert torch.equal(after, features(False, 1, 12, 0)[0])
+    assert not torch.allclose(after, before)
+
+
+def test_decoding_between_training_updates_uses_the_updated_weights(toy_task):
+    """``--eval-bleu`` decodes the model being trained between updates, and fairseq's optimizers update ``p.data``,
+    which leaves the version counters the caches' keys read: a forward in training mode drops the traces and the fused
+    q/k/v projections, so the next decoding computes with the new weights (as fairseq's own forward does)."""
+    model = random_transformer(toy_task, seed=0).eval()
+    sample = random_batch(toy_task.target_dictionary, 1, seed=0)
+    tokens = torch.tensor([[toy_task.target_dictionary.eos(), 5, 9]])
+    slots = torch.arange(3).unsqueeze(0)
+
+    def static_features():
+        with torch.no_grad():
+            encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+            return StaticCache(model.decoder, encoder_out, 6).step(tokens, slots, slots), encoder_out
+
+    before, _ = static_features()
+    assert isinstance(TRACES[model.decoder][1][(torch.float32, 1, 3, False, False)], torch.jit.ScriptModule)
+    model.train()
+    model(**sample["net_input"], prev_output_tokens=tokens)  # a training forward ...
+    for parameter in model.decoder.parameters():
+        parameter.data.mul_(1.1)  # ... and an update as fairseq's Adam writes it (p.data: no version bump)
+    model.eval()
+    after, encoder_out = static_features()
+    (expected,) = full_features(model, encoder_out, tokens, [0], [3])
+    torch.testing.assert_close(after[0], expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(after, before)
 
 

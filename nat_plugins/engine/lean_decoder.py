@@ -15,7 +15,9 @@ norms and scales, ``--cross-self-attention``, bias key/values, zero attention, x
 head_dim ** -0.5) are reported by :func:`lean_unsupported`; callers then keep fairseq's forward, as in training.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import contextlib
+import functools
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -76,10 +78,50 @@ def attend(
     return attention.out_proj(x.transpose(1, 2).flatten(2))
 
 
+def forget_when_trained(module: nn.Module, forget: Callable[[nn.Module], None]) -> None:
+    """Call ``forget(module)`` before every forward of ``module`` in training mode, from now on (registered once per
+    module and ``forget``). For caches of tensors derived from its weights: fairseq's optimizers update ``p.data``,
+    which leaves the version counter that would tell a cache the weights changed, and a model trained with
+    ``--eval-bleu`` is decoded between updates."""
+    registered = module.__dict__.setdefault("lean_forgets", {})  # forget -> the hook's handle
+    if forget not in registered:
+        registered[forget] = module.register_forward_pre_hook(functools.partial(forget_if_training, forget))
+
+
+@contextlib.contextmanager
+def forget_hooks_removed(root: nn.Module) -> Iterator[None]:
+    """:func:`forget_when_trained`'s hooks of ``root`` and its submodules removed for the block, then registered
+    again: TorchScript cannot compile them into a trace of ``root``'s modules (whose calls they do not watch)."""
+    removed = []
+    for module in root.modules():
+        registered = module.__dict__.get("lean_forgets", {})
+        for forget, handle in list(registered.items()):
+            handle.remove()
+            del registered[forget]
+            removed.append((module, forget))
+    try:
+        yield
+    finally:
+        for module, forget in removed:
+            forget_when_trained(module, forget)
+
+
+def forget_if_training(forget: Callable[[nn.Module], None], module: nn.Module, _inputs: Any) -> None:
+    """The forward pre-hook of :func:`forget_when_trained`."""
+    if module.training:
+        forget(module)
+
+
+def forget_fused_projections(attention: nn.Module) -> None:
+    """Drop ``attention``'s fused q/k/v projections (:func:`fused_projections` makes them again)."""
+    attention.__dict__.pop("lean_fused_projections", None)
+
+
 def fused_projections(attention: MultiheadAttention) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """The q, k and v projections of ``attention`` as one (3C, C) weight and bias, concatenated once and again when
-    one of them changes (another tensor or an in-place update); None unless all three are plain ``nn.Linear`` layers
-    with biases (int8 copies are not)."""
+    one of them changes (another tensor or an in-place update, or a forward in training mode:
+    :func:`forget_when_trained`); None unless all three are plain ``nn.Linear`` layers with biases (int8 copies are
+    not)."""
     layers = (attention.q_proj, attention.k_proj, attention.v_proj)
     if not all(isinstance(layer, nn.Linear) and layer.bias is not None for layer in layers):
         return None
@@ -91,6 +133,7 @@ def fused_projections(attention: MultiheadAttention) -> Optional[Tuple[torch.Ten
         bias = torch.cat([layer.bias.detach() for layer in layers])
         cached = (key, weight, bias)
         attention.lean_fused_projections = cached  # a tuple: not a parameter, buffer or state-dict entry
+        forget_when_trained(attention, forget_fused_projections)
     return cached[1:]
 
 

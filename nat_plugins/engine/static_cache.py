@@ -28,8 +28,19 @@ from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
 
+from . import cpu_linear
 from .block_call import layer_inputs, layer_outputs
-from .lean_decoder import attend, feed_forward, lean_unsupported, padding_bias, project_qkv, residual_block, split_heads
+from .lean_decoder import (
+    attend,
+    feed_forward,
+    forget_hooks_removed,
+    forget_when_trained,
+    lean_unsupported,
+    padding_bias,
+    project_qkv,
+    residual_block,
+    split_heads,
+)
 
 TRACE_ENV = "NAT_TRACED_STEP"  # "0": run the layers eagerly (StaticCache.run)
 # each decoder's traces of static_layers: the weights version they were made with, and the traces by the key
@@ -197,6 +208,7 @@ class StaticCache:
         if version != self.weights_version:  # the weights changed since those traces were made (or none was)
             traces = {}
             TRACES[self.decoder] = (self.weights_version, traces)
+            forget_when_trained(self.decoder, forget_traces)
         key = (x.dtype, *slots.shape, hidden_slots is not None, self.encoder_bias is not None)
         if key not in traces:
             traces[key] = trace_layers(self.decoder, inputs, hidden_slots is not None, self.encoder_bias is not None)
@@ -246,6 +258,13 @@ class StaticLayers(nn.Module):
         )
 
 
+def forget_traces(decoder: TransformerDecoderBase) -> None:
+    """Drop ``decoder``'s traces: called before its forwards in training mode (:func:`~.lean_decoder.
+    forget_when_trained`), since fairseq's optimizers update the weights without the version counters the traces' key
+    reads."""
+    TRACES.pop(decoder, None)
+
+
 def trace_layers(
     decoder: TransformerDecoderBase, inputs: List[torch.Tensor], has_hidden_slots: bool, has_encoder_bias: bool
 ) -> Optional[Callable[..., torch.Tensor]]:
@@ -261,8 +280,10 @@ def trace_layers(
         # torch >= 2.10 calls TorchScript deprecated, and still runs it
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
+        cpu_linear.choice(examples[0].new_zeros(1, 1))  # the layout, chosen outside the trace (it times products)
         try:
             layers = StaticLayers(decoder, has_hidden_slots, has_encoder_bias)
-            return torch.jit.freeze(torch.jit.trace(layers, examples, check_trace=False).eval())
+            with forget_hooks_removed(decoder):
+                return torch.jit.freeze(torch.jit.trace(layers, examples, check_trace=False).eval())
         except Exception:  # noqa: BLE001 - any failure to trace leaves the eager step, which computes the same
             return None
