@@ -128,11 +128,15 @@ def use_eager_step(generator):
     generate = generator.generate
 
     def eager_generate(*args, **kwargs):
+        before = os.environ.get(TRACE_ENV)
         os.environ[TRACE_ENV] = "0"
         try:
             return generate(*args, **kwargs)
         finally:
-            del os.environ[TRACE_ENV]
+            if before is None:
+                del os.environ[TRACE_ENV]
+            else:
+                os.environ[TRACE_ENV] = before
 
     generator.generate = eager_generate
 

@@ -167,9 +167,7 @@ class StaticCache:
             shape = (memory.size(0), layer.self_attn.num_heads, length, layer.self_attn.head_dim)
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
-        # the decoder's weights as this batch finds them: a trace holds the tensors it was made with (fused q/k/v
-        # projections included), so one made before the weights changed is not run after
-        self.weights_version = tuple((p.data_ptr(), p._version) for p in decoder.parameters())
+        self.traces: Optional[Dict[tuple, Optional[Callable]]] = None  # the decoder's, found at the first traced call
 
     def step(
         self,
@@ -198,26 +196,34 @@ class StaticCache:
         Returns features as :meth:`step`. For one sentence on the CPU without gradients (:func:`tracing_wanted`) it
         runs a TorchScript trace of :func:`static_layers`, made at the first call of each (B, T) (see the module):
         the same operations on the same tensors, without Python's per-operation cost."""
+        if tracing_wanted(x):
+            inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
+            inputs += self.keys + self.values + [t for t in self.encoder_keys + self.encoder_values if t is not None]
+            inputs += [] if self.encoder_bias is None else [self.encoder_bias]
+            trace = self.trace(inputs, hidden_slots is not None)
+            if trace is not None:
+                for observe in PASS_OBSERVERS:
+                    observe(self.decoder)
+                with torch.jit.optimized_execution(False):  # run the graph as traced: no profiling runs, no fusing
+                    return trace(*inputs)
         buffers = (self.keys, self.values, self.encoder_keys, self.encoder_values, self.encoder_bias)
-        if not tracing_wanted(x):
-            return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
-        inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
-        inputs += self.keys + self.values + [t for t in self.encoder_keys + self.encoder_values if t is not None]
-        inputs += [] if self.encoder_bias is None else [self.encoder_bias]
-        version, traces = TRACES.get(self.decoder, (None, {}))
-        if version != self.weights_version:  # the weights changed since those traces were made (or none was)
-            traces = {}
-            TRACES[self.decoder] = (self.weights_version, traces)
-            forget_when_trained(self.decoder, forget_traces)
-        key = (x.dtype, *slots.shape, hidden_slots is not None, self.encoder_bias is not None)
-        if key not in traces:
-            traces[key] = trace_layers(self.decoder, inputs, hidden_slots is not None, self.encoder_bias is not None)
-        if traces[key] is None:
-            return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
-        for observe in PASS_OBSERVERS:
-            observe(self.decoder)
-        with torch.jit.optimized_execution(False):  # run the graph as traced: no profiling runs, nothing to fuse
-            return traces[key](*inputs)
+        return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
+
+    def trace(self, inputs: List[torch.Tensor], has_hidden_slots: bool) -> Optional[Callable[..., torch.Tensor]]:
+        """The decoder's trace for :meth:`run`'s ``inputs``, made at the first call of their shapes
+        (:func:`trace_layers`; None where it could not be made). The decoder's traces are dropped when its weights
+        changed since they were made: a trace holds the tensors it was made with (fused q/k/v projections included)."""
+        if self.traces is None:  # once per batch: the weights as this batch finds them
+            version = tuple((p.data_ptr(), p._version) for p in self.decoder.parameters())
+            made_with, self.traces = TRACES.get(self.decoder, (None, {}))
+            if made_with != version:
+                self.traces = {}
+                TRACES[self.decoder] = (version, self.traces)
+                forget_when_trained(self.decoder, forget_traces)
+        key = (inputs[0].dtype, *inputs[1].shape, has_hidden_slots, self.encoder_bias is not None)
+        if key not in self.traces:
+            self.traces[key] = trace_layers(self.decoder, inputs, has_hidden_slots, self.encoder_bias is not None)
+        return self.traces[key]
 
     def accept(self, width: int, accepted: torch.Tensor, kept_length: int) -> None:
         """Nothing to roll back: a rejected slot is overwritten when its position is decoded again."""
