@@ -700,7 +700,8 @@ def spec_drafter(k: int) -> Config:
                 drafts=True,
                 made="--init-from-ar-scope all: the teacher's encoder (frozen), embeddings, output projection and "
                 "first decoder layer (Xia et al. describe no initialisation from the teacher); drafter trained on "
-                "the teacher's greedy outputs",
+                "the teacher's greedy outputs; beyond the paper: each prefix token's input adds the teacher's "
+                "decoder state before it (--read-teacher-states)",
             ),
             Row(
                 f"Speculative k={k}, relaxed",

@@ -8,6 +8,11 @@ n·k scored slots per sentence, where a few random cut points would score a few 
 greedy outputs (``--use-distilled target --distilled-name kd_greedy``, as examples/multi30k/spec_drafter.sh): the
 drafts must be what exact verification accepts, the teacher's argmax.
 
+A drafter with ``--read-teacher-states`` reads the teacher's decoder states on the target, computed here by the
+teacher ``--speculative-teacher`` (the one that verifies it) teacher-forced on the target without gradient
+(:meth:`~nat_plugins.modules.teacher.FrozenTeacher.decoder_states`): on its greedy outputs, the states decoding
+computes.
+
 Logged besides ``loss``/``nll_loss`` (per scored slot): ``acc`` (slots whose argmax is the target) and
 ``accepted_drafts``: per cut, how many leading slots are right — on distilled targets the drafts exact
 verification would accept at that prefix, so 1 + ``accepted_drafts`` estimates the tokens per teacher call of
@@ -26,8 +31,10 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
 from omegaconf import II
 
+from ..models.spec_drafter import states_before
 from ..modules.draft_masks import every_cut_slots
 from ..modules.options import check_label_smoothing
+from ..modules.teacher import FrozenTeacher
 from ._metrics import LoggingOutput, Sample, log_loss_and_nll, summed
 
 if TYPE_CHECKING:
@@ -54,6 +61,24 @@ class SpecDrafterLoss(FairseqCriterion):
         super().__init__(task)
         self.eps = check_label_smoothing(label_smoothing)
         self.sentence_avg = sentence_avg
+        self.teacher = None  # loaded at the first batch of a drafter that reads the teacher's states
+
+    def teacher_states(self, model: "SpecDrafterModel", sample: Sample) -> torch.Tensor:
+        """The teacher's state before each token of the sample's ``prev_output_tokens`` (B, T, d)."""
+        if self.teacher is None:
+            path = getattr(self.task.cfg, "speculative_teacher", None)
+            if not path:
+                raise ValueError(
+                    "spec_drafter_loss: this drafter reads the teacher's decoder states (--read-teacher-states): "
+                    "pass the teacher that will verify it, --speculative-teacher TEACHER_CKPT"
+                )
+            self.teacher = FrozenTeacher(path, self.task, "--speculative-teacher")
+        net_input = sample["net_input"]
+        self.teacher.to(next(model.decoder.parameters()))
+        features = self.teacher.decoder_states(
+            net_input["src_tokens"], net_input["src_lengths"], net_input["prev_output_tokens"]
+        )
+        return states_before(features)
 
     def forward(
         self, model: "SpecDrafterModel", sample: Sample, reduce: bool = True
@@ -61,8 +86,13 @@ class SpecDrafterLoss(FairseqCriterion):
         net_input = sample["net_input"]
         draft_target = every_cut_targets(sample["target"], model.draft_size, self.padding_idx)
         scored = draft_target.ne(self.padding_idx)
+        states = self.teacher_states(model, sample) if model.decoder.reads_teacher_states else None
         logits, _ = model(
-            net_input["src_tokens"], net_input["src_lengths"], net_input["prev_output_tokens"], logits_at=scored
+            net_input["src_tokens"],
+            net_input["src_lengths"],
+            net_input["prev_output_tokens"],
+            logits_at=scored,
+            teacher_states=states,
         )
         targets = draft_target[scored]
         lprobs = utils.log_softmax(logits, dim=-1)

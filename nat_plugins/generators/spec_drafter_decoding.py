@@ -21,11 +21,14 @@ prefix is y_0 = BOS .. y_j and whose next token ŷ_{j+1} the teacher chose in it
 The first step drafts from BOS alone (j = -1, BOS in the place of ŷ_{j+1}): the teacher's first call reads BOS and
 the drafts of y_1..y_k, so no call is spent on BOS alone.
 
-The drafter keeps a cache of the prefix it has read, as the teacher does. Length limits, minimum length, pad/unk rules
-and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for the teacher, so exact verification prints what
-``fairseq-generate --beam 1`` prints for the teacher (up to near-ties). Each hypothesis carries ``steps``
-(teacher calls), ``drafter_steps`` (drafter calls: one before each teacher call that verifies drafts, see
-``--max-drafting-sentences``) and ``mean_accepted_tokens`` (emitted tokens, EOS included, per
+The drafter keeps a cache of the prefix it has read, as the teacher does. A drafter trained with
+``--read-teacher-states`` also reads, for each prefix token, the teacher's decoder output before it: the loop keeps
+every state the teacher computes (:meth:`SpeculativeGenerator.verify`), so drafting from them costs no teacher call.
+
+Length limits, minimum length, pad/unk rules and scores are those of fairseq's ``SequenceGenerator`` with beam 1 for
+the teacher, so exact verification prints what ``fairseq-generate --beam 1`` prints for the teacher (up to near-ties).
+Each hypothesis carries ``steps`` (teacher calls), ``drafter_steps`` (drafter calls: one before each teacher call that
+verifies drafts, see ``--max-drafting-sentences``) and ``mean_accepted_tokens`` (emitted tokens, EOS included, per
 teacher call).
 
 Options: :class:`SpecDrafterDecodingConfig` (teacher, verification) and
@@ -120,6 +123,17 @@ def check_teacher(teacher: FrozenTeacher, path: Optional[str], option: str = "--
         )
 
 
+def check_state_size(drafter: nn.Module, teacher: FrozenTeacher, path: Optional[str]) -> None:
+    """Refuse a teacher whose decoder states are not the size a ``--read-teacher-states`` drafter reads."""
+    wanted, given = drafter.decoder.state_projection.in_features, teacher.model.decoder.output_embed_dim
+    if wanted != given:
+        raise ValueError(
+            f"--speculative-teacher {path!r}: the drafter reads {wanted}-dimensional teacher states "
+            f"(--read-teacher-states) and this teacher's are {given}-dimensional: verify it with the teacher it was "
+            "trained with"
+        )
+
+
 def share_unchanged_teacher_parts(drafter: FairseqEncoderDecoderModel, teacher: FairseqEncoderDecoderModel) -> bool:
     """Where the drafter's tensors equal the teacher's (a drafter trained with ``--freeze-encoder`` from this
     teacher), decoding uses the teacher's: the drafter's token embeddings and output projection become the
@@ -168,6 +182,11 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         if drafting.int8_drafts:
             self.drafter_decoder = int8_copy(drafter.decoder, "the drafter's decoder")
         self.drafter_out = self.drafter_cache = self.drafted = None
+        # --read-teacher-states: (B, L, d), column t the teacher's output at position t - 1 (zeros before BOS)
+        self.reads_teacher_states = drafter.decoder.reads_teacher_states
+        if self.reads_teacher_states:
+            check_state_size(drafter, self.teacher, verification.teacher)
+        self.teacher_states = None
         self.same_encoder = None  # whether the drafter's encoder is the teacher's (known at the first batch)
         self.drafted_width = None
 
@@ -189,6 +208,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         else:
             self.drafter_out = self.model.encoder.forward_torchscript(sample["net_input"])
         self.drafter_cache = None  # made by the first call, which knows the batch's length limit
+        self.teacher_states = None  # made by the first call too
         self.drafted = torch.zeros_like(sample["net_input"]["src_tokens"][:, 0])  # prefix tokens in the cache
         # a single sentence's cache width (its prefix read so far); None for batches, whose rows differ
         self.drafted_width = 0 if self.drafted.numel() == 1 else None
@@ -201,6 +221,27 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         elif self.drafter_cache is not None:
             self.drafter_decoder.reorder_incremental_state_scripting(self.drafter_cache, keep)
         self.drafted = self.drafted[keep]
+        if self.teacher_states is not None:
+            self.teacher_states = self.teacher_states[keep]
+
+    def states_buffer(self, max_len: int, reference: torch.Tensor) -> torch.Tensor:
+        """The batch's buffer of the teacher's states (module docstring), made at its first use (``reference``: a
+        tensor of the teacher's features or the batch's tokens): one column per position the loop can verify."""
+        if self.teacher_states is None:
+            width = max_len + self.block_size + 3
+            dim = self.teacher.model.decoder.output_embed_dim
+            dtype = reference.dtype if reference.is_floating_point() else next(self.model.parameters()).dtype
+            self.teacher_states = torch.zeros(reference.size(0), width, dim, dtype=dtype, device=reference.device)
+        return self.teacher_states
+
+    def verify(self, features: torch.Tensor, position: torch.Tensor, max_len: int):
+        """The loop's verification; a drafter that reads the teacher's states keeps ``features`` (the teacher's
+        output at ``position``) in column ``position`` + 1 of :meth:`states_buffer`."""
+        if self.reads_teacher_states:
+            columns = (position + 1).view(position.size(0), -1, 1)
+            states = features.view(columns.size(0), columns.size(1), -1)
+            self.states_buffer(max_len, features).scatter_(1, columns.expand_as(states), states)
+        return super().verify(features, position, max_len)
 
     def new_drafter_cache(self, max_len: int) -> Union[StaticCache, IncrementalState]:
         """The drafter's cache for a batch whose length limit is ``max_len``: the static step's buffers
@@ -235,11 +276,17 @@ class SpeculativeGenerator(VerifyAcceptLoop):
             new_width = width - self.drafted_width
         prefix_lengths = last + 2
         index = self.drafted.unsqueeze(1) + torch.arange(new_width, device=tokens.device)
-        new_tokens = tokens.gather(1, index.clamp(max=width - 1)).masked_fill(
-            index >= prefix_lengths.unsqueeze(1), self.pad
-        )
+        padding = index >= prefix_lengths.unsqueeze(1)
+        index = index.clamp(max=width - 1)
+        new_tokens = tokens.gather(1, index).masked_fill(padding, self.pad)
+        states = None
+        if self.reads_teacher_states:
+            buffer = self.states_buffer(max_len, tokens)
+            states = buffer.gather(1, index.unsqueeze(2).expand(-1, -1, buffer.size(2)))
         if isinstance(self.drafter_cache, StaticCache):
-            logits = decoder.draft_on_static_cache(self.drafter_cache, new_tokens, self.drafted, prefix_lengths)
+            logits = decoder.draft_on_static_cache(
+                self.drafter_cache, new_tokens, self.drafted, prefix_lengths, teacher_states=states
+            )
         else:
             logits, _ = decoder(
                 new_tokens,
@@ -247,6 +294,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
                 prefix_lengths=prefix_lengths,
                 incremental_state=self.drafter_cache,
                 prefix_start=self.drafted,
+                teacher_states=states,
             )
             rollback_cache(
                 decoder, self.drafter_cache, new_width + decoder.draft_size, prefix_lengths - self.drafted, width

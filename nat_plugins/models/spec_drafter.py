@@ -13,7 +13,14 @@ prefix y_{<=j} accepted so far, in one pass; the AR teacher verifies all k in on
   (``--draft-size k``), each a learned mask embedding + the positional embedding of its target position j+i. A
   query attends to the whole prefix and to every query (bidirectionally); the prefix never attends to the queries.
   The queries' outputs through the output projection (tied to the embeddings, shared with the teacher, under
-  ``--share-all-embeddings``) are the k draft distributions.
+  ``--share-all-embeddings``) are the k draft distributions;
+* with ``--read-teacher-states`` (not in Xia et al. 2023; the feature-level drafting of Li et al. 2024, "EAGLE",
+  §3.1): each prefix token's input adds a learned projection of the teacher's decoder output at the position before
+  it, the state from which the teacher predicted that token. The verifier computes these states anyway (decoding:
+  :class:`~nat_plugins.generators.spec_drafter_decoding.SpeculativeGenerator`), so a one-layer drafter drafts from
+  the teacher's full depth at the cost of one small projection; training reads them from the teacher teacher-forced
+  on its own greedy outputs (``spec_drafter_loss``), what exact verification accepts, so the states are the ones
+  decoding sees. The projection starts at zero: the drafter starts as the plain one.
 
 Training (criterion ``spec_drafter_loss``) drafts after every prefix of a distilled target in one pass: the prefix is
 read causally, so its states are the same for every cut point, and one group of k queries per cut point, each seeing
@@ -60,6 +67,30 @@ class SpecDrafterDecoder(TransformerDecoder):
         self.draft_size = args.draft_size
         self.mask_embedding = nn.Parameter(torch.empty(embed_tokens.embedding_dim))
         nn.init.normal_(self.mask_embedding, mean=0, std=embed_tokens.embedding_dim**-0.5)
+        self.state_projection = None  # --read-teacher-states: the teacher's states into the prefix inputs
+        if args.read_teacher_states:
+            self.state_projection = nn.Linear(self.output_embed_dim, embed_tokens.embedding_dim, bias=False)
+            nn.init.zeros_(self.state_projection.weight)
+
+    @property
+    def reads_teacher_states(self) -> bool:
+        return self.state_projection is not None
+
+    def prefix_inputs(self, tokens: torch.Tensor, states: Optional[torch.Tensor]) -> torch.Tensor:
+        """The scaled embeddings (B, P, C) of prefix ``tokens`` (B, P); with ``--read-teacher-states`` plus the
+        projected ``states`` (B, P, d): the teacher's decoder output at each token's previous position (zero
+        before BOS; :func:`states_before`)."""
+        x = self.embed_scale * self.embed_tokens(tokens)
+        if self.state_projection is None:
+            return x
+        if states is None or states.shape[:2] != tokens.shape or states.size(-1) != self.output_embed_dim:
+            got = None if states is None else tuple(states.shape)
+            raise ValueError(
+                f"this drafter reads the teacher's decoder states (--read-teacher-states): each prefix token needs "
+                f"the teacher's {self.output_embed_dim}-dimensional state before it, got {got} for tokens "
+                f"{tuple(tokens.shape)}; verify it with the teacher it was trained with (--speculative-teacher)"
+            )
+        return x + self.state_projection(states.to(x))
 
     def forward(
         self,
@@ -71,13 +102,15 @@ class SpecDrafterDecoder(TransformerDecoder):
         every_cut: bool = False,
         features_only: bool = False,
         logits_at: Optional[torch.Tensor] = None,
+        teacher_states: Optional[torch.Tensor] = None,
         **kwargs: Any,
     ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """Draft logits (B, k, V) of y_{j+1..j+k} for the right-padded ``prefix_tokens`` ((B, P): BOS, y_1..y_j,
         then padding) of ``prefix_lengths`` ((B,), = j+1; default: the non-pad tokens of each row); ``encoder_out``
         has B sentences. With ``logits_at`` ((B, k) bool) only those logits, packed (N, V)
         (:func:`~nat_plugins.models.plugin_model.logits_at_positions`); with ``features_only`` the queries' states
-        (B, k, C). Returns (output, extra) as fairseq decoders.
+        (B, k, C); ``teacher_states`` (B, P, d): with ``--read-teacher-states``, the teacher's state before each
+        prefix token (:meth:`prefix_inputs`). Returns (output, extra) as fairseq decoders.
 
         With ``every_cut`` (training) the drafts after every prefix y_0..y_c, c = 0..P-1, in one pass: (B, P·k)
         slots, those of cut c at c·k..c·k+k-1, each what the call on ``prefix_tokens[:, :c+1]`` alone drafts
@@ -93,7 +126,7 @@ class SpecDrafterDecoder(TransformerDecoder):
         prefix_positions = torch.arange(width, device=device).expand_as(prefix_tokens)
         if prefix_start is not None:
             prefix_positions = prefix_positions + prefix_start.unsqueeze(1)
-        prefix = self.embed_scale * self.embed_tokens(prefix_tokens)
+        prefix = self.prefix_inputs(prefix_tokens, teacher_states)
         if every_cut:
             if incremental_state is not None:
                 raise ValueError("every_cut drafts are a training forward: no incremental_state")
@@ -124,12 +157,14 @@ class SpecDrafterDecoder(TransformerDecoder):
         new_tokens: torch.Tensor,
         prefix_start: torch.Tensor,
         prefix_lengths: torch.Tensor,
+        teacher_states: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Draft logits (B, k, V), as :meth:`forward` drafts with fairseq's incremental state, on the buffers of a
         :class:`~nat_plugins.engine.static_cache.StaticCache` of this decoder (fewer operations a call, no rollback).
 
         ``new_tokens`` (B, P): the prefix tokens read since the last call, the first at position ``prefix_start``
-        (B,), right-padded after ``prefix_lengths`` (B,). A prefix token goes to the slot of its position, where
+        (B,), right-padded after ``prefix_lengths`` (B,), with their ``teacher_states`` (B, P, d) where the drafter
+        reads them. A prefix token goes to the slot of its position, where
         later calls read it; the k queries to the slots after their row's prefix, which the next call's prefix
         tokens and queries overwrite (nothing to roll back: a query sees the slots up to its row's last query
         only); padding to the buffers' last slot, which no query sees (the buffers hold at least the longest prefix
@@ -143,11 +178,17 @@ class SpecDrafterDecoder(TransformerDecoder):
         slots = torch.cat([prefix_slots, query_positions], dim=1)
         # a prefix token sees the slots up to its own, a query every slot up to its row's last query
         last_seen = torch.cat([prefix_slots, (prefix_lengths + k - 1).unsqueeze(1).expand(-1, k)], dim=1)
-        prefix = self.embed_scale * self.embed_tokens(new_tokens)
+        prefix = self.prefix_inputs(new_tokens, teacher_states)
         queries = self.mask_embedding.to(prefix).expand(bsz, k, -1)
         positions = torch.cat([prefix_positions, query_positions], dim=1).clamp(max=self.max_positions() - 1)
         x = layer_inputs(self, torch.cat([prefix, queries], dim=1), positions)
         return self.output_layer(cache.run(x, slots, last_seen)[:, width:])
+
+
+def states_before(features: torch.Tensor) -> torch.Tensor:
+    """The teacher's state before each token, (B, T, d), from its decoder outputs ``features`` (B, T, d) on the same
+    tokens (column t: the output at position t - 1, which predicted token t; zeros at t = 0, BOS)."""
+    return torch.cat([features.new_zeros(features[:, :1].shape), features[:, :-1]], dim=1)
 
 
 @register_model("spec_drafter")
@@ -180,6 +221,13 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
             "--share-all-embeddings) stay the teacher's (--init-from-ar), so speculative decoding runs one encoder "
             "for both models and keeps one vocabulary matrix in memory",
         )
+        parser.add_argument(
+            "--read-teacher-states",
+            action="store_true",
+            help="each prefix token's input adds a learned projection of the teacher's decoder output before it "
+            "(feature-level drafting, Li et al. 2024): training reads the states from --speculative-teacher, "
+            "decoding from the verifier, which must be that teacher",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -211,12 +259,20 @@ class SpecDrafterModel(NATPluginModel, TransformerModel):
         src_lengths: torch.Tensor,
         prev_output_tokens: torch.Tensor,
         logits_at: Optional[torch.Tensor] = None,
+        teacher_states: Optional[torch.Tensor] = None,
         **kwargs: Any,
     ) -> Tuple[torch.Tensor, Dict[str, Any]]:
         """Training: the draft logits after every prefix y_0..y_c of ``prev_output_tokens`` ((B, T): BOS y_1 ..
-        y_{n-1}), (B, T·k, V) (``every_cut`` of :meth:`SpecDrafterDecoder.forward`), or packed at ``logits_at``."""
+        y_{n-1}), (B, T·k, V) (``every_cut`` of :meth:`SpecDrafterDecoder.forward`), or packed at ``logits_at``;
+        ``teacher_states`` (B, T, d) with ``--read-teacher-states`` (:func:`states_before`)."""
         encoder_out = self.encoder(src_tokens, src_lengths=src_lengths)
-        return self.decoder(prev_output_tokens, encoder_out=encoder_out, every_cut=True, logits_at=logits_at)
+        return self.decoder(
+            prev_output_tokens,
+            encoder_out=encoder_out,
+            every_cut=True,
+            logits_at=logits_at,
+            teacher_states=teacher_states,
+        )
 
 
 @register_model_architecture("spec_drafter", "spec_drafter")
@@ -225,6 +281,7 @@ def spec_drafter_base_architecture(args: argparse.Namespace) -> None:
         args.draft_size = 4
     args.init_from_ar = getattr(args, "init_from_ar", None)
     args.freeze_encoder = getattr(args, "freeze_encoder", False)
+    args.read_teacher_states = getattr(args, "read_teacher_states", False)
     base_architecture(args)
 
 

@@ -219,6 +219,16 @@ class FrozenTeacher:
         pad = self.model.decoder.dictionary.pad()
         return token_log_probs(net_output[0], target).masked_fill_(target.eq(pad), 0.0)
 
+    @torch.no_grad()
+    def decoder_states(
+        self, src_tokens: torch.Tensor, src_lengths: torch.Tensor, prev_output_tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """The teacher's decoder outputs (B, T, d) before the output projection, teacher-forced on
+        ``prev_output_tokens`` ((B, T): BOS y_1 .. y_{T-1}, right-padded): position t's predicts y_{t+1} (what
+        ``--read-teacher-states`` drafters read)."""
+        encoder_out = self.model.encoder(src_tokens, src_lengths=src_lengths)
+        return self.model.decoder(prev_output_tokens, encoder_out=encoder_out, features_only=True)[0]
+
     def teacher_forced(
         self,
         src_tokens: torch.Tensor,
