@@ -22,6 +22,7 @@ from nat_plugins.bench import rows as bench_rows
 from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import rep_mis
 from nat_plugins.cli.decoding import Generation
+from nat_plugins.engine import static_cache
 from nat_recipes import catalogue
 
 from .utils import TINY_TRANSFORMER, train_model
@@ -593,9 +594,13 @@ def reported_steps(hypo):  # the plugin generators report their decoder passes
         "fairseq-NAT",
     ],
 )
-def test_decoder_passes_of_every_generator(dummy_data_bin, tiny_teacher, task_args, arch_args, gen_args, expected):
+def test_decoder_passes_of_every_generator(
+    dummy_data_bin, tiny_teacher, task_args, arch_args, gen_args, expected, monkeypatch
+):
     """Batch-1 decoder passes counted by the benchmark == what each generator does (plugin generators report it as
-    hypo["steps"]; IterativeRefinementGenerator's steps count from 0)."""
+    hypo["steps"]; IterativeRefinementGenerator's steps count from 0), traced calls (every width traced from its first
+    call here) included."""
+    monkeypatch.setattr(static_cache, "EAGER_CALLS_BEFORE_TRACING", 0)
     task_args = [tiny_teacher if a == "TEACHER" else a for a in task_args]
     generation = build_generation(dummy_data_bin, task_args, arch_args, gen_args)
     dataset = generation.dataset

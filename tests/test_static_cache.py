@@ -10,6 +10,7 @@ import torch
 from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
+from nat_plugins.engine import static_cache
 from nat_plugins.engine.block_call import IncrementalCache
 from nat_plugins.engine.cpu_linear import int8_copy
 from nat_plugins.engine.static_cache import TRACE_ENV, TRACES, StaticCache, static_unsupported
@@ -87,6 +88,7 @@ def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weigh
     (one trace per width serves them all), and the same buffers written; a batch of 2 runs eagerly (no trace made);
     once the weights change (in place, as an optimizer does), a new trace computes with the new weights, not the ones
     the first trace held."""
+    monkeypatch.setattr(static_cache, "EAGER_CALLS_BEFORE_TRACING", 0)
     model = random_transformer(toy_task, seed=0).eval()
 
     def features(traced, batch_size, length, seed):
@@ -120,10 +122,30 @@ def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weigh
     assert not torch.allclose(after, before)
 
 
-def test_decoding_between_training_updates_uses_the_updated_weights(toy_task):
+def test_a_width_is_traced_once_it_recurs(toy_task):
+    """A width's first EAGER_CALLS_BEFORE_TRACING calls run eagerly (a trace costs ~70 ms and pays only for widths a
+    loop repeats), the next one makes its trace; a width called fewer times, as the drafter's once-per-batch call on
+    the prefix the batch's greedy steps emitted, gets none."""
+    model = random_transformer(toy_task, seed=0).eval()
+    sample = random_batch(toy_task.target_dictionary, 1, seed=0)
+    with torch.no_grad():
+        cache = StaticCache(model.decoder, model.encoder.forward_torchscript(sample["net_input"]), 12)
+        for call in range(static_cache.EAGER_CALLS_BEFORE_TRACING + 1):
+            assert (torch.float32, 1, 2, False, False) not in TRACES.get(model.decoder, (None, {}))[1], call
+            slots = torch.tensor([[3, 4]])
+            cache.step(torch.tensor([[5, 9]]), slots, slots)
+        slots = torch.arange(5).unsqueeze(0)
+        cache.step(torch.tensor([[2, 5, 9, 7, 6]]), slots, slots)
+    traces = TRACES[model.decoder][1]
+    assert isinstance(traces[(torch.float32, 1, 2, False, False)], torch.jit.ScriptModule)
+    assert (torch.float32, 1, 5, False, False) not in traces
+
+
+def test_decoding_between_training_updates_uses_the_updated_weights(toy_task, monkeypatch):
     """``--eval-bleu`` decodes the model being trained between updates, and fairseq's optimizers update ``p.data``,
     which leaves the version counters the caches' keys read: a forward in training mode drops the traces and the fused
     q/k/v projections, so the next decoding computes with the new weights (as fairseq's own forward does)."""
+    monkeypatch.setattr(static_cache, "EAGER_CALLS_BEFORE_TRACING", 0)
     model = random_transformer(toy_task, seed=0).eval()
     sample = random_batch(toy_task.target_dictionary, 1, seed=0)
     tokens = torch.tensor([[toy_task.target_dictionary.eos(), 5, 9]])
@@ -151,6 +173,7 @@ def test_an_int8_decoders_step_is_traced_too(toy_task, monkeypatch):
     """An int8 copy (``--int8-drafts``, ``--int8-decoder``) cannot be traced as a function of the tensors (its packed
     weights must belong to a traced module): its step runs the module's frozen trace, with the eager step's features
     bit for bit."""
+    monkeypatch.setattr(static_cache, "EAGER_CALLS_BEFORE_TRACING", 0)
     model = random_transformer(toy_task, seed=0).eval()
     decoder = int8_copy(model.decoder, "the decoder")
     sample = random_batch(toy_task.target_dictionary, 1, seed=0)

@@ -12,9 +12,10 @@ index on the buffers' first dimension; the encoder's keys, values and padding ma
 Features equal fairseq's up to rounding (tests/test_static_cache.py). Against fairseq's growing cache: see
 docs/design-notes.md, *The static decoder step against fairseq's incremental cache*.
 
-For one sentence on the CPU (batch 1) the layers run as a TorchScript trace, one per (B, T) and decoder, made at its
-first call (~70 ms): the same operations on the same tensors, bit for bit, without Python's cost per operation,
-which at batch 1 is a third of the layers' time (docs/design-notes.md, *The traced static step*).
+For one sentence on the CPU (batch 1) the layers run as a TorchScript trace, one per (B, T) and decoder, made once
+that width recurs (~70 ms; :data:`EAGER_CALLS_BEFORE_TRACING`): the same operations on the same tensors, bit for bit,
+without Python's cost per operation, which at batch 1 is a third of the layers' time (docs/design-notes.md, *The
+traced static step*).
 ``NAT_TRACED_STEP=0`` runs them eagerly.
 """
 
@@ -43,12 +44,16 @@ from .lean_decoder import (
 )
 
 TRACE_ENV = "NAT_TRACED_STEP"  # "0": run the layers eagerly (StaticCache.run)
-# each decoder's traces of static_layers: the weights version they were made with, and the traces by the key
-# StaticCache.run builds (kept per decoder object, outside it: copies of a decoder, its state dict and its pickles
-# carry none)
-TRACES: "weakref.WeakKeyDictionary[TransformerDecoderBase, Tuple[tuple, Dict[tuple, Callable]]]" = (
+# each decoder's traces of static_layers: the weights version they were made with, the traces by the key
+# StaticCache.run builds and the eager calls of each key so far (kept per decoder object, outside it: copies of a
+# decoder, its state dict and its pickles carry none)
+TRACES: "weakref.WeakKeyDictionary[TransformerDecoderBase, Tuple[tuple, Dict[tuple, Callable], Dict[tuple, int]]]" = (
     weakref.WeakKeyDictionary()
 )
+# a width's first calls run eagerly: a trace costs ~70 ms to make and saves ~0.1 ms a call, so it pays for the widths
+# a loop repeats (every step's), not for a call made once per batch (the drafter reading the prefix the batch's greedy
+# steps emitted, of another width each time: one trace per batch made the first batched pass ~50% slower)
+EAGER_CALLS_BEFORE_TRACING = 8
 # told the decoder of every traced call (a trace runs no module hooks): the benchmark's DecoderPassCounter
 PASS_OBSERVERS: List[Callable[[TransformerDecoderBase], None]] = []
 
@@ -167,7 +172,9 @@ class StaticCache:
             shape = (memory.size(0), layer.self_attn.num_heads, length, layer.self_attn.head_dim)
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
-        self.traces: Optional[Dict[tuple, Optional[Callable]]] = None  # the decoder's, found at the first traced call
+        # the decoder's traces and eager calls by key, found at the first call that wants a trace
+        self.traces: Optional[Dict[tuple, Optional[Callable]]] = None
+        self.eager_calls: Dict[tuple, int] = {}
 
     def step(
         self,
@@ -194,8 +201,9 @@ class StaticCache:
         """The decoder's layers and outputs on layer inputs ``x`` (B, T, C) of new slots ``slots`` (B, T), each query
         seeing the slots up to its ``last_visible`` (B, T) but ``hidden_slots`` ((B, L) bool; None: none hidden).
         Returns features as :meth:`step`. For one sentence on the CPU without gradients (:func:`tracing_wanted`) it
-        runs a TorchScript trace of :func:`static_layers`, made at the first call of each (B, T) (see the module):
-        the same operations on the same tensors, without Python's per-operation cost."""
+        runs a TorchScript trace of :func:`static_layers`, made once a (B, T) has run eagerly
+        :data:`EAGER_CALLS_BEFORE_TRACING` times (see the module): the same operations on the same tensors, without
+        Python's per-operation cost."""
         if tracing_wanted(x):
             inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
             inputs += self.keys + self.values + [t for t in self.encoder_keys + self.encoder_values if t is not None]
@@ -210,18 +218,23 @@ class StaticCache:
         return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
 
     def trace(self, inputs: List[torch.Tensor], has_hidden_slots: bool) -> Optional[Callable[..., torch.Tensor]]:
-        """The decoder's trace for :meth:`run`'s ``inputs``, made at the first call of their shapes
-        (:func:`trace_layers`; None where it could not be made). The decoder's traces are dropped when its weights
-        changed since they were made: a trace holds the tensors it was made with (fused q/k/v projections included)."""
+        """The decoder's trace for :meth:`run`'s ``inputs``, made at the first call of their shapes after
+        :data:`EAGER_CALLS_BEFORE_TRACING` eager ones (:func:`trace_layers`; None before, or where it could not be
+        made). The decoder's traces are dropped when its weights changed since they were made: a trace holds the
+        tensors it was made with (fused q/k/v projections included)."""
         if self.traces is None:  # once per batch: the weights as this batch finds them
             version = tuple((p.data_ptr(), p._version) for p in self.decoder.parameters())
-            made_with, self.traces = TRACES.get(self.decoder, (None, {}))
+            made_with, self.traces, self.eager_calls = TRACES.get(self.decoder, (None, {}, {}))
             if made_with != version:
-                self.traces = {}
-                TRACES[self.decoder] = (version, self.traces)
+                self.traces, self.eager_calls = {}, {}
+                TRACES[self.decoder] = (version, self.traces, self.eager_calls)
                 forget_when_trained(self.decoder, forget_traces)
         key = (inputs[0].dtype, *inputs[1].shape, has_hidden_slots, self.encoder_bias is not None)
         if key not in self.traces:
+            calls = self.eager_calls.get(key, 0)
+            if calls < EAGER_CALLS_BEFORE_TRACING:
+                self.eager_calls[key] = calls + 1
+                return None
             self.traces[key] = trace_layers(self.decoder, inputs, has_hidden_slots, self.encoder_bias is not None)
         return self.traces[key]
 
