@@ -37,7 +37,7 @@ Options: :class:`SpecDrafterDecodingConfig` (teacher, verification) and
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from fairseq.dataclass import ChoiceEnum
@@ -182,10 +182,10 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         if drafting.int8_drafts:
             self.drafter_decoder = int8_copy(drafter.decoder, "the drafter's decoder")
         self.drafter_out = self.drafter_cache = self.drafted = None
-        # --read-teacher-states: (B, L, d), column t the teacher's output at position t - 1 (zeros before BOS)
         self.reads_teacher_states = drafter.decoder.reads_teacher_states
         if self.reads_teacher_states:
             check_state_size(drafter, self.teacher, verification.teacher)
+        # --read-teacher-states: (B, L, d), column t the teacher's output at position t - 1 (zeros before BOS)
         self.teacher_states = None
         self.same_encoder = None  # whether the drafter's encoder is the teacher's (known at the first batch)
         self.drafted_width = None
@@ -234,7 +234,9 @@ class SpeculativeGenerator(VerifyAcceptLoop):
             self.teacher_states = torch.zeros(reference.size(0), width, dim, dtype=dtype, device=reference.device)
         return self.teacher_states
 
-    def verify(self, features: torch.Tensor, position: torch.Tensor, max_len: int):
+    def verify(
+        self, features: torch.Tensor, position: torch.Tensor, max_len: int
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The loop's verification; a drafter that reads the teacher's states keeps ``features`` (the teacher's
         output at ``position``) in column ``position`` + 1 of :meth:`states_buffer`."""
         if self.reads_teacher_states:
