@@ -239,13 +239,32 @@ class ReferenceDrafter(SpeculativeGenerator):
 
 
 class CheckedDrafter(SpeculativeGenerator):
-    """Checks every draft of the cached drafter against the drafter reading the whole prefix without a cache."""
+    """Checks every draft of the cached drafter against the drafter reading the whole prefix without a cache (a
+    ``--read-teacher-states`` drafter with the teacher's states computed by fairseq's decoder on that prefix,
+    teacher-forced)."""
 
     checked = 0
 
+    def start(self, sample, encoder_out):
+        super().start(sample, encoder_out)
+        self.sample_rows = dict(sample["net_input"])
+
+    def reorder(self, keep):
+        super().reorder(keep)
+        self.sample_rows = {name: value[keep] for name, value in self.sample_rows.items()}
+
     def propose(self, first, features, tokens, last, max_len):
         drafts = super().propose(first, features, tokens, last, max_len)
-        logits, _ = self.model.decoder(tokens, encoder_out=self.drafter_out, prefix_lengths=last + 2)
+        prefix_lengths = last + 2
+        states = None
+        if self.reads_teacher_states:
+            teacher = self.teacher.model
+            encoder_out = teacher.encoder(self.sample_rows["src_tokens"], src_lengths=self.sample_rows["src_lengths"])
+            prefix = tokens.masked_fill(torch.arange(tokens.size(1)) >= prefix_lengths.unsqueeze(1), self.pad)
+            states = states_before(teacher.decoder(prefix, encoder_out=encoder_out, features_only=True)[0])
+        logits, _ = self.model.decoder(
+            tokens, encoder_out=self.drafter_out, prefix_lengths=prefix_lengths, teacher_states=states
+        )
         logits[..., self.pad] = -math.inf
         # the drafts are the argmax of the uncached logits (up to floating-point ties)
         torch.testing.assert_close(logits.gather(-1, drafts.unsqueeze(-1)).squeeze(-1), logits.amax(-1))
@@ -273,39 +292,6 @@ def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_pat
     assert generator.checked > 16
 
 
-class StateCheckedDrafter(SpeculativeGenerator):
-    """Checks every draft of a ``--read-teacher-states`` drafter against its forward over the whole prefix with the
-    teacher's states computed by fairseq's decoder on that prefix, teacher-forced."""
-
-    checked = 0
-
-    def propose(self, first, features, tokens, last, max_len):
-        drafts = super().propose(first, features, tokens, last, max_len)
-        teacher = self.teacher.model
-        encoder_out = teacher.encoder(self.sample_rows["src_tokens"], src_lengths=self.sample_rows["src_lengths"])
-        prefix_lengths = last + 2
-        prefix = tokens.masked_fill(torch.arange(tokens.size(1)) >= prefix_lengths.unsqueeze(1), self.pad)
-        teacher_features = teacher.decoder(prefix, encoder_out=encoder_out, features_only=True)[0]
-        logits, _ = self.model.decoder(
-            prefix,
-            encoder_out=self.drafter_out,
-            prefix_lengths=prefix_lengths,
-            teacher_states=states_before(teacher_features),
-        )
-        logits[..., self.pad] = -math.inf
-        torch.testing.assert_close(logits.gather(-1, drafts.unsqueeze(-1)).squeeze(-1), logits.amax(-1))
-        self.checked += drafts.size(0)
-        return drafts
-
-    def start(self, sample, encoder_out):
-        super().start(sample, encoder_out)
-        self.sample_rows = dict(sample["net_input"])
-
-    def reorder(self, keep):
-        super().reorder(keep)
-        self.sample_rows = {name: value[keep] for name, value in self.sample_rows.items()}
-
-
 @pytest.mark.parametrize("cache", ["static", "fairseq"])
 def test_a_drafter_reading_the_teachers_states_gets_the_states_before_each_prefix_token(toy_task, tmp_path, cache):
     """``--read-teacher-states``: the states the loop keeps from the teacher's calls (the first after BOS, each
@@ -320,7 +306,7 @@ def test_a_drafter_reading_the_teachers_states_gets_the_states_before_each_prefi
     model = drafter(toy_task, 3, 4, ["--read-teacher-states"])
     with torch.no_grad():
         model.decoder.state_projection.weight.normal_(std=0.5)  # trained: not the zeros it starts from
-    generator = speculative(model, toy_task, path, StateCheckedDrafter)
+    generator = speculative(model, toy_task, path, CheckedDrafter)
     if cache == "fairseq":
         generator.new_drafter_cache = lambda max_len: {}
     hypos = generator.generate([model], sample)

@@ -224,14 +224,12 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         if self.teacher_states is not None:
             self.teacher_states = self.teacher_states[keep]
 
-    def states_buffer(self, max_len: int, reference: torch.Tensor) -> torch.Tensor:
-        """The batch's buffer of the teacher's states (module docstring), made at its first use (``reference``: a
-        tensor of the teacher's features or the batch's tokens): one column per position the loop can verify."""
+    def states_buffer(self, max_len: int, batch_size: int) -> torch.Tensor:
+        """The batch's buffer of the teacher's states (module docstring), made at its first use: one column per
+        position the loop can verify, in the drafter's device and dtype (the teacher's, :meth:`generate`)."""
         if self.teacher_states is None:
-            width = max_len + self.block_size + 3
-            dim = self.teacher.model.decoder.output_embed_dim
-            dtype = reference.dtype if reference.is_floating_point() else next(self.model.parameters()).dtype
-            self.teacher_states = torch.zeros(reference.size(0), width, dim, dtype=dtype, device=reference.device)
+            width, dim = max_len + self.block_size + 3, self.teacher.model.decoder.output_embed_dim
+            self.teacher_states = next(self.model.parameters()).new_zeros(batch_size, width, dim)
         return self.teacher_states
 
     def verify(
@@ -242,7 +240,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         if self.reads_teacher_states:
             columns = (position + 1).view(position.size(0), -1, 1)
             states = features.view(columns.size(0), columns.size(1), -1)
-            self.states_buffer(max_len, features).scatter_(1, columns.expand_as(states), states)
+            self.states_buffer(max_len, features.size(0)).scatter_(1, columns.expand_as(states), states)
         return super().verify(features, position, max_len)
 
     def new_drafter_cache(self, max_len: int) -> Union[StaticCache, IncrementalState]:
@@ -283,7 +281,7 @@ class SpeculativeGenerator(VerifyAcceptLoop):
         new_tokens = tokens.gather(1, index).masked_fill(padding, self.pad)
         states = None
         if self.reads_teacher_states:
-            buffer = self.states_buffer(max_len, tokens)
+            buffer = self.states_buffer(max_len, tokens.size(0))
             states = buffer.gather(1, index.unsqueeze(2).expand(-1, -1, buffer.size(2)))
         if isinstance(self.drafter_cache, StaticCache):
             logits = decoder.draft_on_static_cache(
