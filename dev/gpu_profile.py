@@ -4,10 +4,11 @@ first).
 
 Every row (the benchmark's teacher rows, the greedy teacher through the plugin's loop, and each ``--system``, with the
 benchmark's own syntax) decodes the same N test sentences at batch 1 twice, cold then warm (the same shapes again),
-then a profiled pass over N new sentences: a row whose warm pass is much faster than its cold one pays for shapes it has
-not seen (kernel selection, allocation, plans), not for its arithmetic. Prints ms per sentence per pass, the SDPA
-backends torch enables, and each row's 12 costliest operators (torch.profiler, self CPU time) of the profiled pass;
-writes the same to OUT/gpu_profile.txt.
+a third time without the static step's CUDA graphs (``NAT_CUDA_GRAPHS=0``: the same buffers run eagerly; a row off
+the static step decodes as before), then a profiled pass over N new sentences: a row whose warm pass is much faster
+than its cold one pays for shapes it has not seen (kernel selection, allocation, plans), not for its arithmetic.
+Prints ms per sentence per pass, the SDPA backends torch enables, and each row's 12 costliest operators
+(torch.profiler, self CPU time) of the profiled pass; writes the same to OUT/gpu_profile.txt.
 
     python dev/gpu_profile.py WORK OUT [--sentences 20] [--system 'NAME=CKPT::ARGS' ...] [--cpu]
 e.g. after dev/gpu_table.sh: python dev/gpu_profile.py /tmp/natgpu/multi30k-gpu $OUT \\
@@ -24,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from nat_plugins.bench import benchmark
 from nat_plugins.bench.measure import FairseqRunner, generation_cfg
 from nat_plugins.bench.rows import TEACHER_BEAM
+from nat_plugins.engine import step_graphs
 
 
 def main():
@@ -74,19 +76,27 @@ def main():
             runner.decode(runner.inputs([i]))
         return 1000 * (time.perf_counter() - start) / len(ids)
 
-    lines.append("| row | cold ms / sentence | warm (same sentences) | new sentences, profiled |")
-    lines.append("|---|---:|---:|---:|")
+    lines.append(
+        "| row | cold ms / sentence | warm (same sentences) | warm, no CUDA graphs | new sentences, profiled |"
+    )
+    lines.append("|---|---:|---:|---:|---:|")
     tables = []
     for runner in runners:
         cold = ms_per_sentence(runner, range(n))
         warm = ms_per_sentence(runner, range(n))
+        os.environ[step_graphs.GRAPHS_ENV] = "0"
+        without_graphs = ms_per_sentence(runner, range(n))
+        del os.environ[step_graphs.GRAPHS_ENV]
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
         with profile(activities=activities) as profiled:
             new = ms_per_sentence(runner, range(n, 2 * n))
-        lines.append(f"| {runner.spec.name} | {cold:.1f} | {warm:.1f} | {new:.1f} |")
+        lines.append(f"| {runner.spec.name} | {cold:.1f} | {warm:.1f} | {without_graphs:.1f} | {new:.1f} |")
         table = profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
         tables += ["", f"## {runner.spec.name}", table]
         write(args.out, "\n".join(lines + tables) + "\n")  # a row at a time: a run cut off keeps what it measured
+    if step_graphs.CAPTURE_FAILURES:
+        lines.append(f"CUDA graph captures that failed (those call shapes ran eagerly): {step_graphs.CAPTURE_FAILURES}")
+        write(args.out, "\n".join(lines + tables) + "\n")
     print("\n".join(lines + tables))
 
 

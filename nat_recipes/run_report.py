@@ -16,7 +16,7 @@ import re
 from typing import List, Optional
 
 from nat_plugins.bench.report import ratio_cell
-from nat_plugins.bench.rows import CT2_GREEDY
+from nat_plugins.bench.rows import CT2_GREEDY, TEACHER_GREEDY_PLUGIN
 
 from . import catalogue
 
@@ -192,15 +192,23 @@ def fastest_ct2_alone(results: dict) -> Optional[str]:
     return min(engines, key=lambda r: r["solo"]["ms_per_sentence"])["name"] if engines else None
 
 
+def plugin_greedy_row(results: dict) -> Optional[str]:
+    """The name of the run's row of the teacher's greedy search by the plugin's loop, if it has one."""
+    return next((r["name"] for r in results["rows"] if r.get("role") == TEACHER_GREEDY_PLUGIN), None)
+
+
 def summary_row(results: dict, row: dict, ct2: Optional[str]) -> str:
     """One line of :func:`build_summary`'s table."""
-    solo = row.get("solo")
+    solo, rounds = row.get("solo"), row.get("speedup_rounds", {})
+    plugin = plugin_greedy_row(results)
     if solo:
         ms, greedy, timed = solo["ms_per_sentence"], ratio_cell(solo["latency_ratio_rounds"]), "alone"
         to_ct2 = solo_ratio_to(results, row, ct2) if ct2 else None
+        to_plugin = solo_ratio_to(results, row, plugin) if plugin else None
     else:
         ms, greedy, timed = row["latency_ms_median"], ratio_cell(row["latency_ratio_rounds"]), "round-robin"
-        to_ct2 = row.get("speedup_rounds", {}).get("latency_speedup_vs_ct2_greedy")
+        to_ct2 = rounds.get("latency_speedup_vs_ct2_greedy")
+        to_plugin = rounds.get("latency_speedup_vs_ar_greedy_plugin")
     batched = row.get("throughput_ratio_rounds")
     checks = row.get("exact_check")
     differ = "–" if not checks else str(sum(check["differ"] for check in checks.values()))
@@ -211,6 +219,7 @@ def summary_row(results: dict, row: dict, ct2: Optional[str]) -> str:
         timed,
         f"{ms:.1f}",
         greedy,
+        *([ratio_cell(to_plugin) if to_plugin else "–"] if plugin else []),
         ratio_cell(to_ct2) if to_ct2 else "–",
         ratio_cell(batched) if batched else "–",
         "–" if calls is None else f"{calls:.2f}",
@@ -248,17 +257,21 @@ def build_summary(
     targets = target_table(results, preset, only)
     lines += targets + ([""] if targets else [])
     ct2 = fastest_ct2_alone(results) or (meta.get("ctranslate2_fastest_greedy") or {}).get("latency")
+    plugin = plugin_greedy_row(results)
+    to_plugin = f"× plugin greedy: against *{plugin}* (the teacher's greedy search by the plugin's loop); "
     lines += [
         f"{meta['num_sentences']} test sentences; batch 1: median ms per sentence over "
         f"{meta['latency_sentences_timed']} sentences and the median (range) of the paired per-round ratios, each "
-        "engine alone at its best setting where the run timed it so, else round-robin with every row; × CTranslate2: "
-        f"against *{ct2 or 'none'}*, its fastest greedy engine; batch {batch}: round-robin; ≠ greedy: timed "
-        "sentences whose output differs from the teacher's greedy search (– not checked); Rep %: repeated tokens "
-        "(Ran et al. eq. 8).",
+        "engine alone at its best setting where the run timed it so, else round-robin with every row; "
+        + (to_plugin if plugin else "")
+        + f"× CTranslate2: against *{ct2 or 'none'}*, its fastest greedy engine; batch {batch}: round-robin; "
+        "≠ greedy: timed sentences whose output differs from the teacher's greedy search (– not checked); Rep %: "
+        "repeated tokens (Ran et al. eq. 8).",
         "",
-        f"| system | BLEU | ≠ greedy | batch 1 timed | ms / sent | × fairseq greedy | × CTranslate2 "
-        f"| batch {batch}: × fairseq greedy | decoder calls / sent | Rep % |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| system | BLEU | ≠ greedy | batch 1 timed | ms / sent | × fairseq greedy | "
+        + ("× plugin greedy | " if plugin else "")
+        + f"× CTranslate2 | batch {batch}: × fairseq greedy | decoder calls / sent | Rep % |",
+        "|---|---:|---:|---|---:|---:|" + ("---:|" if plugin else "") + "---:|---:|---:|---:|",
     ]
     lines += [summary_row(results, row, ct2) for row in results["rows"]]
     pareto = os.path.join(work, "bench", "pareto.png")

@@ -1,13 +1,16 @@
 import os
 import shutil
+from argparse import Namespace
 
 import pytest
 import torch
-from fairseq import checkpoint_utils
+from fairseq import checkpoint_utils, options, tasks
 from fairseq.data import Dictionary
 
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
 from nat_plugins.cli import distill
+from nat_plugins.engine import step_graphs
+from nat_plugins.engine.static_cache import StaticCache
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
 from .utils import (
@@ -94,6 +97,48 @@ def teacher(dummy_data_bin, tiny_teacher):
     )
     task.load_dataset("test")
     return models[0].eval(), task
+
+
+@pytest.fixture(scope="module")
+def sat_task(dummy_data_bin):
+    """translation_nat over the dummy data, its test split loaded."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(), [dummy_data_bin, "--task", "translation_nat", "--arch", "transformer"]
+    )
+    task = tasks.setup_task(args)
+    task.load_dataset("test")
+    return task
+
+
+@pytest.fixture
+def graphs_on_the_cpu(monkeypatch):
+    """The CUDA path of the static step on the CPU (tests/test_step_graphs.py), every call shape captured at its
+    first call; returns the counts of the static step's calls and graph replays so far."""
+    counts = Namespace(calls=0, replays=0)
+    run_banked = StaticCache.run_banked
+
+    def counted(cache, inputs):
+        counts.calls += 1
+        return run_banked(cache, inputs)
+
+    def capture(run):
+        run()  # the warm-up, as on CUDA
+        output = run()
+
+        def replay():
+            counts.replays += 1
+            output.copy_(run())
+
+        return replay, output
+
+    monkeypatch.setattr(StaticCache, "run_banked", counted)
+    monkeypatch.setattr(step_graphs, "graphs_wanted", lambda reference: not torch.is_grad_enabled())
+    monkeypatch.setattr(step_graphs, "capture", capture)
+    monkeypatch.setattr(step_graphs, "EAGER_CALLS_BEFORE_CAPTURE", 0)
+    monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
+    step_graphs.BANKS.clear()
+    yield counts
+    step_graphs.BANKS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from nat_plugins.bench import rows as bench_rows
 from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import rep_mis
 from nat_plugins.cli.decoding import Generation
-from nat_plugins.engine import static_cache
+from nat_plugins.engine import static_cache, step_graphs
 from nat_recipes import catalogue
 
 from .utils import TINY_TRANSFORMER, train_model
@@ -108,6 +108,30 @@ def test_outputs_written(fixture):
     assert "AR teacher, beam 4" in markdown and "same teacher greedy" in markdown and "fp32" in markdown
 
 
+def test_a_row_whose_cuda_graphs_could_not_be_captured_says_so(fixture, tmp_path, monkeypatch):
+    """A capture of the static step's CUDA graphs that fails leaves those call shapes eager (the same output): the
+    row decoded by the plugin's loop records why and how often, results.md says it; fairseq's rows have nothing.
+    (The bank path and a failing capture on the CPU, as tests/test_step_graphs.py runs them.)"""
+
+    def failing(run):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(step_graphs, "graphs_wanted", lambda reference: not torch.is_grad_enabled())
+    monkeypatch.setattr(step_graphs, "capture", failing)
+    monkeypatch.setattr(step_graphs, "EAGER_CALLS_BEFORE_CAPTURE", 0)
+    monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
+    args = _args(fixture, out_dir=str(tmp_path), no_plots=True, time_budget=0.01, optional_row=["fairseq CMLM"])
+    rows = {row["name"]: row for row in benchmark.main(args)["rows"]}
+    step_graphs.BANKS.clear()
+    failures = rows["AR teacher, greedy (plugin layout)"]["graph_capture_failures"]
+    ((reason, count),) = failures.items()
+    assert reason == "RuntimeError: CUDA error: operation not permitted when stream is capturing" and count >= 1
+    assert rows["AR teacher, greedy"]["graph_capture_failures"] is None
+    markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
+    assert f"- **AR teacher, greedy (plugin layout): {count} call shapes ran without CUDA graphs** (" in markdown
+    assert rows["AR teacher, greedy (plugin layout)"]["bleu"] == rows["AR teacher, greedy"]["bleu"]
+
+
 def test_a_budget_too_small_for_every_row_decodes_the_required_ones_and_names_the_rest(fixture, tmp_path):
     """--time-budget used up before the plan: the teacher rows and the required row decode the batched pass and batch 1
     (one sentence, the first round's: it ends past the budget), the optional row is left out, never decoded, and
@@ -180,6 +204,7 @@ def test_json_rows_and_metadata(fixture):
         "npd_samples",
         "drafting_ms_per_call",
         "verify_ms_per_call",
+        "graph_capture_failures",
         "latency_speedup_vs_ar_beam",
         "latency_speedup_vs_ar_greedy",
         "latency_speedup_vs_ct2_greedy",

@@ -10,6 +10,10 @@ float32, float16 and bfloat16, and the CPU linear layout stays off the GPU.
   maximum-length rules), and the plugin's token there must be less than ``NEAR_TIE`` below fairseq's best; nothing
   is compared after that position. Up to it, positional scores agree to ``NEAR_TIE``. At most ``MAX_DIVERGED`` of
   the sentences may diverge, so that the rule cannot hide a wrong decoder.
+* The static step's CUDA graphs (:mod:`~nat_plugins.engine.step_graphs`, on by default, so the cases above decode
+  through them): every loop on the static step (the plugin's greedy search, blockwise, speculative with its drafter,
+  SAT, RecoverSAT) prints the same tokens and scores bit for bit with graphs as with the same buffers run eagerly
+  (``NAT_CUDA_GRAPHS=0``), and no capture failed.
 * :mod:`~nat_plugins.engine.cpu_linear`'s W·xᵀ product (a layout for CPU float32) is never computed for models on
   CUDA, whatever their dtype: every generator (blockwise, speculative with its teacher, fairseq's for an AR model
   through translation_nat) decodes through ``F.linear`` there. The probe first sees the layout used on the CPU in
@@ -27,11 +31,19 @@ import torch.nn.functional as F
 from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
+from nat_plugins.engine import step_graphs
 from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
+from nat_plugins.generators.recover_sat_decoding import RecoverSATGenerator
+from nat_plugins.generators.sat_decoding import SATGenerator
 from nat_plugins.generators.spec_drafter_decoding import SpeculativeGenerator
+from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
+from .test_block_call import random_transformer
 from .test_blockwise import random_model
 from .test_cpu_linear import count_weight_first_products
+from .test_recover_sat import build_recover_sat
+from .test_sat import batch as sat_batch
+from .test_sat import build_sat
 from .test_speculative import drafter, random_teacher
 from .utils import random_batch, sub_batch, with_task_options
 
@@ -220,6 +232,66 @@ def test_speculative_exact_verification_is_fairseqs_greedy_decoding_on_cuda(toy_
             parameter = next(generator.teacher.model.parameters())
             assert parameter.device.type == "cuda" and parameter.dtype == dtype
     assert calls < tokens  # the reference drafter's drafts were accepted
+
+
+# ----- the static step's CUDA graphs --------------------------------------------------------------------------------
+
+
+def graph_cases(task, data_bin, device, dtype, tmp_path):
+    """``(model, build, sample)``: the plugin's greedy loop, blockwise exact acceptance, speculative exact
+    verification (an untrained drafter: drafter and teacher on the static step; the reference drafter: drafts
+    accepted), SAT K=2 greedy and RecoverSAT K=3 (hidden slots)."""
+    dictionary = task.target_dictionary
+    teacher = random_transformer(task, seed=3).to(device=device, dtype=dtype).eval()
+    gen_args = Namespace(beam=1, max_len_b=MAX_LEN_B)
+    yield teacher, lambda: GreedyLoop([teacher], task, gen_args), random_batch(dictionary, BATCH, 3)
+    for model, _, build, sample in blockwise_cases(task, device, dtype, 3):
+        yield model, lambda build=build: build(None), sample
+    for generator_class in (SpeculativeGenerator, ReferenceDrafter):
+        for _, model, build, sample in speculative_cases(task, device, dtype, 3, tmp_path, generator_class):
+            reference = fairseq_greedy(teacher, task, to(device, sample))  # any rows: the drafts are checked
+            yield model, lambda build=build, reference=reference: build(reference), sample
+    torch.manual_seed(0)
+    for build_grouped, generator_class, group_size in (
+        (build_sat, SATGenerator, 2),
+        (build_recover_sat, RecoverSATGenerator, 3),
+    ):
+        model = build_grouped(data_bin, task, group_size).to(device=device, dtype=dtype)
+        yield model, lambda g=generator_class, m=model: g([m], task, gen_args), sat_batch(task, range(BATCH))
+
+
+def check_graphs_print_the_eager_output(task, data_bin, device, dtype, tmp_path, monkeypatch):
+    """Each decoder of :func:`graph_cases` prints the same tokens and scores, bit for bit, with the static step's
+    graphs as without (``NAT_CUDA_GRAPHS=0``: the same bucketed buffers, run eagerly), on a batch whose sentences
+    leave at different steps and on each sentence alone; graphs were replayed, no capture failed. Returns the
+    replays."""
+    replays = []
+    replay = step_graphs.replay
+    monkeypatch.setattr(step_graphs, "replay", lambda *args: replays.append(1) or replay(*args))
+    monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
+    for model, build, sample in graph_cases(task, data_bin, device, dtype, tmp_path):
+        sample = to(device, sample)
+        batches = [sample] + [sub_batch(sample, i) for i in range(BATCH)]
+        decoded = {}
+        for graphs in ("1", "0"):
+            monkeypatch.setenv(step_graphs.GRAPHS_ENV, graphs)
+            generator = build()
+            decoded[graphs] = [hypo for batch in batches for hypo in generator.generate([model], batch)]
+        for with_graphs, eager in zip(decoded["1"], decoded["0"]):
+            assert torch.equal(with_graphs[0]["tokens"], eager[0]["tokens"]), type(generator).__name__
+            assert torch.equal(with_graphs[0]["positional_scores"], eager[0]["positional_scores"])
+    monkeypatch.delenv(step_graphs.GRAPHS_ENV)
+    assert replays and step_graphs.CAPTURE_FAILURES == {}
+    return replays
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_static_steps_cuda_graphs_print_what_the_eager_step_prints(
+    dummy_data_bin, sat_task, tmp_path, monkeypatch, dtype
+):
+    """:func:`check_graphs_print_the_eager_output` with real CUDA graphs (tests/test_step_graphs.py runs it on any
+    machine, and checks the rest of the graphs' path)."""
+    check_graphs_print_the_eager_output(sat_task, dummy_data_bin, "cuda", dtype, tmp_path, monkeypatch)
 
 
 # ----- the CPU linear layout ----------------------------------------------------------------------------------------

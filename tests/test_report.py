@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from nat_plugins.bench.rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY
+from nat_plugins.bench.rows import CT2_GREEDY, TEACHER_BEAM, TEACHER_GREEDY, TEACHER_GREEDY_PLUGIN
 from nat_recipes import catalogue
 from nat_recipes import run_report as report
 
@@ -357,6 +357,29 @@ def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path
     text = report.build_summary(str(tmp_path), "cpu", "img/x-", "runs/x.md", only="spec-drafter")
     bar = next(line for line in text.splitlines() if line.startswith(EXACT_ROW_BAR))
     assert "differs from greedy (passes: 1, 64, solo)" in bar and bar.endswith("| **no** |")  # alone it differed
+
+
+def test_the_summary_compares_every_row_with_the_plugins_greedy_loop_where_the_run_has_it(tmp_path):
+    """On a GPU the plugin's greedy loop (CUDA graphs) is the honest baseline beside fairseq's eager search: a run
+    with its row gets a × plugin greedy column, alone against alone and round-robin against round-robin."""
+    solo_run(str(tmp_path))
+    assert "× plugin greedy" not in report.build_summary(str(tmp_path), "cpu", only="spec-drafter")
+    path = tmp_path / "bench" / "results.json"
+    results = json.loads(path.read_text())
+    plugin = "AR teacher, greedy (plugin layout)"
+    results["rows"].append(row(plugin, 29.0, 40.0, TEACHER_GREEDY_PLUGIN))
+    results["rows"][-1]["solo"] = {"ms_per_sentence": 15.0, "latency_ratio_rounds": [1.3, 1.3, 1.3]}
+    results["solo"]["per_round_seconds"][plugin] = {"1": [1.5, 1.5, 1.5]}
+    results["rows"][0]["speedup_rounds"] = {"latency_speedup_vs_ar_greedy_plugin": [0.5, 0.4, 0.6]}
+    path.write_text(json.dumps(results))
+    text = report.build_summary(str(tmp_path), "cpu", only="spec-drafter")
+    assert f"× plugin greedy: against *{plugin}*" in text
+    header = next(line for line in text.splitlines() if line.startswith("| system |")).split(" | ")
+    table = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if line.startswith("| ")}
+    column = header.index("× plugin greedy") - 1
+    assert table["Speculative k=3, exact"][column] == "1.50× (1.25–1.50)"  # its seconds 1.0, 1.0, 1.2 alone
+    assert table[catalogue.TEACHER_BEAM_ROW][column] == "0.50× (0.40–0.60)"  # round-robin
+    assert table[catalogue.TEACHER_GREEDY_ROW][column] == "0.75× (0.68–0.83)"
 
 
 def test_students_trained_side_by_side_count_once_in_the_wall_time(tmp_path):

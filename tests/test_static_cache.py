@@ -7,7 +7,6 @@ from argparse import Namespace
 
 import pytest
 import torch
-from fairseq import options, tasks
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.engine import static_cache
@@ -45,6 +44,46 @@ def full_features(model, encoder_out, tokens, rows, lengths):
     return out
 
 
+def check_steps_see_the_accepted_prefixes(task, model, accepted_per_step, keeps, after_call=None):
+    """A static cache of ``model``'s decoder on a batch of random sources: BOS, then at each step a block of 3 new
+    tokens per sentence, of which sentence i keeps ``accepted_per_step[step][i]``; before step s the batch keeps the
+    sentences ``keeps[s]`` (indices into the current batch). Every call's features equal fairseq's decoder on the
+    accepted prefix + the block (the slots not written yet and the rejected ones, left in the buffers and overwritten
+    later, never seen);
+    ``after_call(cache, features)`` runs after each call. Returns the cache."""
+    size = len(accepted_per_step[0])
+    sample = random_batch(task.target_dictionary, size, seed=0)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    tokens = torch.randint(4, 28, (size, 14), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = task.target_dictionary.eos()  # BOS
+    with torch.no_grad():
+        cache = StaticCache(model.decoder, encoder_out, 16)
+        for buffer in cache.keys + cache.values:
+            buffer.normal_()  # as an earlier batch may leave them: never seen
+        zeros = torch.zeros(size, 1, dtype=torch.long)
+        features = cache.step(tokens[:, :1], zeros, zeros)
+    for row, full in enumerate(full_features(model, encoder_out, tokens, range(size), [1] * size)):
+        torch.testing.assert_close(features[row], full, rtol=1e-5, atol=1e-5)
+    lengths, rows = torch.ones(size, dtype=torch.long), list(range(size))  # slots kept: BOS, accepted tokens
+    for step, accepted in enumerate(accepted_per_step):
+        if step in keeps:
+            keep = torch.tensor(keeps[step])
+            cache.reorder(keep)
+            lengths, rows = lengths[keep], [rows[i] for i in keeps[step]]
+        slots = lengths.unsqueeze(1) + torch.arange(3)
+        block = tokens[rows].gather(1, slots)
+        with torch.no_grad():
+            features = cache.step(block, slots, slots)
+        if after_call is not None:
+            after_call(cache, features)
+        expected = full_features(model, encoder_out, tokens, rows, (lengths + 3).tolist())
+        for i, full in enumerate(expected):
+            torch.testing.assert_close(features[i], full[-3:], rtol=1e-5, atol=1e-5)
+        lengths = lengths + torch.tensor(accepted)
+    assert model.decoder not in TRACES
+    return cache
+
+
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
     """Blocks of 3 new tokens per sentence, of which each sentence keeps a different number: every call's features
@@ -56,30 +95,12 @@ def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
         model = build_model(toy_task, None, 0, ["--decoder-normalize-before", "--encoder-normalize-before"], arch)
     else:
         model = random_transformer(toy_task, seed=0)
-    model.eval()
-    sample = random_batch(toy_task.target_dictionary, 3, seed=0)
-    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
-    tokens = torch.randint(4, 28, (3, 14), generator=torch.Generator().manual_seed(0))
-    tokens[:, 0] = toy_task.target_dictionary.eos()  # BOS
-    with torch.no_grad():
-        cache = StaticCache(model.decoder, encoder_out, 16)
-        first = cache.step(tokens[:, :1], torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 1, dtype=torch.long))
-    for row, full in enumerate(full_features(model, encoder_out, tokens, range(3), [1] * 3)):
-        torch.testing.assert_close(first[row], full, rtol=1e-5, atol=1e-5)
-    lengths, rows = torch.ones(3, dtype=torch.long), [0, 1, 2]  # slots each sentence keeps: BOS, accepted tokens
-    for step, accepted in enumerate(([1, 3, 2], [2, 1, 3], [3, 3, 1], [2, 2])):
-        if step == 3:  # sentence 1 ends: the batch keeps sentences 0 and 2
-            keep = torch.tensor([0, 2])
-            cache.reorder(keep)
-            lengths, rows = lengths[keep], [0, 2]
-        slots = lengths.unsqueeze(1) + torch.arange(3)
-        block = tokens[rows].gather(1, slots)
-        with torch.no_grad():
-            features = cache.step(block, slots, slots)
-        expected = full_features(model, encoder_out, tokens, rows, (lengths + 3).tolist())
-        for i, full in enumerate(expected):
-            torch.testing.assert_close(features[i], full[-3:], rtol=1e-5, atol=1e-5)
-        lengths = lengths + torch.tensor(accepted)
+    check_steps_see_the_accepted_prefixes(
+        toy_task,
+        model.eval(),
+        ([1, 3, 2], [2, 1, 3], [3, 3, 1], [2, 2]),
+        {3: [0, 2]},  # sentence 1 ends
+    )
     assert model.decoder not in TRACES
 
 
@@ -280,17 +301,6 @@ def test_an_int8_decoder_decodes_greedily_in_the_plugins_loop(toy_task):
         GreedyLoop([copy.deepcopy(model).half()], task, Namespace(beam=1))
 
 
-@pytest.fixture(scope="module")
-def sat_task(dummy_data_bin):
-    """translation_nat over the dummy data, its test split loaded."""
-    args = options.parse_args_and_arch(
-        options.get_training_parser(), [dummy_data_bin, "--task", "translation_nat", "--arch", "transformer"]
-    )
-    task = tasks.setup_task(args)
-    task.load_dataset("test")
-    return task
-
-
 def ending_at_random(decoder, ends):
     """Make ``decoder``'s output layer emit token ``ends[i]`` where feature i of a row is more than a standard
     deviation above its mean over the call's rows (a random model's outputs hardly depend on the source): sentences
@@ -308,13 +318,19 @@ def ending_at_random(decoder, ends):
     decoder.output_layer = layer
 
 
-@pytest.mark.parametrize("kind, group_size", [("sat", 2), ("sat", 3), ("recover_sat", 2), ("recover_sat", 3)])
+@pytest.mark.parametrize(
+    "kind, group_size, banked",
+    [("sat", 2, False), ("sat", 3, False), ("recover_sat", 2, False), ("recover_sat", 3, False)]
+    + [("sat", 2, True), ("recover_sat", 3, True)],
+)
 def test_grouped_decoding_prints_the_same_on_the_static_cache_as_on_fairseqs(
-    dummy_data_bin, sat_task, monkeypatch, kind, group_size
+    dummy_data_bin, sat_task, monkeypatch, request, kind, group_size, banked
 ):
     """SAT group decoding and RecoverSAT segment decoding on the static cache print what they print on fairseq's
     incremental cache (same tokens, scores up to rounding) in a batch whose sentences leave it at different steps
-    and, for RecoverSAT, whose ended segments feed padding (hidden from the later steps)."""
+    and, for RecoverSAT, whose ended segments feed padding (hidden from the later steps); ``banked``: on the CUDA
+    path's buffers and graphs (tests/test_step_graphs.py), every step replayed."""
+    counts = request.getfixturevalue("graphs_on_the_cpu") if banked else None
     task = sat_task
     torch.manual_seed(0)
     model = (build_sat if kind == "sat" else build_recover_sat)(dummy_data_bin, task, group_size)
@@ -326,9 +342,13 @@ def test_grouped_decoding_prints_the_same_on_the_static_cache_as_on_fairseqs(
     encoder_out = model.encoder.forward_torchscript(sample["net_input"])
     assert isinstance(model.decoder.new_cache(encoder_out, 8), StaticCache)
     decode = sat_decode if kind == "sat" else recover_sat_decode
-    static = decode(model, task, sample, max_len_b=20)
+    # greedy: SAT's beam search is fairseq's with fairseq's cache; RecoverSAT's decode is greedy
+    options = dict(beam=1, max_len_b=20) if kind == "sat" else dict(max_len_b=20)
+    static = decode(model, task, sample, **options)
+    if banked:
+        assert counts.replays == counts.calls > 0
     monkeypatch.setattr(model.decoder, "new_cache", lambda encoder_out, length: {})
-    incremental = decode(model, task, sample, max_len_b=20)
+    incremental = decode(model, task, sample, **options)
     steps = {hyps[0]["steps"] for hyps in static}
     assert len(steps) > 1, "every sentence left the batch at the same step: the test does not reorder the cache"
     if kind == "recover_sat":

@@ -30,7 +30,7 @@ from fairseq_cli.generate import get_symbols_to_strip_from_output
 from torch import nn
 
 from ..cli.decoding import Generation, load_generation
-from ..engine import static_cache
+from ..engine import static_cache, step_graphs
 from ..generators.verify_accept_loop import VerifyAcceptLoop
 from ..modules.teacher import FrozenTeacher
 from .analysis import corpus_bleu
@@ -264,6 +264,8 @@ class FairseqRunner:
         if not all(self.counter.stacks):
             logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", spec.name)
         self.outputs: Dict[int, Output] = {}
+        # CUDA: why captures of the static step's graphs failed while decoding this row, with how many
+        self.graph_capture_failures: Dict[str, int] = {}
 
     def inputs(self, indices: List[int]):
         generation = self.decoder.generation
@@ -275,9 +277,14 @@ class FairseqRunner:
         return sample
 
     def decode(self, sample):
+        failed_before = dict(step_graphs.CAPTURE_FAILURES)
         hypos = self.decoder.generation.decode(sample)
         if self.decoder.generation.use_cuda:
             torch.cuda.synchronize()
+        for reason, count in step_graphs.CAPTURE_FAILURES.items():  # this row's call shapes that run eagerly
+            new = count - failed_before.get(reason, 0)
+            if new:
+                self.graph_capture_failures[reason] = self.graph_capture_failures.get(reason, 0) + new
         return [nbest[0] for nbest in hypos]
 
     def record(self, sample, best):
@@ -469,4 +476,5 @@ def make_row(runner, hyps: List[str], references: List[str], rates: List[float],
         runner.npd_samples,
         drafting_ms_per_call=batch1.drafting_ms_per_call,
         verify_ms_per_call=batch1.verify_ms_per_call,
+        graph_capture_failures=getattr(runner, "graph_capture_failures", None) or None,
     )

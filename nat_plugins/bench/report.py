@@ -246,6 +246,7 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         *budget_lines(meta),
         exact_line(meta),
         layout_line(meta),
+        *graph_failure_lines(rows),
         "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
         "however entered: NAD-AD's NAD pass and NPD's teacher rescoring pass included; ensemble members count once); "
         "ms / decoder call: mean batch-1 latency / decoder calls per sentence (the cost of one greedy step or "
@@ -350,6 +351,18 @@ def budget_lines(meta: dict) -> List[str]:
     left_out = budget["rows_left_out"]
     parts.append("rows left out (not decoded): " + ", ".join(left_out) if left_out else "every row decoded")
     return ["; ".join(parts)]
+
+
+def graph_failure_lines(rows: List[Row]) -> List[str]:
+    """A header line per row whose static-step CUDA graphs could not all be captured (those call shapes ran eagerly:
+    the same tokens, not the graphs' speed), saying why."""
+    return [
+        f"- **{r.name}: {sum(r.graph_capture_failures.values())} call shapes ran without CUDA graphs** (their "
+        "capture failed; the same output, eager speed): "
+        + "; ".join(f"{reason} ({count}×)" for reason, count in r.graph_capture_failures.items())
+        for r in rows
+        if r.graph_capture_failures
+    ]
 
 
 def layout_line(meta: dict) -> str:

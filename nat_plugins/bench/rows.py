@@ -239,6 +239,9 @@ class Row:
     # and the rest of the time per verifier call (its decoder call, the encoder pass and the loop's bookkeeping)
     drafting_ms_per_call: Optional[float] = None
     verify_ms_per_call: Optional[float] = None
+    # CUDA: why captures of the static step's graphs failed while decoding it (those call shapes ran eagerly: the
+    # same output, not the graphs' speed), with how many (nat_plugins.engine.step_graphs)
+    graph_capture_failures: Optional[Dict[str, int]] = None
     # batch-1 seconds of each round's block (.schedule): the latency ratios to the other rows pair them round by round
     latency_round_seconds: List[float] = field(default_factory=list)
     # per timed pass ("1", str(--batch-size), every --batch-sizes size), for a row that prints the teacher's greedy

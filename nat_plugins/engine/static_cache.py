@@ -16,7 +16,8 @@ For one sentence on the CPU (batch 1) the layers run as a TorchScript trace, one
 that width recurs (~70 ms; :data:`EAGER_CALLS_BEFORE_TRACING`): the same operations on the same tensors, bit for bit,
 without Python's cost per operation, which at batch 1 is a third of the layers' time (docs/design-notes.md, *The
 traced static step*).
-``NAT_TRACED_STEP=0`` runs them eagerly.
+``NAT_TRACED_STEP=0`` runs them eagerly. On CUDA the buffers come from the decoder's bank of bucketed shapes and each
+call shape is replayed as a CUDA graph (:mod:`.step_graphs`).
 """
 
 import os
@@ -29,7 +30,7 @@ from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from torch import nn
 
-from . import cpu_linear
+from . import cpu_linear, step_graphs
 from .block_call import layer_inputs, layer_outputs
 from .lean_decoder import (
     attend,
@@ -160,21 +161,43 @@ class StaticCache:
         self.decoder = decoder
         memory = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, C)
         mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
-        self.encoder_bias = padding_bias(mask, memory) if mask is not None and mask.any() else None
-        self.encoder_keys, self.encoder_values = [], []
+        encoder_keys, encoder_values = [], []
         for layer in decoder.layers:
             attention = layer.encoder_attn
-            self.encoder_keys.append(None if attention is None else split_heads(attention.k_proj(memory), attention))
-            self.encoder_values.append(None if attention is None else split_heads(attention.v_proj(memory), attention))
+            encoder_keys.append(None if attention is None else split_heads(attention.k_proj(memory), attention))
+            encoder_values.append(None if attention is None else split_heads(attention.v_proj(memory), attention))
+        # the decoder's traces and eager calls by key, found at the first call that wants a trace
+        self.traces: Optional[Dict[tuple, Optional[Callable]]] = None
+        self.eager_calls: Dict[tuple, int] = {}
+        # on CUDA: buffers of bucketed shapes from the decoder's bank, which its CUDA graphs replay on (step_graphs)
+        self.buffers: Optional[step_graphs.StepBuffers] = None
+        if step_graphs.graphs_wanted(memory):
+            bsz, source = memory.shape[:2]
+            self.use(step_graphs.checkout(decoder, self, bsz, length, source, memory))
+            bias = self.encoder_bias[:bsz, :, :, :source]
+            bias.fill_(0.0)
+            self.encoder_bias[:bsz, :, :, source:] = float("-inf")
+            if mask is not None:
+                bias.masked_fill_(mask.bool()[:, None, None, :], float("-inf"))
+            for buffer, new in zip(self.encoder_keys + self.encoder_values, encoder_keys + encoder_values):
+                if new is not None:
+                    buffer[:bsz, :, :source].copy_(new)
+            return
+        self.encoder_bias = padding_bias(mask, memory) if mask is not None and mask.any() else None
+        self.encoder_keys, self.encoder_values = encoder_keys, encoder_values
         # zeros, not empty: a slot no query may see is still multiplied by its weight 0 (NaN * 0 = NaN)
         self.keys, self.values = [], []
         for layer in decoder.layers:
             shape = (memory.size(0), layer.self_attn.num_heads, length, layer.self_attn.head_dim)
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
-        # the decoder's traces and eager calls by key, found at the first call that wants a trace
-        self.traces: Optional[Dict[tuple, Optional[Callable]]] = None
-        self.eager_calls: Dict[tuple, int] = {}
+
+    def use(self, buffers: "step_graphs.StepBuffers") -> None:
+        """Run on a buffer set of the decoder's bank (on CUDA: :mod:`.step_graphs`)."""
+        self.buffers = buffers
+        self.keys, self.values = buffers.keys, buffers.values
+        self.encoder_keys, self.encoder_values = buffers.encoder_keys, buffers.encoder_values
+        self.encoder_bias = buffers.encoder_bias
 
     def step(
         self,
@@ -204,18 +227,42 @@ class StaticCache:
         runs a TorchScript trace of :func:`static_layers`, made once a (B, T) has run eagerly
         :data:`EAGER_CALLS_BEFORE_TRACING` times (see the module): the same operations on the same tensors, without
         Python's per-operation cost."""
+        if self.buffers is not None:
+            return self.run_banked([x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots]))
         if tracing_wanted(x):
             inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
             inputs += self.keys + self.values + [t for t in self.encoder_keys + self.encoder_values if t is not None]
             inputs += [] if self.encoder_bias is None else [self.encoder_bias]
             trace = self.trace(inputs, hidden_slots is not None)
             if trace is not None:
-                for observe in PASS_OBSERVERS:
-                    observe(self.decoder)
+                self.observe_pass()
                 with torch.jit.optimized_execution(False):  # run the graph as traced: no profiling runs, no fusing
                     return trace(*inputs)
         buffers = (self.keys, self.values, self.encoder_keys, self.encoder_values, self.encoder_bias)
         return static_layers(self.decoder, x, slots, last_visible, hidden_slots, *buffers)
+
+    def run_banked(self, inputs: List[torch.Tensor]) -> torch.Tensor:
+        """:meth:`run` on the bank's buffers (CUDA): ``inputs`` (x, slots, last_visible, [hidden_slots]) of the
+        batch's sentences, padded to the buffers' rows, through the call shape's CUDA graph once it has one
+        (:func:`~.step_graphs.graph_for`), else eagerly: the same kernels on the same shapes."""
+        decoder, buffers = self.decoder, self.buffers
+        has_hidden_slots = len(inputs) == 4
+
+        def layers(x, slots, last_visible, *hidden_slots):
+            hidden = hidden_slots[0] if has_hidden_slots else None
+            cross = (buffers.encoder_keys, buffers.encoder_values, buffers.encoder_bias)
+            return static_layers(decoder, x, slots, last_visible, hidden, buffers.keys, buffers.values, *cross)
+
+        graph = step_graphs.graph_for(buffers, inputs, has_hidden_slots, layers)
+        if graph is not None:
+            self.observe_pass()
+            return step_graphs.replay(graph, inputs)
+        return layers(*(step_graphs.padded_rows(t, buffers.rows) for t in inputs))[: inputs[0].size(0)]
+
+    def observe_pass(self) -> None:
+        """Tell :data:`PASS_OBSERVERS` of a call that runs no module hooks (a trace, a graph's replay)."""
+        for observe in PASS_OBSERVERS:
+            observe(self.decoder)
 
     def trace(self, inputs: List[torch.Tensor], has_hidden_slots: bool) -> Optional[Callable[..., torch.Tensor]]:
         """The decoder's trace for :meth:`run`'s ``inputs``, made at the first call of their shapes after
@@ -242,7 +289,21 @@ class StaticCache:
         """Nothing to roll back: a rejected slot is overwritten when its position is decoded again."""
 
     def reorder(self, keep: torch.Tensor) -> None:
-        """Keep sentences ``keep`` (indices into the batch), in that order."""
+        """Keep sentences ``keep`` (indices into the batch), in that order (on the bank's buffers: their first rows,
+        moved to a set of fewer rows once the batch passes a power of two)."""
+        if self.buffers is not None:
+            old = self.buffers
+            sentences = keep.numel()
+            new = old
+            if step_graphs.rows_bucket(sentences) < old.rows:
+                slots, source = old.keys[0].size(2), old.encoder_bias.size(-1)
+                new = step_graphs.checkout(self.decoder, self, sentences, slots, source, old.keys[0])
+            for before, after in zip(old.tensors(), new.tensors()):
+                after[:sentences] = before.index_select(0, keep)
+            if new is not old:
+                old.user = None
+                self.use(new)
+            return
 
         def select(tensors: List[Optional[torch.Tensor]]) -> List[Optional[torch.Tensor]]:
             return [None if t is None else t.index_select(0, keep) for t in tensors]
