@@ -148,3 +148,32 @@ def test_a_failed_capture_runs_eagerly_and_says_why(toy_task, graphs_on_the_cpu,
     assert torch.equal(step(), graphed) and torch.equal(step(), graphed)
     assert step_graphs.CAPTURE_FAILURES == {"RuntimeError: operation not permitted when stream is capturing": 1}
     assert list(graphs(model.decoder).values()) == [None]
+
+
+def test_a_bank_that_fills_the_device_is_dropped_for_the_new_set(toy_task, graphs_on_the_cpu, monkeypatch):
+    """Out of device memory for a new buffer set, the decoder's other sets (and their graphs) are dropped and the set
+    allocated again; a set a live cache holds stays its cache's."""
+    model = random_transformer(toy_task, seed=0).eval()
+
+    def cache(size, length):
+        sample = random_batch(toy_task.target_dictionary, size, seed=size)
+        with torch.no_grad():
+            return StaticCache(model.decoder, model.encoder.forward_torchscript(sample["net_input"]), length)
+
+    held = cache(2, 8)
+    cache(1, 8), cache(1, 40)  # sets of other shapes, free once made
+    sets = step_graphs.BANKS[model.decoder][1]
+    assert len(sets) == 3
+    new_buffers, failures = step_graphs.new_buffers, []
+
+    def out_of_memory_once(*args):
+        if not failures:
+            failures.append(1)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return new_buffers(*args)
+
+    monkeypatch.setattr(step_graphs, "new_buffers", out_of_memory_once)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    fresh = cache(4, 8)
+    assert failures and list(sets) == [(torch.float32, torch.device("cpu"), 4, 32, 16)]
+    assert fresh.keys[0].size(0) == 4 and held.keys[0].size(0) == 2 and not held.buffers.free()

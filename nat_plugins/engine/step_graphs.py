@@ -132,7 +132,8 @@ def checkout(
 ) -> StepBuffers:
     """A free buffer set of ``decoder`` for ``sentences`` rows, ``slots`` slots and ``source`` encoder positions,
     each rounded up (see the module), of ``reference``'s dtype and device, now held by ``user``; the bank's sets are
-    dropped first if the decoder's weights changed since its graphs were made."""
+    dropped first if the decoder's weights changed since its graphs were made, or if the device has no memory left
+    for a new set (every shape ever seen keeps its sets: a long run over many shapes on a small GPU would fill it)."""
     version = tuple((p.data_ptr(), p._version) for p in decoder.parameters())
     made_with, sets = BANKS.get(decoder, (None, {}))
     if made_with != version:
@@ -149,7 +150,15 @@ def checkout(
     candidates = sets.setdefault(shape, [])
     buffers = next((b for b in candidates if b.free()), None)
     if buffers is None:
-        buffers = new_buffers(decoder, *shape[2:], reference)
+        try:
+            buffers = new_buffers(decoder, *shape[2:], reference)
+        except (
+            torch.cuda.OutOfMemoryError
+        ):  # the bank's other sets and their graphs go (a set in use stays its cache's)
+            sets.clear()
+            candidates = sets.setdefault(shape, [])
+            torch.cuda.empty_cache()
+            buffers = new_buffers(decoder, *shape[2:], reference)
         if len(candidates) < SETS_PER_SHAPE:  # else a set of this batch only
             candidates.append(buffers)
     buffers.user = weakref.ref(user)
