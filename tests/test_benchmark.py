@@ -828,6 +828,7 @@ def test_round_robin_shares_blocks_in_the_recorded_order():
     assert timed.sentences() == [3, 2, 2] and timed.drift == 0.0
     few = schedule.run_rounds(runners, units[:2], 3, anchor=1, batch_size=1, seed=5, clock=clock)
     assert few.blocks == [[[0], [1]]] * 3  # fewer units than rounds: every round times them all
+    assert timed.distinct_sentences() == 7 and few.distinct_sentences() == 2  # the header's "sentences timed"
 
 
 def test_rows_change_slots_and_neighbours_from_round_to_round():

@@ -97,6 +97,10 @@ class Rounds:
         """Sentences of each round's block."""
         return [sum(len(unit) for unit in block) for block in self.blocks]
 
+    def distinct_sentences(self) -> int:
+        """Sentences timed, each once (with fewer units than rounds every round's block holds them all)."""
+        return len({i for block in self.blocks for unit in block for i in unit})
+
     def ratios(self, row: int) -> List[float]:
         """Per round: the anchor's seconds / ``row``'s on the same block (> 1: ``row`` is faster)."""
         return [a / b for a, b in zip(self.totals(self.anchor), self.totals(row))]
