@@ -6,7 +6,8 @@ to decode, and it imports nothing of theirs.
   choice is measured once per machine and cached under ``~/.cache/nat_plugins``), and the int8 copies of
   ``--int8-drafts``/``--int8-decoder``;
 * :mod:`.lean_decoder`: a decoder layer's evaluation forward without fairseq's per-call bookkeeping;
-* :mod:`.static_cache`: a static-shape decoder step over key/value buffers allocated once per batch;
+* :mod:`.static_cache`: a static-shape decoder step over key/value buffers allocated once per batch (on CUDA taken
+  from a bank of bucketed shapes and replayed as CUDA graphs: :mod:`.step_graphs`, ``NAT_CUDA_GRAPHS``);
 * :mod:`.block_call`: several new tokens per sentence in one decoder call against fairseq's incremental cache, and
   that cache rolled back to the accepted tokens (verify-accept decoding on decoders the static step does not run).
 
