@@ -248,8 +248,8 @@ def graph_cases(task, data_bin, device, dtype, tmp_path):
     for model, _, build, sample in blockwise_cases(task, device, dtype, 3):
         yield model, lambda build=build: build(None), sample
     for generator_class in (SpeculativeGenerator, ReferenceDrafter):
-        for _, model, build, sample in speculative_cases(task, device, dtype, 3, tmp_path, generator_class):
-            reference = fairseq_greedy(teacher, task, to(device, sample))  # any rows: the drafts are checked
+        for spec_teacher, model, build, sample in speculative_cases(task, device, dtype, 3, tmp_path, generator_class):
+            reference = fairseq_greedy(spec_teacher, task, to(device, sample))  # what the reference drafter drafts
             yield model, lambda build=build, reference=reference: build(reference), sample
     torch.manual_seed(0)
     for build_grouped, generator_class, group_size in (
@@ -271,12 +271,14 @@ def check_graphs_print_the_eager_output(task, data_bin, device, dtype, tmp_path,
     monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
     for model, build, sample in graph_cases(task, data_bin, device, dtype, tmp_path):
         sample = to(device, sample)
-        batches = [sample] + [sub_batch(sample, i) for i in range(BATCH)]
         decoded = {}
         for graphs in ("1", "0"):
             monkeypatch.setenv(step_graphs.GRAPHS_ENV, graphs)
             generator = build()
-            decoded[graphs] = [hypo for batch in batches for hypo in generator.generate([model], batch)]
+            decoded[graphs] = generator.generate([model], sample)
+            for i in range(BATCH):
+                generator.sentences = torch.tensor([i], device=device)  # ReferenceDrafter: which reference row
+                decoded[graphs] += generator.generate([model], sub_batch(sample, i))
         for with_graphs, eager in zip(decoded["1"], decoded["0"]):
             assert torch.equal(with_graphs[0]["tokens"], eager[0]["tokens"]), type(generator).__name__
             assert torch.equal(with_graphs[0]["positional_scores"], eager[0]["positional_scores"])
