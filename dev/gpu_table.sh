@@ -11,8 +11,13 @@
 # rehearses the whole script on the CPU, with the python3 on the PATH (no install, no CUDA tests). WORK may lie
 # outside the checkout (WORK=/tmp/natgpu/multi30k-gpu), where a later call's copy of the tree cannot touch the run.
 # The benchmark rewrites bench/progress.json after every timing round: each call returns it. Where the rows' time
-# goes on that machine: once the table is done the script runs dev/gpu_profile.py (cold and warm batch-1 passes, a
-# profile per row; PROFILE_SECONDS, default 100) and returns gpu_profile.txt.
+# goes on that machine: once the table is done the script runs dev/gpu_profile.py (cold and warm batch-1 passes, one
+# without CUDA graphs, a profile per row; PROFILE_SECONDS, default 100) and returns gpu_profile.txt.
+# Teacher variants, for measurement only (never distilled): once the data is ready, each "NAME:fairseq-train args" of
+# TEACHER_VARIANTS (';'-separated; default on a GPU: "dropout-0.1:--dropout 0.1"; empty: none) trains beside the
+# preset's teacher (the GPU is mostly idle at these batch sizes) with the same recipe plus its args, no checkpoints,
+# for at most VARIANT_SECONDS (default 240); its validation BLEU every 500 updates is in
+# logs/teacher-variant-NAME.log, and every call prints each teacher's curve.
 set -uo pipefail
 OUT=${1:?usage: gpu_table.sh OUT [SECONDS]}; LIMIT=${2:-540}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,6 +51,19 @@ PY
       tests/test_half_precision.py -k cuda > "$TESTS_LOG" 2>&1 < /dev/null &)
   fi
   (cd "$ROOT" && setsid nohup bash run_scripts/quickstart.sh > "$LOG" 2>&1 < /dev/null &)
+  DEFAULT_VARIANTS="dropout-0.1:--dropout 0.1"
+  [ -n "${GPU_PRESET_ON_CPU:-}" ] && DEFAULT_VARIANTS=""
+  if [ -n "${TEACHER_VARIANTS-$DEFAULT_VARIANTS}" ]; then
+    (cd "$ROOT" && setsid nohup bash -c '
+      while [ ! -f "$WORK/.data.done" ]; do sleep 2; done
+      IFS=";" read -r -a variants <<< "$1"
+      for variant in "${variants[@]}"; do
+        name=${variant%%:*}; read -r -a extra <<< "${variant#*:}"
+        timeout "${VARIANT_SECONDS:-240}" bash run_scripts/train_teacher.sh "$WORK/data-bin" \
+          "$WORK/teacher-variants/$name" "${extra[@]}" --no-save > "$WORK/logs/teacher-variant-$name.log" 2>&1 &
+      done
+      wait' _ "${TEACHER_VARIANTS-$DEFAULT_VARIANTS}" > /dev/null 2>&1 < /dev/null &)
+  fi
   sleep 2
 fi
 CALL_END=$(( $(date +%s) + LIMIT ))
@@ -69,6 +87,10 @@ while [ -d "$PROFILE" ] && pgrep -f dev/gpu_profile.py > /dev/null && [ "$(date 
 [ -f "$PROFILE/gpu_profile.txt" ] && cp "$PROFILE/gpu_profile.txt" "$OUT/" && head -n 12 "$PROFILE/gpu_profile.txt"
 [ -f "$TESTS_LOG" ] && tail -n 3 "$TESTS_LOG"
 cat "$WORK/logs/steps.tsv" 2>/dev/null
+for f in "$WORK"/logs/teacher.log "$WORK"/logs/teacher-variant-*.log; do  # each teacher's validation BLEU so far
+  [ -f "$f" ] && echo "$(basename "$f" .log) (updates: validation BLEU): $(grep "valid on 'valid'" "$f" | \
+    sed -E 's/.*\| bleu ([0-9.]+) .*\| num_updates ([0-9]+).*/\2: \1/' | paste -sd ' ')"
+done
 # what comes back: the benchmark's progress.json (rewritten after every timing round) and, once the run finished,
 # the report's three files; one archive of everything else
 for f in "$WORK/report.md" "$WORK/bench/results.md" "$WORK/bench/results.json" "$WORK/bench/progress.json"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
