@@ -197,10 +197,9 @@ def plugin_greedy_row(results: dict) -> Optional[str]:
     return next((r["name"] for r in results["rows"] if r.get("role") == TEACHER_GREEDY_PLUGIN), None)
 
 
-def summary_row(results: dict, row: dict, ct2: Optional[str]) -> str:
-    """One line of :func:`build_summary`'s table."""
+def summary_row(results: dict, row: dict, ct2: Optional[str], plugin: Optional[str]) -> str:
+    """One line of :func:`build_summary`'s table (``plugin``: :func:`plugin_greedy_row`)."""
     solo, rounds = row.get("solo"), row.get("speedup_rounds", {})
-    plugin = plugin_greedy_row(results)
     if solo:
         ms, greedy, timed = solo["ms_per_sentence"], ratio_cell(solo["latency_ratio_rounds"]), "alone"
         to_ct2 = solo_ratio_to(results, row, ct2) if ct2 else None
@@ -273,7 +272,7 @@ def build_summary(
         + f"× CTranslate2 | batch {batch}: × fairseq greedy | decoder calls / sent | Rep % |",
         "|---|---:|---:|---|---:|---:|" + ("---:|" if plugin else "") + "---:|---:|---:|---:|",
     ]
-    lines += [summary_row(results, row, ct2) for row in results["rows"]]
+    lines += [summary_row(results, row, ct2, plugin) for row in results["rows"]]
     pareto = os.path.join(work, "bench", "pareto.png")
     if os.path.exists(pareto):
         lines += ["", f"![BLEU against batch-1 speed-up]({image_prefix}pareto.png)"]

@@ -16,6 +16,7 @@ import functools
 import logging
 import shlex
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -265,7 +266,7 @@ class FairseqRunner:
             logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", spec.name)
         self.outputs: Dict[int, Output] = {}
         # CUDA: why captures of the static step's graphs failed while decoding this row, with how many
-        self.graph_capture_failures: Dict[str, int] = {}
+        self.graph_capture_failures: Counter = Counter()
 
     def inputs(self, indices: List[int]):
         generation = self.decoder.generation
@@ -277,14 +278,11 @@ class FairseqRunner:
         return sample
 
     def decode(self, sample):
-        failed_before = dict(step_graphs.CAPTURE_FAILURES)
+        failed_before = Counter(step_graphs.CAPTURE_FAILURES)
         hypos = self.decoder.generation.decode(sample)
         if self.decoder.generation.use_cuda:
             torch.cuda.synchronize()
-        for reason, count in step_graphs.CAPTURE_FAILURES.items():  # this row's call shapes that run eagerly
-            new = count - failed_before.get(reason, 0)
-            if new:
-                self.graph_capture_failures[reason] = self.graph_capture_failures.get(reason, 0) + new
+        self.graph_capture_failures.update(Counter(step_graphs.CAPTURE_FAILURES) - failed_before)  # this row's
         return [nbest[0] for nbest in hypos]
 
     def record(self, sample, best):
@@ -476,5 +474,5 @@ def make_row(runner, hyps: List[str], references: List[str], rates: List[float],
         runner.npd_samples,
         drafting_ms_per_call=batch1.drafting_ms_per_call,
         verify_ms_per_call=batch1.verify_ms_per_call,
-        graph_capture_failures=getattr(runner, "graph_capture_failures", None) or None,
+        graph_capture_failures=dict(getattr(runner, "graph_capture_failures", {})) or None,  # none: CTranslate2's
     )

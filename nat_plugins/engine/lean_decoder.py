@@ -78,6 +78,12 @@ def attend(
     return attention.out_proj(x.transpose(1, 2).flatten(2))
 
 
+def weights_version(module: nn.Module) -> tuple:
+    """Where and at which in-place version each parameter of ``module`` is: a cache of tensors derived from the
+    weights is stale once this changes (and after training mode: :func:`forget_when_trained`)."""
+    return tuple((p.data_ptr(), p._version) for p in module.parameters())
+
+
 def forget_when_trained(module: nn.Module, forget: Callable[[nn.Module], None]) -> None:
     """Call ``forget(module)`` before every forward of ``module`` in training mode, from now on (registered once per
     module and ``forget``). For caches of tensors derived from its weights: fairseq's optimizers update ``p.data``,

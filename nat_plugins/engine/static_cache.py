@@ -20,6 +20,7 @@ traced static step*).
 call shape is replayed as a CUDA graph (:mod:`.step_graphs`).
 """
 
+import functools
 import os
 import warnings
 import weakref
@@ -42,6 +43,7 @@ from .lean_decoder import (
     project_qkv,
     residual_block,
     split_heads,
+    weights_version,
 )
 
 TRACE_ENV = "NAT_TRACED_STEP"  # "0": run the layers eagerly (StaticCache.run)
@@ -139,6 +141,19 @@ def static_layers(
     return layer_outputs(decoder, x)
 
 
+def banked_layers(
+    decoder: TransformerDecoderBase,
+    buffers: "step_graphs.StepBuffers",
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    last_visible: torch.Tensor,
+    hidden_slots: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """:func:`static_layers` on a buffer set of the decoder's bank (:mod:`.step_graphs`), inputs padded to its rows."""
+    cross = (buffers.encoder_keys, buffers.encoder_values, buffers.encoder_bias)
+    return static_layers(decoder, x, slots, last_visible, hidden_slots, buffers.keys, buffers.values, *cross)
+
+
 def tracing_wanted(x: torch.Tensor) -> bool:
     """Whether :meth:`StaticCache.run` runs its trace for ``x`` (B, T, C): one sentence (B = 1) on the CPU without
     gradients, unless ``NAT_TRACED_STEP=0``. A trace costs ~70 ms to make and saves ~0.1-0.15 ms a call: at batch 1
@@ -227,10 +242,10 @@ class StaticCache:
         runs a TorchScript trace of :func:`static_layers`, made once a (B, T) has run eagerly
         :data:`EAGER_CALLS_BEFORE_TRACING` times (see the module): the same operations on the same tensors, without
         Python's per-operation cost."""
+        inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
         if self.buffers is not None:
-            return self.run_banked([x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots]))
+            return self.run_banked(inputs)
         if tracing_wanted(x):
-            inputs = [x, slots, last_visible] + ([] if hidden_slots is None else [hidden_slots])
             inputs += self.keys + self.values + [t for t in self.encoder_keys + self.encoder_values if t is not None]
             inputs += [] if self.encoder_bias is None else [self.encoder_bias]
             trace = self.trace(inputs, hidden_slots is not None)
@@ -245,19 +260,12 @@ class StaticCache:
         """:meth:`run` on the bank's buffers (CUDA): ``inputs`` (x, slots, last_visible, [hidden_slots]) of the
         batch's sentences, padded to the buffers' rows, through the call shape's CUDA graph once it has one
         (:func:`~.step_graphs.graph_for`), else eagerly: the same kernels on the same shapes."""
-        decoder, buffers = self.decoder, self.buffers
-        has_hidden_slots = len(inputs) == 4
-
-        def layers(x, slots, last_visible, *hidden_slots):
-            hidden = hidden_slots[0] if has_hidden_slots else None
-            cross = (buffers.encoder_keys, buffers.encoder_values, buffers.encoder_bias)
-            return static_layers(decoder, x, slots, last_visible, hidden, buffers.keys, buffers.values, *cross)
-
-        graph = step_graphs.graph_for(buffers, inputs, has_hidden_slots, layers)
+        layers = functools.partial(banked_layers, self.decoder, self.buffers)  # no reference to this cache
+        graph = step_graphs.graph_for(self.buffers, inputs, len(inputs) == 4, layers)
         if graph is not None:
             self.observe_pass()
             return step_graphs.replay(graph, inputs)
-        return layers(*(step_graphs.padded_rows(t, buffers.rows) for t in inputs))[: inputs[0].size(0)]
+        return layers(*(step_graphs.padded_rows(t, self.buffers.rows) for t in inputs))[: inputs[0].size(0)]
 
     def observe_pass(self) -> None:
         """Tell :data:`PASS_OBSERVERS` of a call that runs no module hooks (a trace, a graph's replay)."""
@@ -270,7 +278,7 @@ class StaticCache:
         made). The decoder's traces are dropped when its weights changed since they were made: a trace holds the
         tensors it was made with (fused q/k/v projections included)."""
         if self.traces is None:  # once per batch: the weights as this batch finds them
-            version = tuple((p.data_ptr(), p._version) for p in self.decoder.parameters())
+            version = weights_version(self.decoder)
             made_with, self.traces, self.eager_calls = TRACES.get(self.decoder, (None, {}, {}))
             if made_with != version:
                 self.traces, self.eager_calls = {}, {}

@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
 
-from .lean_decoder import forget_when_trained
+from .lean_decoder import forget_when_trained, weights_version
 
 GRAPHS_ENV = "NAT_CUDA_GRAPHS"  # "0": the bucketed buffers, run eagerly (no capture)
 # a call shape's first calls on a set of buffers run eagerly: a capture (a warm-up call and the capture) costs a few
@@ -36,7 +36,7 @@ EAGER_CALLS_BEFORE_CAPTURE = 2
 SLOTS_MULTIPLE = 32  # self-attention slots rounded up to a multiple of this
 SOURCE_MULTIPLE = 16  # encoder positions rounded up to a multiple of this
 SETS_PER_SHAPE = 4  # buffer sets a bank keeps per shape (caches alive at once: a generator's next batch's and last)
-# why captures failed, with how many: read and cleared by the benchmark per row
+# why captures failed, with how many, over the process (the benchmark attributes them to rows by difference)
 CAPTURE_FAILURES: Dict[str, int] = {}
 
 
@@ -134,7 +134,7 @@ def checkout(
     each rounded up (see the module), of ``reference``'s dtype and device, now held by ``user``; the bank's sets are
     dropped first if the decoder's weights changed since its graphs were made, or if the device has no memory left
     for a new set (every shape ever seen keeps its sets: a long run over many shapes on a small GPU would fill it)."""
-    version = tuple((p.data_ptr(), p._version) for p in decoder.parameters())
+    version = weights_version(decoder)
     made_with, sets = BANKS.get(decoder, (None, {}))
     if made_with != version:
         sets = {}
@@ -152,10 +152,8 @@ def checkout(
     if buffers is None:
         try:
             buffers = new_buffers(decoder, *shape[2:], reference)
-        except (
-            torch.cuda.OutOfMemoryError
-        ):  # the bank's other sets and their graphs go (a set in use stays its cache's)
-            sets.clear()
+        except torch.cuda.OutOfMemoryError:
+            sets.clear()  # the bank's other sets and their graphs go (a set in use stays its cache's)
             candidates = sets.setdefault(shape, [])
             torch.cuda.empty_cache()
             buffers = new_buffers(decoder, *shape[2:], reference)
