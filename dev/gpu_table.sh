@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU table (PRESET=gpu, ~11 minutes on one H100/H200) on a machine whose commands may last 10 minutes each and
+# The GPU table (PRESET=gpu, ~13 minutes on one H100/H200) on a machine whose commands may last 10 minutes each and
 # send back at most 8 small files. The first call installs (../shared/gpu/README.md: wheels in .gpu_wheels, Multi30k
 # in .data/multi30k), starts the CUDA-only tests and the quickstart in the background (setsid: they outlive the call)
 # and polls; a later call on the same machine only polls. Every call leaves in OUT what exists so far: report.md,

@@ -113,7 +113,7 @@ class Budget:
 
 
 CPU_LONG_FACTOR = 4  # cpu-long trains every student this many times the cpu preset's updates (and warm-up)
-GPU_STUDENT_UPDATES = 600  # the GPU preset's ~11-minute plan (examples/multi30k/README.md)
+GPU_STUDENT_UPDATES = 600  # the GPU preset's ~13-minute plan (examples/multi30k/README.md)
 
 
 # every preset decodes with one length limit for every row (Multi30k targets are ~1.1x the source), so an undertrained

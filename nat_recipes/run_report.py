@@ -15,7 +15,7 @@ import os
 import re
 from typing import List, Optional
 
-from nat_plugins.bench.report import ratio_cell
+from nat_plugins.bench.report import MIN_LATENCY_SENTENCES, ratio_cell
 from nat_plugins.bench.rows import CT2_GREEDY, TEACHER_GREEDY_PLUGIN
 
 from . import catalogue
@@ -258,6 +258,12 @@ def build_summary(
     ct2 = fastest_ct2_alone(results) or (meta.get("ctranslate2_fastest_greedy") or {}).get("latency")
     plugin = plugin_greedy_row(results)
     to_plugin = f"× plugin greedy: against *{plugin}* (the teacher's greedy search by the plugin's loop); "
+    if not meta.get("latency_is_result", True):
+        lines += [
+            f"**Batch-1 speeds are not a result**: {meta['latency_sentences_timed']} sentences timed, fewer than "
+            f"{MIN_LATENCY_SENTENCES}.",
+            "",
+        ]
     lines += [
         f"{meta['num_sentences']} test sentences; batch 1: median ms per sentence over "
         f"{meta['latency_sentences_timed']} sentences and the median (range) of the paired per-round ratios, each "

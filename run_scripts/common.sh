@@ -2,8 +2,8 @@
 #   PRESET=cpu (default): 2-layer 256-d models, one configuration per system, ~42 min on 2 CPU cores.
 #   PRESET=cpu-long: the same models trained to convergence (teacher 1,500 updates, every student 4x the cpu
 #     preset's updates), a second SAT configuration and fairseq's own NAT/CMLM for comparison, about 3 hours on 2 cores.
-#   PRESET=gpu: transformer_iwslt_de_en-sized models in fp16 on one GPU, sized to finish in ~11 minutes there
-#     (teacher 1,500 updates, students 600 each, side by side; examples/multi30k/README.md). GPU_PRESET_ON_CPU=1
+#   PRESET=gpu: transformer_iwslt_de_en-sized models in fp16 on one GPU, sized to finish in ~13 minutes there
+#     (teacher 3,000 updates, students 600 each, side by side; examples/multi30k/README.md). GPU_PRESET_ON_CPU=1
 #     rehearses it on the CPU (fp32; with smoke sizes: MAX_LINES, TEACHER_UPDATES, STUDENT_UPDATES).
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${PRESET:-cpu}
@@ -42,9 +42,9 @@ arch_args() {  # arch_args BASE_ARCH -> the --arch option (and sizes) of the pre
 # the checkpoint a student's recipe leaves for decoding: the last (every preset's students train with a learning rate
 # decaying to 0 and no validation, which on the GPU would cost 20-55 s of decoding each time)
 STUDENT_CHECKPOINT=checkpoint_last.pt
-# gpu: the teacher validates (decodes the validation set) and saves every 500 updates, not at every epoch's end
-GPU_VALIDATION=(--validate-interval 1000 --save-interval 1000 --validate-interval-updates 500
-  --save-interval-updates 500 --keep-interval-updates 1)
+# gpu: the teacher validates (decodes the validation set) and saves every 1,000 updates, not at every epoch's end
+GPU_VALIDATION=(--validate-interval 1000 --save-interval 1000 --validate-interval-updates 1000
+  --save-interval-updates 1000 --keep-interval-updates 1)
 # student_args RECIPE: STUDENT_ARGS, the training options every plugin model (student) shares, with RECIPE's number of
 # updates (also left in STUDENT_UPDATES), learning rate and warm-up on PRESET: the catalogue's budgets
 # (their systems' blocks in nat_recipes/catalogue.py; STUDENT_UPDATES set beforehand replaces every recipe's updates).

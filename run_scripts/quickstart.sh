@@ -3,7 +3,7 @@
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
 #   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~42 min on 2 cores)
 #   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~3 h)
-#   PRESET=gpu bash run_scripts/quickstart.sh     # transformer_iwslt_de_en-sized, fp16, ~11 min on one GPU
+#   PRESET=gpu bash run_scripts/quickstart.sh     # transformer_iwslt_de_en-sized, fp16, ~13 min on one GPU
 # Bring your own teacher: a fairseq translation Transformer you trained, and the data-bin it was trained on (any size,
 # shared embeddings or not, pre- or post-norm; sentencepiece, fastBPE or no BPE):
 #   TEACHER=path/checkpoint.pt DATA_BIN=path/data-bin bash run_scripts/quickstart.sh

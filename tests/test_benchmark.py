@@ -146,6 +146,8 @@ def test_a_budget_too_small_for_every_row_decodes_the_required_ones_and_names_th
     assert not os.path.exists(tmp_path / "hyp.fairseq-cmlm.txt")  # never decoded
     markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
     assert "rows left out (not decoded): fairseq CMLM" in markdown
+    assert "- **batch-1 speeds are not a result**: 1 sentences timed, fewer than 30" in markdown
+    assert results["meta"]["latency_is_result"] is False
     progress = json.loads((tmp_path / "progress.json").read_text(encoding="utf-8"))
     assert progress["finished"] and set(progress["bleu"]) == set(NAMES) - {"fairseq CMLM"}
     assert progress["passes"]["1"]["rounds_done"] == 1 and progress["passes"]["12"]["rounds_done"] == 3
@@ -237,6 +239,7 @@ def test_json_rows_and_metadata(fixture):
     for row in results["rows"]:  # 3 rounds at batch 1 and at --batch-size 12; the sizes of the sweep: 1 and 12
         assert len(row["latency_ratio_rounds"]) == len(row["throughput_ratio_rounds"]) == 3
         assert [e["batch_size"] for e in row["by_batch_size"]] == [1, 12]
+        assert all(e["cold_ms_per_sentence"] > 0 for e in row["by_batch_size"])  # the cold pass, beside the rounds
         assert row["throughput_sent_per_s"] == pytest.approx(np.median(row["throughput_round_rates"]))
     assert results["rows"][1]["latency_ratio_rounds"] == [1.0] * 3 and results["rows"][1]["flag"] == ""
     meta = results["meta"]
@@ -244,6 +247,8 @@ def test_json_rows_and_metadata(fixture):
         assert meta[key], key
     timing = meta["timing"]
     assert timing["rounds"] == 3 and timing["batch_sizes"] == [1, 12] and timing["threads"] >= 1
+    assert timing["cold_pass"] and meta["latency_is_result"]  # 38 sentences timed at batch 1
+    assert meta["attention_backends"] == "flash,efficient,math (NAT_ATTENTION_BACKENDS)"
     assert set(timing["anchor_drift"]) == {"1", "12"} and len(timing["load_average_start"]) == 3
     assert timing["ctranslate2_threads"] is None and meta["ctranslate2_agreement"] is None
     assert meta["num_sentences"] == NUM_TEST and meta["precision"] == "fp32"
@@ -253,6 +258,9 @@ def test_json_rows_and_metadata(fixture):
     assert "| system | BLEU | % of teacher beam 4 | ≠ greedy | latency ms (median) | latency ms (p90) |" in markdown
     assert "CTranslate2" not in markdown
     assert "| system | batch 1 | batch 12 |" in markdown and "- timing: 3 rounds round-robin" in markdown
+    assert "; cold " in markdown and "not a result" not in markdown
+    attention_line = "- attention: every row's `F.scaled_dot_product_attention` with the backends flash,efficient,math"
+    assert attention_line in markdown
 
 
 def test_reports_name_files_relative_to_the_work_directory(fixture):
@@ -815,7 +823,12 @@ def test_round_robin_shares_blocks_in_the_recorded_order():
     assert timed.blocks == [[[0], [3], [6]], [[1], [4]], [[2], [5]]]  # interleaved: the same mix in every block
     assert timed.order == schedule.round_orders(3, 3, seed=5, batch_size=1)
     assert log[:3] == [("a", (9,)), ("greedy", (9,)), ("c", (9,))]  # warm-up first, off the clock
-    timed_calls = log[3:]
+    cold_calls, timed_calls = log[3:24], log[24:]
+    # then the cold pass: every row on every unit once, row after row in a random order, timed apart
+    cold_rows = [name for name, _ in cold_calls[::7]]
+    assert sorted(cold_rows) == ["a", "c", "greedy"]
+    assert cold_calls == [(name, (i,)) for name in cold_rows for i in (0, 3, 6, 1, 4, 2, 5)]
+    assert timed.cold == [7.0, 14.0, 28.0] and timed.cold_ms_per_sentence(2) == 4000.0
     assert timed_calls[:-3] == [  # round r: every row on block r, in the round's order
         (runners[row].name, tuple(unit))
         for r, block in enumerate(timed.blocks)
@@ -826,8 +839,12 @@ def test_round_robin_shares_blocks_in_the_recorded_order():
     assert timed.seconds[2] == [[4.0] * 3, [4.0] * 2, [4.0] * 2]
     assert timed.ratios(0) == [2.0] * 3 and timed.ratios(2) == [0.5] * 3 and timed.ratios(1) == [1.0] * 3
     assert timed.sentences() == [3, 2, 2] and timed.drift == 0.0
+    del log[:]
     few = schedule.run_rounds(runners, units[:2], 3, anchor=1, batch_size=1, seed=5, clock=clock)
     assert few.blocks == [[[0], [1]]] * 3  # fewer units than rounds: every round times them all
+    assert len(log) == 3 * 2 + 3 * 3 * 2 + 2 and few.cold == [2.0, 4.0, 8.0]  # a cold pass over each unit once
+    warm_only = schedule.run_rounds(runners, units[:2], 3, anchor=1, batch_size=1, seed=5, clock=clock, cold=False)
+    assert warm_only.cold is None
     assert timed.distinct_sentences() == 7 and few.distinct_sentences() == 2  # the header's "sentences timed"
 
 
@@ -865,7 +882,9 @@ def test_a_slow_round_shows_in_the_spread_and_flags_the_ratio():
         return 1.32 if anchor_calls["n"] > 7 else 1.2
 
     runners, _, clock = fake_rows({"noisy": noisy, "greedy": greedy, "fast": lambda u: 0.4})
-    timed = schedule.run_rounds(runners, [[i] for i in range(7)], 3, anchor=1, batch_size=1, seed=1, clock=clock)
+    timed = schedule.run_rounds(
+        runners, [[i] for i in range(7)], 3, anchor=1, batch_size=1, seed=1, clock=clock, cold=False
+    )
     noisy_ratios, fast_ratios = timed.ratios(0), timed.ratios(2)
     assert noisy_ratios == pytest.approx([1.2, 0.4, 1.2])
     assert bench_rows.spread(noisy_ratios) == pytest.approx(0.8) and schedule.unsettled(noisy_ratios)
@@ -898,6 +917,7 @@ def test_speed_by_batch_size_of_fixed_timings():
     assert speed["tokens_per_s"] == pytest.approx(20 / 0.06) and speed["speedup_vs_ar_greedy"] == pytest.approx(
         0.4 / 0.06
     )
+    assert speed["cold_ms_per_sentence"] == pytest.approx(15.0)  # the cold pass: each batch once, 0.06 s for 4
     assert speed["ratio_spread"] == pytest.approx(0) and not speed["unsettled"]
     assert benchmark.parse_batch_sizes("8,64,1", 32) == [1, 8, 32, 64] and benchmark.parse_batch_sizes(None, 64) == [
         1,
@@ -931,7 +951,7 @@ def test_a_time_budget_plans_from_the_warm_up_and_leaves_out_the_optional_rows_t
     the other batched sizes whose estimate fits."""
     costs = {"greedy": 0.1, "beam": 0.2, "cheap": 0.01, "dear": 1.0}  # seconds a sentence
 
-    def run(deadline, sizes):
+    def run(deadline, sizes, cold=False):
         runners, log, clock = fake_rows({name: lambda u, c=c: c * len(u) for name, c in costs.items()})
         progress = []
         budget = schedule.TimeBudget(deadline, reserve=1.0, optional=[3, 2])  # "dear" before "cheap"
@@ -947,6 +967,7 @@ def test_a_time_budget_plans_from_the_warm_up_and_leaves_out_the_optional_rows_t
             clock,
             budget,
             lambda size, rounds, rows, outputs: progress.append((size, len(rounds.blocks), rows, len(outputs[0]))),
+            cold=cold,
         )
         return (*timed, progress, log, clock)
 
@@ -972,6 +993,12 @@ def test_a_time_budget_plans_from_the_warm_up_and_leaves_out_the_optional_rows_t
     # a budget with time left for a second batched size: timed after batch 1
     timings, plan, skipped, progress, _, _ = run(60.0, [2, 4, 1])
     assert skipped == [] and list(timings) == [1, 2, 4] and [p[0] for p in progress] == [2] * 3 + [1] * 3 + [4] * 3
+    # with the cold pass (the benchmark's default) every unit is decoded twice and the plan counts it: 6.46 s leave
+    # greedy + beam batched twice 3.6 s, then 0.633 s a sentence (both passes, a third of greedy's re-run): 4 sentences;
+    # "cheap" still fits; the run, cold passes included, ends within the budget
+    timings, plan, skipped, _, log, clock = run(12.7, [2, 1], cold=True)
+    assert plan.rows == [0, 1, 2] and plan.sentences == 4 and plan.estimates == pytest.approx(list(costs.values()))
+    assert timings[1][0].cold == pytest.approx([0.4, 0.8, 0.04]) and clock() <= 12.7
 
 
 def test_paired_bootstrap_of_two_rows(fixture):

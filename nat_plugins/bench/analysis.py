@@ -96,7 +96,8 @@ def ctranslate2_agreement(rows: List[Row]) -> Optional[dict]:
 def speed_at(rounds, row: int, outputs: Dict[int, object]) -> dict:
     """Row ``row``'s speed at the batch size of ``rounds`` (:class:`.schedule.Rounds`; ``outputs``: its
     :class:`.measure.Output` by sentence): medians over rounds of emitted tokens per second and ms per sentence, and
-    the per-round ratios to the greedy teacher (> 1: faster) with their median, spread and whether they settle it."""
+    the per-round ratios to the greedy teacher (> 1: faster) with their median, spread and whether they settle it, and
+    the cold pass's ms per sentence (None: no cold pass)."""
     seconds, ratios = rounds.totals(row), rounds.ratios(row)
     tokens = [sum(outputs[i].tokens for unit in block for i in unit) for block in rounds.blocks]
     return {
@@ -107,6 +108,7 @@ def speed_at(rounds, row: int, outputs: Dict[int, object]) -> dict:
         "ratio_rounds": ratios,
         "ratio_spread": spread(ratios),
         "unsettled": unsettled(ratios),
+        "cold_ms_per_sentence": rounds.cold_ms_per_sentence(row),
     }
 
 

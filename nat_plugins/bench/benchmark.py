@@ -9,9 +9,11 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
 * speed, one protocol for every row (:mod:`.schedule`): the same units of sentences for all rows (batch 1:
   the first ``--latency-sentences`` after ``--warmup``; batch B: the split's length-sorted batches), dealt into
   ``--rounds`` interleaved blocks and timed round-robin (each round every row on the same block, the rows in a
-  random order per round drawn from ``--seed``), fairseq's greedy teacher re-timed at the end (its drift); the timed
-  region is source ids in, best hypothesis ids out; threads fixed (``--threads``), ``OMP_WAIT_POLICY=ACTIVE`` with
-  ``--ctranslate2``;
+  random order per round drawn from ``--seed``), fairseq's greedy teacher re-timed at the end (its drift), after a
+  cold pass (every row decodes every unit once, timed apart: its cost per new shape, reported beside the warm
+  rounds; ``--no-cold-pass`` skips it); the timed region is source ids in, best hypothesis ids out; threads fixed
+  (``--threads``), ``OMP_WAIT_POLICY=ACTIVE`` with ``--ctranslate2``; every row attends with the attention
+  backends of :mod:`nat_plugins.engine.attention` (fairseq's rows too);
 * latency: batch 1, median, 90th percentile and mean per sentence; throughput: batches of ``--batch-size``,
   the median over rounds of sentences per second; ``--batch-sizes``: tokens/s and ms/sentence at each;
 * every speedup ("× fairseq greedy", × the beam, plugin-layout and CTranslate2 rows; batch 1, batched, at every
@@ -209,6 +211,13 @@ def get_parser() -> argparse.ArgumentParser:
         default=3,
         help="rounds of the round-robin timing at every batch size (>= 3): the units of sentences are dealt into "
         "this many interleaved blocks, each round times every row on one block (default: 3)",
+    )
+    parser.add_argument(
+        "--no-cold-pass",
+        action="store_true",
+        help="skip the cold pass: by default every row decodes every unit of every batch size once before its rounds, "
+        "timed apart and reported beside the warm rounds (what a row pays once per new shape: kernel plans, traces, "
+        "graph captures), so such a cost is charged to no timed round",
     )
     parser.add_argument(
         "--threads",
@@ -450,6 +459,7 @@ def main(args) -> dict:
         args.seed,
         budget=budget,
         progress=progress,
+        cold=not args.no_cold_pass,
     )
     load_end = os.getloadavg()
     if plan is not None:
@@ -478,6 +488,7 @@ def main(args) -> dict:
         "protocol": "round-robin over shared blocks, rows in a random order per round (seeded with --seed and the "
         "batch size); anchor: fairseq greedy; every speedup: the median over rounds of paired per-round ratios",
         "rounds": args.rounds,
+        "cold_pass": not args.no_cold_pass,
         "batch_sizes": list(timings),
         "threads": threads,
         "ctranslate2_threads": {"intra": 1 if use_cuda else threads, "inter": 1} if args.ctranslate2 else None,

@@ -14,7 +14,7 @@ import fairseq
 import torch
 
 from ..cli.rep_mis import DEFAULT_WINDOW, repeated_ratio
-from ..engine import cpu_linear
+from ..engine import attention, cpu_linear
 from ..version import __version__
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
@@ -23,6 +23,8 @@ from .rows import CTRANSLATE2_ROLES, TEACHER_BEAM, TEACHER_GREEDY, BenchmarkErro
 PARETO_PLOT_FILE = "pareto.png"
 LENGTH_PLOT_FILE = "by_length.png"
 BATCH_PLOT_FILE = "by_batch_size.png"
+# batch 1 timed on fewer sentences than this is no result: the report says so
+MIN_LATENCY_SENTENCES = 30
 NPD_PLOT_FILE = "npd.png"
 
 
@@ -111,6 +113,7 @@ def run_metadata(
         "ctranslate2_fastest_greedy": fastest and {"latency": fastest[0].name, "throughput": fastest[1].name},
         "ctranslate2_agreement": ctranslate2_agreement(rows),
         # the layout of the plugin rows' CPU linear layers in this process (engine/cpu_linear.py)
+        "attention_backends": attention.describe(),
         "linear_layout": None if use_cuda or not cpu_linear.MODEL_SHAPES else cpu_linear.choice().to_json(),
     }
 
@@ -195,13 +198,15 @@ def markdown_table(rows: List[Row], teacher_beam: int) -> str:
 
 def batch_size_table(rows: List[Row]) -> str:
     """Every row's speed at every timed batch size: emitted tokens/s, ms per sentence and × the greedy teacher (the
-    median of the per-round ratios, their range across rounds; ? where the rounds leave it unsettled)."""
+    median of the per-round ratios, their range across rounds; ? where the rounds leave it unsettled), and the cold
+    pass's ms per sentence (each sentence's first decoding, before the rounds)."""
     sizes = [entry["batch_size"] for entry in rows[0].by_batch_size]
     lines = ["| system | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---:|" * len(sizes)]
     for r in rows:
         cells = [
             f"{e['tokens_per_s']:.0f} tok/s, {e['ms_per_sentence']:.1f} ms/sent, "
             + ratio_cell(e["ratio_rounds"], e["unsettled"])
+            + ("" if e.get("cold_ms_per_sentence") is None else f"; cold {e['cold_ms_per_sentence']:.1f} ms/sent")
             for e in r.by_batch_size
         ]
         lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
@@ -223,6 +228,22 @@ def length_table(meta: dict, rows: List[Row]) -> str:
     return "\n".join(lines)
 
 
+def latency_is_result(meta: dict) -> bool:
+    """Whether the run timed batch 1 on enough sentences (:data:`MIN_LATENCY_SENTENCES`) for its batch-1 speeds to be
+    a result."""
+    return meta["latency_sentences_timed"] >= MIN_LATENCY_SENTENCES
+
+
+def latency_warning(meta: dict) -> List[str]:
+    """The header line saying a run's batch-1 speeds are not a result, where they are not."""
+    if latency_is_result(meta):
+        return []
+    return [
+        f"- **batch-1 speeds are not a result**: {meta['latency_sentences_timed']} sentences timed, fewer than "
+        f"{MIN_LATENCY_SENTENCES}"
+    ]
+
+
 def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = None, solo=None) -> str:
     """results.md: header with device/versions/data, the table (and the ``--solo`` tables,
     :class:`.solo.Solo`), the per-row decoding arguments and paired tests."""
@@ -242,7 +263,10 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         f"- latency: batch 1, **{meta['latency_sentences_timed']} sentences timed** (sentences "
         f"{meta['warmup'] + 1}-{meta['latency_sentences']} of the split; the first {meta['warmup']} are warm-up), "
         f"median / p90 / mean per sentence; throughput: batches of {meta['batch_size']} sentences, decode time only",
+        *latency_warning(meta),
         timing_line(meta),
+        f"- attention: every row's `F.scaled_dot_product_attention` with the backends {meta['attention_backends']} "
+        "(nat_plugins/engine/attention.py)",
         *budget_lines(meta),
         exact_line(meta),
         layout_line(meta),
@@ -274,7 +298,9 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         *([solo.markdown(rows), ""] if solo else []),
         "Speed against batch size (batch 1: the latency sentences; larger: the whole split), medians over rounds; × "
         "fairseq's greedy teacher: the median of the paired per-round ratios (their range across rounds; ?: "
-        f"unsettled); plot: `{BATCH_PLOT_FILE}`",
+        "unsettled); cold: the row's first decoding of the same sentences, before the rounds (a cost paid once per "
+        "new shape shows there; one that rows of the same shapes share falls on the first of them, in a random "
+        f"order); plot: `{BATCH_PLOT_FILE}`",
         "",
         batch_size_table(rows),
         "",
@@ -605,6 +631,7 @@ def plot_by_batch_size(meta: dict, rows: List[Row], path: str):
 def write_report(out_dir: str, meta: dict, rows: List[Row], paired: List[dict], plots: bool = True, solo=None) -> dict:
     """Write ``results.json``, ``results.md`` and (``plots``) the plots, with the ``--solo`` pass where ``solo`` (a
     :class:`.solo.Solo`) has it; returns the ``results.json`` content."""
+    meta["latency_is_result"] = latency_is_result(meta)
     results = {"meta": meta, "rows": [row.to_json() for row in rows], "paired_tests": paired}
     if solo:
         solo.add_to(results)

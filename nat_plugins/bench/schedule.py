@@ -6,7 +6,10 @@ split's length-sorted batches of B) and deals them into ``rounds`` interleaved b
 Round ``r`` times every row on block ``r``, the rows in a random order drawn afresh each round from an RNG seeded
 with the benchmark's ``--seed`` and the batch size (:func:`round_orders`, recorded in ``results.json``): a row's slot
 and neighbours change at random from round to round, so what one row leaves behind for the next (a warm or cold
-cache, a CPU that has just clocked up or down) does not fall on the same row every round. Every row's timed region
+cache, a CPU that has just clocked up or down) does not fall on the same row every round. Before the first round every
+row decodes every unit once, timed apart (the cold pass, :func:`cold_pass`): what a row pays once per new shape
+(kernel plans, traces, graph captures) shows there, beside its warm rounds, and is charged to no round of any row
+(with a plan, the budget counts it). Every row's timed region
 is the same: its inputs (source ids) prepared, then ``decode`` (best hypothesis ids out) on the clock; bookkeeping
 (text, counts) after it. After the last round the anchor row (fairseq's greedy teacher) decodes block 0 again: its
 start-vs-end drift says how much the machine changed while the rows were timed.
@@ -79,7 +82,8 @@ class Rounds:
     """The timings of one batch size: ``seconds[row][round]`` = seconds of every unit of the round's block (in
     block order), ``order[round]`` = the rows in the order timed (:func:`round_orders`), ``anchor_end`` = seconds of
     the anchor on block 0 timed again after the last round; ``rounds_cut``: rounds left untimed because the time budget
-    ran out (their blocks are not in ``blocks``)."""
+    ran out (their blocks are not in ``blocks``); ``cold[row]``: seconds of the row's cold pass, every unit decoded
+    once before the first round (:func:`cold_pass`)."""
 
     batch_size: int
     blocks: List[List[List[int]]]
@@ -88,6 +92,7 @@ class Rounds:
     anchor: int
     anchor_end: float
     rounds_cut: int = 0
+    cold: Optional[List[float]] = None  # per row: seconds of its cold pass over every unit (None: no cold pass)
 
     def totals(self, row: int) -> List[float]:
         """Seconds of ``row`` on each round's block."""
@@ -105,11 +110,25 @@ class Rounds:
         """Per round: the anchor's seconds / ``row``'s on the same block (> 1: ``row`` is faster)."""
         return [a / b for a, b in zip(self.totals(self.anchor), self.totals(row))]
 
+    def cold_ms_per_sentence(self, row: int) -> Optional[float]:
+        """``row``'s cold pass in ms per sentence (each distinct sentence once; None: no cold pass)."""
+        return None if self.cold is None else 1000 * self.cold[row] / self.distinct_sentences()
+
     @property
     def drift(self) -> float:
         """The anchor's block-0 time after the last round relative to its first round (0.05: 5% slower at the
         end)."""
         return self.anchor_end / self.totals(self.anchor)[0] - 1
+
+
+def cold_pass(runners: Sequence[Runner], units: Sequence[List[int]], seed: int, batch_size: int, clock) -> List[float]:
+    """Every runner decodes every unit once, the rows in a random order drawn from ``seed`` and ``batch_size``; returns
+    each runner's seconds. A cost paid once per new shape (a kernel plan, a trace, a graph capture, an allocation) is
+    paid here, never inside a timed round; one shared by rows of the same shapes falls on the first of them."""
+    seconds = [0.0] * len(runners)
+    for row in random.Random(f"{seed}:{batch_size}:cold").sample(range(len(runners)), len(runners)):
+        seconds[row] = sum(time_unit(runners[row], unit, clock) for unit in units)
+    return seconds
 
 
 def run_rounds(
@@ -123,14 +142,18 @@ def run_rounds(
     clock: Callable[[], float] = time.perf_counter,
     deadline: Optional[float] = None,
     after_round: Optional[Callable[["Rounds"], None]] = None,
+    cold: bool = True,
 ) -> Rounds:
     """Time every runner on every unit round-robin, the rows of each round in the order :func:`round_orders` draws
-    from ``seed`` (see the module docstring); ``warmup`` units are decoded by every runner first, off the clock. A
-    round that ends at or past ``deadline`` (on ``clock``) is the last; ``after_round`` gets the rounds so far."""
+    from ``seed`` (see the module docstring); ``warmup`` units are decoded by every runner first, off the clock, then
+    (``cold``) every unit once by every runner, timed apart (:func:`cold_pass`). A round that ends at or past
+    ``deadline`` (on ``clock``) is the last; ``after_round`` gets the rounds so far."""
     blocks = interleaved_blocks(units, rounds)
     for runner in runners:
         for unit in warmup:
             runner.decode(runner.inputs(unit))
+    distinct = list({tuple(unit): list(unit) for block in blocks for unit in block}.values())
+    cold_seconds = cold_pass(runners, distinct, seed, batch_size, clock) if cold else None
     seconds = [[[] for _ in blocks] for _ in runners]
     order = round_orders(len(runners), len(blocks), seed, batch_size)
     total = done = len(blocks)
@@ -138,13 +161,14 @@ def run_rounds(
         for row in order[r]:
             seconds[row][r] = [time_unit(runners[row], unit, clock) for unit in block]
         if after_round is not None:
-            after_round(Rounds(batch_size, blocks[: r + 1], [s[: r + 1] for s in seconds], order[: r + 1], anchor, 0.0))
+            so_far = [s[: r + 1] for s in seconds]
+            after_round(Rounds(batch_size, blocks[: r + 1], so_far, order[: r + 1], anchor, 0.0, cold=cold_seconds))
         if deadline is not None and clock() >= deadline:
             done = r + 1
             break
     blocks, seconds, order = blocks[:done], [s[:done] for s in seconds], order[:done]
     anchor_end = sum(time_unit(runners[anchor], unit, clock) for unit in blocks[0])
-    return Rounds(batch_size, blocks, seconds, order, anchor, anchor_end, total - done)
+    return Rounds(batch_size, blocks, seconds, order, anchor, anchor_end, total - done, cold_seconds)
 
 
 def unsettled(ratios: List[float]) -> bool:
@@ -198,14 +222,18 @@ def per_sentence(seconds: List[float]) -> float:
     return statistics.median(seconds[1:] or seconds) if seconds else 0.0
 
 
-def make_plan(estimates, batched, anchor: int, units: int, rounds: int, remaining: float, optional) -> Plan:
+def make_plan(
+    estimates, batched, anchor: int, units: int, rounds: int, remaining: float, optional, passes: int = 2
+) -> Plan:
     """The rows and batch-1 sentences that ``remaining`` seconds allow, by ``estimates`` (seconds per batch-1 sentence
     per row; the anchor decodes a round's block again at the end) and ``batched`` (seconds of each row's batched
-    pass): every row not in ``optional`` on as many of the ``units`` sentences as fit (at least one per round), then
-    the ``optional`` rows in their order while both their passes still fit."""
+    pass), each unit decoded ``passes`` times (2: the cold pass and its timed round): every row not in ``optional`` on
+    as many of the ``units`` sentences as fit (at least one per round), then the ``optional`` rows in their order while
+    both their passes still fit."""
+    estimates, batched = [passes * e for e in estimates], [passes * b for b in batched]
     required = [k for k in range(len(estimates)) if k not in optional]
     fixed = sum(batched[k] for k in required)
-    cost = sum(estimates[k] for k in required) + estimates[anchor] / rounds  # a batch-1 sentence of every row
+    cost = sum(estimates[k] for k in required) + estimates[anchor] / passes / rounds  # a batch-1 sentence of every row
     sentences = units if fixed + cost * units <= remaining else int((remaining - fixed) // max(cost, 1e-9))
     sentences = min(units, max(rounds, sentences))
     rows, left_out = list(required), []
@@ -215,7 +243,7 @@ def make_plan(estimates, batched, anchor: int, units: int, rounds: int, remainin
             fixed, cost = fixed + batched[k], cost + estimates[k]
         else:
             left_out.append(k)
-    return Plan(sorted(rows), sentences, left_out, estimates, batched)
+    return Plan(sorted(rows), sentences, left_out, [e / passes for e in estimates], [b / passes for b in batched])
 
 
 def time_batch_sizes(
@@ -230,12 +258,14 @@ def time_batch_sizes(
     clock=time.perf_counter,
     budget: Optional[TimeBudget] = None,
     progress: Optional[Callable[[int, "Rounds", List[int], list], None]] = None,
+    cold: bool = True,
 ):
     """:func:`run_rounds` at every batch size of ``sizes`` (row orders drawn from ``seed``): batch 1 on the sentences
     ``latency_ids`` (after the ``warmup_ids``, decoded off the clock), any larger size on the whole split in
     ``length_order`` (its first unit decoded once off the clock); the batched sizes first, in the order of ``sizes``,
     then batch 1. ``progress(size, rounds, rows, outputs)`` is called after every round: the rounds so far, the
-    indices of their rows in ``runners`` and those rows' outputs by sentence so far.
+    indices of their rows in ``runners`` and those rows' outputs by sentence so far. ``cold``: every size's units are
+    decoded once by every row before its rounds (:func:`cold_pass`), and the plan counts that pass.
 
     With a ``budget`` the plan comes first (:func:`make_plan`, from every row's warm-up at batch 1 and on the first
     batched size's median unit, timed): the rows it keeps decode the first batched size (their BLEU), then batch 1 on
@@ -254,7 +284,9 @@ def time_batch_sizes(
         middle = [first[len(first) // 2]] if first else []
         batched_seconds = [len(first) * sum(s) for s in timed_warmup(runners, middle, clock)]
         remaining = budget.deadline - budget.reserve - clock()
-        plan = make_plan(estimates, batched_seconds, anchor, len(latency_units), rounds, remaining, budget.optional)
+        plan = make_plan(
+            estimates, batched_seconds, anchor, len(latency_units), rounds, remaining, budget.optional, 1 + cold
+        )
         rows, latency_units, warmup_units = plan.rows, latency_units[: plan.sentences], ()
     timed_runners, timed_anchor = [runners[k] for k in rows], rows.index(anchor)
 
@@ -264,7 +296,7 @@ def time_batch_sizes(
 
     def run(size, units, warmup, deadline=None):
         timed = run_rounds(
-            timed_runners, units, rounds, timed_anchor, size, seed, warmup, clock, deadline, report(size)
+            timed_runners, units, rounds, timed_anchor, size, seed, warmup, clock, deadline, report(size), cold
         )
         timings[size] = (timed, [runner.outputs for runner in timed_runners])
         for runner in timed_runners:

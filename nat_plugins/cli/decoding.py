@@ -13,6 +13,8 @@ import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.logging import progress_bar
 
+from ..engine.attention import attention_backends
+
 
 @dataclass
 class Generation:
@@ -69,12 +71,15 @@ class Generation:
         return utils.move_to_cuda(sample) if self.use_cuda else sample
 
     def decode(self, sample: dict) -> list:
-        """``task.inference_step`` on one batch (``--prefix-size`` target tokens forced, as fairseq-generate)."""
+        """``task.inference_step`` on one batch (``--prefix-size`` target tokens forced, as fairseq-generate), with the
+        engine's attention backends whatever the task (:mod:`~nat_plugins.engine.attention`: fairseq's own rows of
+        the benchmark attend with the same kernels as the plugin's)."""
         size = self.cfg.generation.prefix_size
         prefix_tokens = sample["target"][:, :size] if size > 0 else None
-        return self.task.inference_step(
-            self.generator, self.models, sample, prefix_tokens=prefix_tokens, constraints=sample.get("constraints")
-        )
+        with attention_backends():
+            return self.task.inference_step(
+                self.generator, self.models, sample, prefix_tokens=prefix_tokens, constraints=sample.get("constraints")
+            )
 
 
 def load_generation(cfg, task) -> Generation:

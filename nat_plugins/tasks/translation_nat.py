@@ -49,6 +49,7 @@ from torch import nn
 
 from ..compat import PluginCheckpointMarker
 from ..engine import prepare_for_decoding
+from ..engine.attention import attention_backends
 from ..generators.base import DecodingConfig, Hypothesis, option_owners
 from ..generators.blockwise_decoding import BlockwiseDecodingConfig
 from ..generators.fertility_nat_decoding import FertilityNATDecodingConfig
@@ -429,10 +430,14 @@ class TranslationNATTask(TranslationTask):
 
         fairseq-generate has no hook for extra lines, so they are printed here, to ``sys.stdout``: the stream
         fairseq-generate and fairseq-interactive print to, unless ``--results-path`` sends the hypotheses to a
-        file (the task does not see that option). A plugin generator's ``generate`` refuses ``prefix_tokens`` and
+        file (the task does not see that option). Decoding attends with the engine's attention backends
+        (:mod:`~nat_plugins.engine.attention`). A plugin generator's ``generate`` refuses ``prefix_tokens`` and
         ``constraints`` (:meth:`~nat_plugins.generators.base.PluginGenerator.refuse_search_inputs`) rather than drop
         them."""
-        hypos = super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        with attention_backends():  # no attention kernel that plans per shape (engine/attention.py)
+            hypos = super().inference_step(
+                generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints
+            )
         lines = []
         for sample_id, sentence_hypos in zip(sample["id"].tolist() if "id" in sample else [], hypos):
             best = sentence_hypos[0] if sentence_hypos else {}
@@ -443,3 +448,14 @@ class TranslationNATTask(TranslationTask):
         if lines:
             print("\n".join(lines), file=sys.stdout)
         return hypos
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        """fairseq's training step, attending with the engine's attention backends
+        (:mod:`~nat_plugins.engine.attention`: a new batch shape costs no new kernel plan)."""
+        with attention_backends():
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad=ignore_grad)
+
+    def valid_step(self, sample, model, criterion):
+        """fairseq's validation step (``--eval-bleu`` decoding included), with the engine's attention backends."""
+        with attention_backends():
+            return super().valid_step(sample, model, criterion)
