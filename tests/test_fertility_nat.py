@@ -1,13 +1,13 @@
 """NAT with fertility (Gu et al., ICLR 2018): links -> fertilities (unaligned targets, clamping), the fertility
 pipeline's errors, copy by fertility inside the model, self-masking, the fertility predictor with 0 or 1 hidden layer,
-gold-fertility inference == training forward, argmax/average/NPD decoding (S=1 == argmax, teacher picks the best by
-its plain log-probability, never below the argmax candidate, candidates with or without the argmax, duplicates decoded
-once, batch invariance, empty/max length, average = Round(E[f])), the two criterions (RKL fine-tuning: the CE form by
-default, the teacher sees what the generator emits, REINFORCE sign, which parameters each term reaches, dropout-free
-rewards, held-out reverse KL lowered, gradients all-reduced under DDP; no teacher in the checkpoint), a tiny train ->
-generate -> interactive run, and learning on the synthetic task. Tests that need a better or worse sample, spread
-candidates or a known average rig the fertility distribution, the samples or the teacher, so that they do not rest on
-what the session-trained teacher happens to output."""
+gold-fertility inference == training forward, argmax/average/NPD decoding (S=1 == argmax, teacher picks the best by its
+plain log-probability, never below the argmax candidate, candidates with or without the argmax, duplicates decoded once,
+batch invariance, empty/max length, average = Round(E[f]), the same tokens on CUDA's length buckets), the two criterions
+(RKL fine-tuning: the CE form by default, the teacher sees what the generator emits, REINFORCE sign, which parameters
+each term reaches, dropout-free rewards, held-out reverse KL lowered, gradients all-reduced under DDP; no teacher in the
+checkpoint), a tiny train -> generate -> interactive run, and learning on the synthetic task. Tests that need a better
+or worse sample, spread candidates or a known average rig the fertility distribution, the samples or the teacher, so
+that they do not rest on what the session-trained teacher happens to output."""
 
 import ast
 import faulthandler
@@ -33,6 +33,7 @@ from nat_plugins.cli import fertility as fert_cli
 from nat_plugins.criterions import nat_rkl_finetune
 from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune, NATRKLFinetuneConfig, rkl_loss, without_dropout
+from nat_plugins.engine import length_buckets
 from nat_plugins.generators import fertility_nat_decoding
 from nat_plugins.generators.fertility_nat_decoding import FertilityNATGenerator, first_occurrences
 from nat_plugins.modules import fertility as fertility_helpers
@@ -617,6 +618,52 @@ def test_empty_and_maximum_lengths(fert_data_bin, task, monkeypatch):
     assert cap_total(torch.tensor([[2, 3, 1]]), torch.tensor([4])).tolist() == [[2, 2, 0]]
     index, _ = fertility_copy_index(torch.tensor([[2, 2, 0]]))
     assert index.tolist() == [[0, 0, 1, 1]]
+
+
+def record_widths(modules, widths):
+    """Append to ``widths[name]`` the width of the first input of every call of each ``modules[name]``: (module,
+    its length dimension); returns the hooks' handles."""
+    return [
+        module.register_forward_pre_hook(lambda _m, args, name=name, dim=dim: widths[name].append(args[0].size(dim)))
+        for name, (module, dim) in modules.items()
+    ]
+
+
+@pytest.mark.parametrize("mode", ["argmax", "npd"])
+def test_length_buckets_decode_the_same_tokens(fert_data_bin, task, tiny_teacher, monkeypatch, mode):
+    """On CUDA the encoder, the decoder and NPD's teacher run on lengths padded to multiples of 16 (masked:
+    engine.length_buckets), forced here on the CPU: a batch of sentences of different lengths decodes to the same
+    tokens, NAT scores and teacher scores (NPD: 4 candidates, samples included) as without buckets, and every source
+    and target width those modules see is a multiple of 16 (without buckets: the batch's own)."""
+    model = build(fert_data_bin, task, ["--max-fertility", "3"])  # random fertilities 0-2: targets of 0-20 tokens
+    options = dict(npd_samples=4, npd_teacher=tiny_teacher) if mode == "npd" else {}
+    gen = decoder(model, task, mode, **options)
+    modules = {"encoder": (model.encoder, 1), "decoder": (model.decoder, 1)}
+    if mode == "npd":
+        modules.update(teacher_encoder=(gen.teacher.model.encoder, 1), teacher_decoder=(gen.teacher.model.decoder, 1))
+    sample = batch(task, range(NUM_SENTENCES))
+    assert len(set(sample["net_input"]["src_lengths"].tolist())) > 3
+
+    def run(buckets):
+        monkeypatch.setattr(length_buckets, "length_buckets_wanted", lambda reference: buckets)
+        widths = {name: [] for name in modules}
+        handles = record_widths(modules, widths)
+        torch.manual_seed(0)  # NPD's samples
+        hypos = gen.generate([model], sample)
+        for handle in handles:
+            handle.remove()
+        return hypos, widths
+
+    plain, plain_widths = run(False)
+    bucketed, widths = run(True)
+    assert all(widths[name] for name in modules) and all(w % 16 == 0 for ws in widths.values() for w in ws), widths
+    assert any(w % 16 for ws in plain_widths.values() for w in ws)
+    for (hyp,), (ref,) in zip(bucketed, plain):
+        assert hyp["tokens"].tolist() == ref["tokens"].tolist()
+        torch.testing.assert_close(hyp["positional_scores"], ref["positional_scores"], rtol=0, atol=1e-5)
+        assert hyp["score"].item() == pytest.approx(ref["score"].item(), abs=1e-5)
+        if mode == "npd":
+            assert hyp["teacher_score"].item() == pytest.approx(ref["teacher_score"].item(), abs=1e-5)
 
 
 def test_decoding_option_errors(fert_data_bin, task, tmp_path):

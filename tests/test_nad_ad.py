@@ -1,9 +1,9 @@
-"""Encoder-NAD-AD (Zhou, Zhang & Zong 2020): the AD layer's sublayer order and masks, the NAD run once per sentence
-and its memory reordered with the beam, zeroed NAD-AD attention == the AR Transformer, the same CPU linear layout as
-the AR baseline when decoded through the task, incremental == full recomputation, batch 1 == batched, --init-from-ar,
-the side-file errors, NAD lengths from gold (training) and predicted (inference) fertilities, a tiny distil -> train
--> generate -> interactive run and a learning test on the synthetic task (the NAD learns, the AD uses its states, the
-AD no worse than the same-updates AR baseline beyond seed noise)."""
+"""Encoder-NAD-AD (Zhou, Zhang & Zong 2020): the AD layer's sublayer order and masks, the NAD run once per sentence and
+its memory reordered with the beam, zeroed NAD-AD attention == the AR Transformer, the same CPU linear layout as the AR
+baseline when decoded through the task, incremental == full recomputation, batch 1 == batched, the same tokens on CUDA's
+length buckets, --init-from-ar, the side-file errors, NAD lengths from gold (training) and predicted (inference)
+fertilities, a tiny distil -> train -> generate -> interactive run and a learning test on the synthetic task (the NAD
+learns, the AD uses its states, the AD no worse than the same-updates AR baseline beyond seed noise)."""
 
 import os
 import shutil
@@ -21,6 +21,7 @@ from torch import nn
 
 from nat_plugins.cli import distill
 from nat_plugins.criterions.nad_ad_loss import NADADLoss, nad_targets
+from nat_plugins.engine import length_buckets
 from nat_plugins.engine.cpu_linear import WeightFirstLinear
 from nat_plugins.generators.nad_ad_decoding import NADADGenerator
 from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
@@ -253,6 +254,43 @@ def test_batch_of_one_equals_batched(task):
     for i in indices:
         single = generator(model, task, beam=4).generate([model], batch(task, [i]))
         assert tokens_of(single)[0] == by_id[i]
+
+
+@pytest.mark.parametrize("input_copy", ["uniform", "fertility"])
+def test_length_buckets_decode_the_same_tokens(task, monkeypatch, input_copy):
+    """On CUDA the encoder and the NAD run on lengths padded to multiples of 16 (masked: engine.length_buckets),
+    forced here on the CPU: a batch of sentences of different lengths decodes (beam 2) to the same tokens, scores,
+    NAD drafts and attention as without buckets, and every source width the encoder layers see and every NAD length
+    is a multiple of 16 (without buckets: the batch's own)."""
+    small = ["--nad-max-length", "24", "--max-fertility", "3"]  # random NAD lengths of 1-23 (uniform), 0-2 per word
+    model = build(task, extra=["--nad-input-copy", input_copy, *small], seed=3)
+    sample = batch(task, range(8))
+    assert len(set(sample["net_input"]["src_lengths"].tolist())) > 3
+    modules = {"encoder layer": (model.encoder.layers[0], 0), "NAD": (model.encoder.nad, 1)}
+
+    def run(buckets):
+        monkeypatch.setattr(length_buckets, "length_buckets_wanted", lambda reference: buckets)
+        widths = {name: [] for name in modules}
+        handles = [
+            module.register_forward_pre_hook(lambda _m, args, n=name, dim=dim: widths[n].append(args[0].size(dim)))
+            for name, (module, dim) in modules.items()
+        ]
+        hypos = generator(model, task, beam=2).generate([model], sample)
+        for handle in handles:
+            handle.remove()
+        return hypos, widths
+
+    plain, plain_widths = run(False)
+    bucketed, widths = run(True)
+    assert all(widths.values()) and all(w % 16 == 0 for ws in widths.values() for w in ws), widths
+    assert any(w % 16 for ws in plain_widths.values() for w in ws)
+    for hyps, refs in zip(bucketed, plain):
+        for hyp, ref in zip(hyps, refs, strict=True):
+            assert hyp["tokens"].tolist() == ref["tokens"].tolist()
+            assert hyp["nad_draft"].tolist() == ref["nad_draft"].tolist()
+            torch.testing.assert_close(hyp["positional_scores"], ref["positional_scores"], rtol=0, atol=1e-5)
+            assert hyp["score"].item() == pytest.approx(ref["score"].item(), abs=1e-5)
+            torch.testing.assert_close(hyp["attention"], ref["attention"], rtol=0, atol=1e-5)
 
 
 def test_init_from_ar_copies_the_teacher(task, tiny_teacher):

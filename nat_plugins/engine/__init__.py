@@ -8,6 +8,10 @@ to decode, and it imports nothing of theirs.
 * :mod:`.lean_decoder`: a decoder layer's evaluation forward without fairseq's per-call bookkeeping;
 * :mod:`.static_cache`: a static-shape decoder step over key/value buffers allocated once per batch (on CUDA taken
   from a bank of bucketed shapes and replayed as CUDA graphs: :mod:`.step_graphs`, ``NAT_CUDA_GRAPHS``);
+* :mod:`.length_buckets`: on CUDA the single passes (the fertility NAT's decoder, Encoder-NAD-AD's NAD, NPD's teacher
+  rescoring) pad their source and target lengths to buckets, masked, so that cuDNN plans a bounded set of shapes;
+* :mod:`.attention`: the kernels ``F.scaled_dot_product_attention`` may use while the task decodes and trains
+  (``NAT_ATTENTION_BACKENDS``; by default none that builds a plan per new shape, as cuDNN's does on sm90);
 * :mod:`.block_call`: several new tokens per sentence in one decoder call against fairseq's incremental cache, and
   that cache rolled back to the accepted tokens (verify-accept decoding on decoders the static step does not run).
 

@@ -37,6 +37,7 @@ import torch
 from fairseq.dataclass import ChoiceEnum
 from torch import nn
 
+from ..engine import length_buckets
 from ..modules.fertility import average_fertility, cap_total, ensure_nonempty, nat_output, sample_fertilities
 from ..modules.teacher import FrozenTeacher
 from .base import DecodingConfig, Hypothesis, PluginGenerator
@@ -178,10 +179,17 @@ class FertilityNATGenerator(PluginGenerator):
         model, S = self.model, self.npd_samples
         src_tokens = sample["net_input"]["src_tokens"]
         src_lengths = self.source_lengths(sample["net_input"])
-        bsz = src_tokens.size(0)
+        bsz, width = src_tokens.shape
+        # on CUDA the NAT reads the source left-padded to a bucket (engine.length_buckets: a cuDNN plan per new
+        # shape); the fertilities are chosen on its real columns, so NPD draws its samples as without buckets
+        buckets = length_buckets.length_buckets_wanted(src_tokens)
+        source = src_tokens
+        if buckets:
+            source = length_buckets.widened(src_tokens, length_buckets.bucketed(width), self.pad, on_the_left=True)
 
-        encoder_out = model.encode(src_tokens, src_lengths)
-        fertility_lprobs = model.get_normalized_probs((model.fertility_logits(encoder_out), None), log_probs=True)
+        encoder_out = model.encode(source, src_lengths)
+        fertility_logits = model.fertility_logits(encoder_out)[:, -width:]
+        fertility_lprobs = model.get_normalized_probs((fertility_logits, None), log_probs=True)
         copyable = model.copyable(src_tokens)
         fertility = self.fertilities(fertility_lprobs.float(), copyable)
         order = torch.arange(bsz, device=src_tokens.device).repeat_interleave(S)  # sentence of every candidate
@@ -194,7 +202,8 @@ class FertilityNATGenerator(PluginGenerator):
         else:  # row n is sentence n
             order = None
 
-        logits, padding = model.decode(src_tokens, encoder_out, fertility, order=order)
+        fertility = length_buckets.widened(fertility, source.size(1), 0, on_the_left=True)
+        logits, padding = model.decode(source, encoder_out, fertility, order=order, length_buckets=buckets)
         tokens, scores, lengths = nat_output(logits, padding, self.pad, self.eos, self.unk, self.unk_penalty)
 
         steps, teacher_scores = 1, None

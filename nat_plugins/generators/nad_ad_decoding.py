@@ -27,6 +27,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 from fairseq.tasks import FairseqTask
 from torch import nn
 
+from ..engine import length_buckets
 from .base import DecodingConfig, EncoderOut, Hypothesis
 
 
@@ -52,7 +53,11 @@ class NADADEnsembleModel(EnsembleModel):
         self.last_encoder_outs = None
 
     def forward_encoder(self, net_input: Dict[str, Any]) -> List[EncoderOut]:
-        """fairseq's ``forward_encoder``, its outputs kept in ``last_encoder_outs``."""
+        """fairseq's ``forward_encoder``, its outputs kept in ``last_encoder_outs``; on CUDA the source and the NAD
+        lengths padded to buckets (:mod:`~nat_plugins.engine.length_buckets`: a cuDNN plan per new shape) inside
+        the encoder, so that fairseq's search still sees the batch's own source width (``--max-len-a``)."""
+        if length_buckets.length_buckets_wanted(net_input["src_tokens"]):
+            net_input = {**net_input, "length_buckets": True}  # fairseq passes net_input's keys to encoder.forward
         self.last_encoder_outs = super().forward_encoder(net_input)
         return self.last_encoder_outs
 
@@ -77,6 +82,7 @@ class NADADGenerator(SequenceGenerator):
         encoder_outs = self.model.last_encoder_outs
         self.model.last_encoder_outs = None  # do not keep a batch's states alive until the next one
         drafts = self.model.single_model.nad_draft(encoder_outs[0])
+        width = sample["net_input"]["src_tokens"].size(1)  # the encoder's may be wider (length_buckets)
         for hypos, draft in zip(finalized, drafts):
             draft = draft[draft.ne(self.pad) & draft.ne(self.eos)]
             # the sentence leaves the batch at the step its last finished hypothesis ends (beam search goes on
@@ -85,4 +91,6 @@ class NADADGenerator(SequenceGenerator):
             for hypo in hypos:
                 hypo["steps"] = steps
                 hypo["nad_draft"] = draft
+                if hypo["attention"].dim() == 2:  # (source, target): a bucketed source's pad columns dropped
+                    hypo["attention"] = hypo["attention"][-width:]
         return finalized

@@ -40,6 +40,7 @@ from fairseq.models.transformer import (
 from fairseq.tasks import FairseqTask
 from torch import nn
 
+from ..engine.length_buckets import bucketed, widened
 from ..generators.fertility_nat_decoding import FertilityNATGenerator
 from ..modules.nad import (
     FertilityPredictor,
@@ -193,22 +194,30 @@ class FertilityNATModel(NATPluginModel, TransformerModel):
         fertility: torch.Tensor,
         max_length: Optional[int] = None,
         order: Optional[torch.Tensor] = None,
+        length_buckets: bool = False,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Decoder logits (N, T, V) and the target padding mask (N, T) for ``fertility`` (N, S): the source
         inputs copied by fertility, or (uniform copy) spread evenly over sum(fertility) target positions.
 
         Row n decodes sentence ``order[n]`` of ``src_tokens`` / ``encoder_out`` (B sentences; NPD's candidates,
         several rows per sentence); ``order`` None: N = B, row n is sentence n. The source inputs are computed once
-        per sentence and copied straight into the rows; the encoder states are reordered for the rows."""
+        per sentence and copied straight into the rows; the encoder states are reordered for the rows.
+        ``length_buckets`` (the generator's, on CUDA): the decoder runs on T rounded up to a bucket
+        (:mod:`~nat_plugins.engine.length_buckets`: a cuDNN plan per new shape), the positions past T masked as
+        padding and their logits dropped."""
         if self.copy_mode == "uniform":
             copyable = self.copyable(src_tokens)
             fertility = uniform_fertility(copyable if order is None else copyable[order], fertility.sum(dim=1))
         index, padding = fertility_copy_index(fertility, max_length=max_length)
+        length = padding.size(1)
+        if length_buckets:
+            width = bucketed(length, self.max_decoder_positions())
+            index, padding = widened(index, width, 0), widened(padding, width, True)
         inputs = copy_source(self.source_inputs(src_tokens, encoder_out), index, order)
         if order is not None:
             encoder_out = self.encoder.reorder_encoder_out(encoder_out, order)
         logits, _extra = self.decoder(inputs, padding, encoder_out)
-        return logits, padding
+        return logits[:, :length], padding[:, :length]
 
     def forward(
         self,

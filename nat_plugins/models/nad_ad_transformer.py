@@ -52,6 +52,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 from fairseq.tasks import FairseqTask
 from torch import nn
 
+from ..engine.length_buckets import bucketed, widened
 from ..generators.nad_ad_decoding import NADADGenerator
 from ..modules.nad import (
     FertilityPredictor,
@@ -250,16 +251,22 @@ class NADADEncoder(TransformerEncoderBase):
         token_embeddings: Optional[torch.Tensor] = None,
         nad_lengths: Optional[torch.Tensor] = None,
         nad_fertility: Optional[torch.Tensor] = None,
+        length_buckets: bool = False,
     ) -> EncoderOut:
         """fairseq's encoder output plus the NAD memory. ``nad_lengths`` ((B,): target lengths without EOS) or
-        ``nad_fertility`` (B, S) are the gold ones in training; None at inference (predicted)."""
+        ``nad_fertility`` (B, S) are the gold ones in training; None at inference (predicted). ``length_buckets``
+        (the generator's, on CUDA): the source is left-padded and the NAD length right-padded to buckets
+        (:mod:`~nat_plugins.engine.length_buckets`: a cuDNN plan per new shape); the memory keeps the padded widths,
+        masked, so the AD's attention over it meets bucketed shapes too."""
+        if length_buckets:
+            src_tokens = widened(src_tokens, bucketed(src_tokens.size(1)), self.padding_idx, on_the_left=True)
         encoder_out = super().forward(
             src_tokens,
             src_lengths=src_lengths,
             return_all_hiddens=return_all_hiddens,
             token_embeddings=token_embeddings,
         )
-        encoder_out.update(self.forward_nad(src_tokens, encoder_out, nad_lengths, nad_fertility))
+        encoder_out.update(self.forward_nad(src_tokens, encoder_out, nad_lengths, nad_fertility, length_buckets))
         return encoder_out
 
     def copyable(self, src_tokens: torch.Tensor) -> torch.Tensor:
@@ -297,10 +304,14 @@ class NADADEncoder(TransformerEncoderBase):
         encoder_out: EncoderOut,
         nad_lengths: Optional[torch.Tensor] = None,
         nad_fertility: Optional[torch.Tensor] = None,
+        length_buckets: bool = False,
     ) -> EncoderOut:
-        """The NAD pass (once per sentence): {"nad_out": [(T, B, C)], "nad_padding_mask": [(B, T)], logits}."""
+        """The NAD pass (once per sentence): {"nad_out": [(T, B, C)], "nad_padding_mask": [(B, T)], logits}; with
+        ``length_buckets`` T is rounded up to a bucket, the positions past every sentence's length masked."""
         fertility, predictor_out = self.nad_fertilities(src_tokens, encoder_out, nad_lengths, nad_fertility)
         length = min(max(int(fertility.sum(dim=1).max()), 1), self.nad.max_positions())
+        if length_buckets:
+            length = bucketed(length, self.nad.max_positions())
         index, padding = fertility_copy_index(fertility, max_length=length)
         inputs = copy_source(encoder_out["encoder_embedding"][0], index)  # scaled token embeddings
         states = self.nad_by_length(inputs, padding, encoder_out)

@@ -25,7 +25,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDe
 from fairseq.models.nat import FairseqNATModel
 from fairseq.tasks import FairseqTask
 
-from ..engine import prepare_for_decoding
+from ..engine import length_buckets, prepare_for_decoding
 from .log_probs import token_log_probs
 
 logger = logging.getLogger(__name__)
@@ -237,10 +237,18 @@ class FrozenTeacher:
         lengths: torch.Tensor,
         order: Optional[torch.Tensor],
     ) -> Tuple[Tuple[torch.Tensor, Dict[str, Any]], torch.Tensor]:
-        """The teacher's decoder output (logits (N, T+1, V), extra) on ``tokens`` then EOS, and that target."""
+        """The teacher's decoder output (logits (N, T+1, V), extra) on ``tokens`` then EOS, and that target.
+
+        On CUDA (:mod:`~nat_plugins.engine.length_buckets`: a cuDNN plan per new shape) the source is left-padded
+        and the decoder input right-padded to buckets: the causal mask already keeps every real position from the
+        padding after it, and the logits of the padded positions are dropped (``extra`` keeps the padded width)."""
         model = self.model
         dictionary = model.decoder.dictionary
         pad, eos = dictionary.pad(), dictionary.eos()
+        buckets = length_buckets.length_buckets_wanted(tokens)
+        if buckets:
+            width = length_buckets.bucketed(src_tokens.size(1))
+            src_tokens = length_buckets.widened(src_tokens, width, model.encoder.padding_idx, on_the_left=True)
         encoder_out = model.encoder(src_tokens, src_lengths=src_lengths)
         if order is not None:
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
@@ -248,4 +256,7 @@ class FrozenTeacher:
         target.scatter_(1, lengths.view(-1, 1), eos)
         prev = torch.cat([tokens.new_full((tokens.size(0), 1), eos), target[:, :-1]], dim=1)
         prev = prev.masked_fill(prev.eq(eos) & (torch.arange(prev.size(1), device=prev.device) > 0), pad)
-        return model.decoder(prev, encoder_out=encoder_out), target
+        if buckets:
+            prev = length_buckets.widened(prev, length_buckets.bucketed(prev.size(1)), pad)
+        logits, extra = model.decoder(prev, encoder_out=encoder_out)
+        return (logits[:, : target.size(1)], extra), target
