@@ -87,34 +87,7 @@ mapfile -t BENCH_ARGS <<< "$OPTIONS"
 [ -n "${GPU_PRESET_ON_CPU:-}" ] && BENCH_ARGS=("${BENCH_ARGS[@]/#--fp16/--cpu}")  # the GPU preset rehearsed on the CPU
 
 mkdir -p "$WORK/logs" && touch "$WORK/logs/steps.tsv"
-step() {  # step NAME COMMAND...: run once; a marker file records success; the output goes to WORK/logs/NAME.log
-  local name=$1 started
-  shift
-  if [ -f "$WORK/.$name.done" ]; then log "$name: done before (remove $WORK/.$name.done to redo)"; return; fi
-  started=$(date +%s)
-  log "$name ... (follow it: tail -f $WORK/logs/$name.log)"
-  # now and then (PROGRESS_SECONDS, default 120) the step's latest progress line on the terminal: fairseq-train's
-  # updates, distillation's sentences (the sleep holds no output open: a caller reading ours is not kept waiting)
-  ( shown=""
-    while sleep "${PROGRESS_SECONDS:-120}" > /dev/null 2>&1; do
-      line=$(grep -E "sentences (to decode|done)|num_updates=" "$WORK/logs/$name.log" 2> /dev/null | tail -n 1 |
-        sed -E 's/^.*\| //; s/^[A-Z]+:[A-Za-z0-9_.]+://' || true)  # without fairseq's or logging's prefix
-      [ -z "$line" ] || [ "$line" = "$shown" ] || log "$name: $line"
-      shown=$line
-    done ) &
-  local reporter=$! status=0
-  "$@" > "$WORK/logs/$name.log" 2>&1 || status=$?
-  kill "$reporter" 2> /dev/null || true
-  if [ "$status" != 0 ]; then
-    tail -n 40 "$WORK/logs/$name.log" >&2
-    log "$name failed after $(( $(date +%s) - started )) s: the last lines of $WORK/logs/$name.log are above" >&2
-    exit 1
-  fi
-  touch "$WORK/.$name.done"
-  # for the report: name, seconds, and "side by side" for a step that ran beside others (their phase has its own line)
-  printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - started ))" "${STEP_PHASE:-}" >> "$WORK/logs/steps.tsv"
-  log "$name done in $(( $(date +%s) - started )) s"
-}
+source "$ROOT/run_scripts/step.sh"  # step NAME COMMAND...: run once, its output in WORK/logs/NAME.log
 
 PREP_ARGS=(--vocab-size "${VOCAB_SIZE:-8000}")
 [ -n "${MAX_LINES:-}" ] && PREP_ARGS+=(--max-lines "$MAX_LINES")

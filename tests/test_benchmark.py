@@ -6,6 +6,7 @@ fairseq's own CMLM (2 updates) decoded by its IterativeRefinementGenerator for e
 """
 
 import json
+import logging
 import os
 import sys
 
@@ -17,7 +18,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from nat_plugins.bench import analysis, benchmark, measure, paper_points, report, schedule
+from nat_plugins.bench import analysis, benchmark, measure, paper_points, progress, report, schedule
 from nat_plugins.bench import rows as bench_rows
 from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import rep_mis
@@ -926,6 +927,42 @@ def test_speed_by_batch_size_of_fixed_timings():
     for bad in ("0,8", "eight"):
         with pytest.raises(BenchmarkError, match="--batch-sizes"):
             benchmark.parse_batch_sizes(bad, 64)
+
+
+def test_every_rows_block_of_a_pass_says_where_the_pass_is_and_its_time_left(tmp_path, caplog):
+    """After each row's block of the cold pass and of each round, a ``benchmark progress:`` line (run_scripts/step.sh
+    shows the latest on the terminal): the batch size, the phase, the row, how much of the pass is done and the time
+    left at its pace so far."""
+    runners, _, clock = fake_rows({"greedy": lambda u: 1.0 * len(u), "fast": lambda u: 0.5 * len(u)})
+    specs = [bench_rows.RowSpec(name, "ckpt") for name in ("greedy", "fast")]
+    tracker = progress.Progress(str(tmp_path), specs, ["r"] * 4, 2, None)
+    calls = []
+
+    def row_done(*told):
+        calls.append(told)
+        tracker.row_done(*told)
+
+    with caplog.at_level(logging.INFO, logger="nat_plugins.bench.benchmark"):
+        schedule.time_batch_sizes(runners, [2], 3, 0, [], [], list(range(4)), 1, clock, row_done=row_done)
+    # 2 units of 2 sentences: the cold pass (2 row blocks of 2 s and 1 s), then 3 rounds over 2 blocks (1 unit each)
+    assert [(size, phase, done, total) for size, phase, _, done, total, _ in calls] == [
+        (2, "cold pass", 1, 8),
+        (2, "cold pass", 2, 8),
+        *[(2, f"round {r} of 3", 2 + 2 * (r - 1) + k, 8) for r in (1, 2, 3) for k in (1, 2)],
+    ]
+    assert sorted(row for _, _, row, *_ in calls[:2]) == [0, 1]
+    first = calls[0]
+    line = caplog.messages[0]
+    seconds = first[5]
+    assert line == (
+        f"benchmark progress: batch 2, cold pass: {specs[first[2]].name} (1 of 8 of the pass done, "
+        f"~{seconds * 7:.0f} s left in it)"
+    )
+    assert len(caplog.messages) == 8 and "round 3 of 3" in caplog.messages[-1] and "~0 s left" in caplog.messages[-1]
+    assert (
+        progress.progress_line("x", 0, 4, 0.0)
+        == "benchmark progress: x (0 of 4 of the pass done, its pace not known yet)"
+    )
 
 
 def test_a_verify_accept_rows_batch_1_time_is_split_into_drafting_and_verifying():

@@ -460,6 +460,7 @@ def main(args) -> dict:
         budget=budget,
         progress=progress,
         cold=not args.no_cold_pass,
+        row_done=progress.row_done,
     )
     load_end = os.getloadavg()
     if plan is not None:

@@ -3,14 +3,28 @@ so a run cut off (a machine lent for minutes, a killed job) still leaves every r
 
 It holds, per batch size, the rounds done and each row's seconds and sentences per round with its paired ratios to
 fairseq's greedy teacher so far (:mod:`.schedule`); once the batched pass of ``--batch-size`` has decoded the whole
-split, every row's BLEU, with its hypotheses in ``hyp.<slug>.txt`` (the files the final report writes too)."""
+split, every row's BLEU, with its hypotheses in ``hyp.<slug>.txt`` (the files the final report writes too).
+
+After every row's block of a pass (the cold pass, each round) a ``benchmark progress:`` line goes to the log: the pass,
+the row, how much of the pass is done and the time it has left at its pace so far (run_scripts/step.sh shows the
+latest one on the terminal)."""
 
 import json
+import logging
 import os
 import time
 from typing import Dict, List, Optional
 
 from .analysis import corpus_bleu
+
+logger = logging.getLogger("nat_plugins.bench.benchmark")
+PREFIX = "benchmark progress:"  # the lines run_scripts/quickstart.sh looks for
+
+
+def progress_line(what: str, done: int, total: int, seconds: float) -> str:
+    """``benchmark progress: WHAT (D of T of the pass done, ~S s left in it)``: the time left at the pace so far."""
+    left = f"~{seconds / done * (total - done):.0f} s left in it" if done else "its pace not known yet"
+    return f"{PREFIX} {what} ({done} of {total} of the pass done, {left})"
 
 
 class Progress:
@@ -40,6 +54,11 @@ class Progress:
                 if len(by_sentence) == len(self.references) and self.specs[k].name not in self.state["bleu"]:
                     self.add_bleu(self.specs[k], [by_sentence[i].text for i in range(len(self.references))])
         self.write()
+
+    def row_done(self, size: int, phase: str, row: int, done: int, total: int, seconds: float):
+        """The :data:`.schedule.RowDone` line of row ``row`` (an index into ``specs``) at batch size ``size``."""
+        what = f"batch {size}, {phase}: {self.specs[row].name}"
+        logger.info(progress_line(what, done, total, seconds))
 
     def add_bleu(self, spec, hyps: List[str]):
         """A row's BLEU, its hypotheses written to ``hyp.<slug>.txt``."""

@@ -26,6 +26,7 @@ on the same block in the same round. Every "×" the benchmark reports is the med
 rounds' spread is flagged, not a win.
 """
 
+import functools
 import random
 import statistics
 import time
@@ -121,13 +122,23 @@ class Rounds:
         return self.anchor_end / self.totals(self.anchor)[0] - 1
 
 
-def cold_pass(runners: Sequence[Runner], units: Sequence[List[int]], seed: int, batch_size: int, clock) -> List[float]:
+# told after each row's block of a pass (the cold pass or a round): (phase, row, row blocks done in the pass, of how
+# many, seconds since the pass started), e.g. for a progress line
+RowDone = Callable[[str, int, int, int, float], None]
+
+
+def cold_pass(
+    runners: Sequence[Runner], units: Sequence[List[int]], seed: int, batch_size: int, clock, row_done=None
+) -> List[float]:
     """Every runner decodes every unit once, the rows in a random order drawn from ``seed`` and ``batch_size``; returns
-    each runner's seconds. A cost paid once per new shape (a kernel plan, a trace, a graph capture, an allocation) is
-    paid here, never inside a timed round; one shared by rows of the same shapes falls on the first of them."""
+    each runner's seconds (``row_done(row)`` after each). A cost paid once per new shape (a kernel plan, a trace, a
+    graph capture, an allocation) is paid here, never inside a timed round; one shared by rows of the same shapes falls
+    on the first of them."""
     seconds = [0.0] * len(runners)
     for row in random.Random(f"{seed}:{batch_size}:cold").sample(range(len(runners)), len(runners)):
         seconds[row] = sum(time_unit(runners[row], unit, clock) for unit in units)
+        if row_done is not None:
+            row_done(row)
     return seconds
 
 
@@ -143,23 +154,33 @@ def run_rounds(
     deadline: Optional[float] = None,
     after_round: Optional[Callable[["Rounds"], None]] = None,
     cold: bool = True,
+    row_done: Optional[RowDone] = None,
 ) -> Rounds:
     """Time every runner on every unit round-robin, the rows of each round in the order :func:`round_orders` draws
     from ``seed`` (see the module docstring); ``warmup`` units are decoded by every runner first, off the clock, then
     (``cold``) every unit once by every runner, timed apart (:func:`cold_pass`). A round that ends at or past
-    ``deadline`` (on ``clock``) is the last; ``after_round`` gets the rounds so far."""
+    ``deadline`` (on ``clock``) is the last; ``after_round`` gets the rounds so far, ``row_done`` each row's block."""
     blocks = interleaved_blocks(units, rounds)
     for runner in runners:
         for unit in warmup:
             runner.decode(runner.inputs(unit))
+    started, blocks_done, blocks_total = clock(), [0], (len(blocks) + cold) * len(runners)
+
+    def finished(phase: str, row: int):
+        blocks_done[0] += 1
+        if row_done is not None:
+            row_done(phase, row, blocks_done[0], blocks_total, clock() - started)
+
     distinct = list({tuple(unit): list(unit) for block in blocks for unit in block}.values())
-    cold_seconds = cold_pass(runners, distinct, seed, batch_size, clock) if cold else None
+    cold_done = functools.partial(finished, "cold pass")
+    cold_seconds = cold_pass(runners, distinct, seed, batch_size, clock, cold_done) if cold else None
     seconds = [[[] for _ in blocks] for _ in runners]
     order = round_orders(len(runners), len(blocks), seed, batch_size)
     total = done = len(blocks)
     for r, block in enumerate(blocks):
         for row in order[r]:
             seconds[row][r] = [time_unit(runners[row], unit, clock) for unit in block]
+            finished(f"round {r + 1} of {len(blocks)}", row)
         if after_round is not None:
             so_far = [s[: r + 1] for s in seconds]
             after_round(Rounds(batch_size, blocks[: r + 1], so_far, order[: r + 1], anchor, 0.0, cold=cold_seconds))
@@ -259,13 +280,16 @@ def time_batch_sizes(
     budget: Optional[TimeBudget] = None,
     progress: Optional[Callable[[int, "Rounds", List[int], list], None]] = None,
     cold: bool = True,
+    row_done: Optional[Callable[..., None]] = None,
 ):
     """:func:`run_rounds` at every batch size of ``sizes`` (row orders drawn from ``seed``): batch 1 on the sentences
     ``latency_ids`` (after the ``warmup_ids``, decoded off the clock), any larger size on the whole split in
     ``length_order`` (its first unit decoded once off the clock); the batched sizes first, in the order of ``sizes``,
     then batch 1. ``progress(size, rounds, rows, outputs)`` is called after every round: the rounds so far, the
     indices of their rows in ``runners`` and those rows' outputs by sentence so far. ``cold``: every size's units are
-    decoded once by every row before its rounds (:func:`cold_pass`), and the plan counts that pass.
+    decoded once by every row before its rounds (:func:`cold_pass`), and the plan counts that pass. ``row_done(size,
+    phase, runner, done, total, seconds)`` after each row's block of a pass (:data:`RowDone`, ``runner`` its index in
+    ``runners``).
 
     With a ``budget`` the plan comes first (:func:`make_plan`, from every row's warm-up at batch 1 and on the first
     batched size's median unit, timed): the rows it keeps decode the first batched size (their BLEU), then batch 1 on
@@ -294,9 +318,24 @@ def time_batch_sizes(
         if progress is not None:
             return lambda timed: progress(size, timed, rows, [runner.outputs for runner in timed_runners])
 
+    def told(size):
+        if row_done is not None:
+            return lambda phase, row, *rest: row_done(size, phase, rows[row], *rest)
+
     def run(size, units, warmup, deadline=None):
         timed = run_rounds(
-            timed_runners, units, rounds, timed_anchor, size, seed, warmup, clock, deadline, report(size), cold
+            timed_runners,
+            units,
+            rounds,
+            timed_anchor,
+            size,
+            seed,
+            warmup,
+            clock,
+            deadline,
+            report(size),
+            cold,
+            told(size),
         )
         timings[size] = (timed, [runner.outputs for runner in timed_runners])
         for runner in timed_runners:

@@ -51,6 +51,7 @@ import torch
 from ..engine import cpu_linear
 from .ctranslate2_rows import ctranslate2_runners
 from .measure import FairseqRunner, generation_cfg, load_split
+from .progress import progress_line
 from .report import ratio_cell
 from .rows import (
     CT2_GREEDY,
@@ -401,9 +402,14 @@ def calibrate(engines, candidates, job, units, directory, seed) -> Calibration:
     rng = random.Random(seed)
     seconds = {spec.name: {} for spec in engines}
     layouts, processes = {}, []
-    for name in (TORCH_FAMILY, CT2_FAMILY):
+    families = [name for name in (TORCH_FAMILY, CT2_FAMILY) if any(family(spec) == name for spec in engines)]
+    started = time.perf_counter()
+    for name in families:
         members = [spec for spec in engines if family(spec) == name]
-        for setting in rng.sample(candidates, len(candidates)) if members else []:
+        for setting in rng.sample(candidates, len(candidates)):
+            what = f"each engine alone, calibration: {name} at {setting.label}"
+            done, total = len(processes), len(families) * len(candidates)
+            logger.info(progress_line(what, done, total, time.perf_counter() - started))
             child = Child(
                 job_of(job, members, setting.threads),
                 setting.environment({}),
@@ -465,9 +471,15 @@ def time_rounds(engines, anchor, calibration: Calibration, job, passes: List[Pas
             children.append(Child(job_k, calibration.environment(spec), directory, f"engine-{k}"))
         seconds = [[[None] * rounds for _ in engines] for _ in passes]
         texts, processes = {spec.name: {} for spec in engines}, [None] * len(engines)
+        started = time.perf_counter()
         for r, order in enumerate(orders):
-            for k in order:
+            for position, k in enumerate(order):
                 answer = children[k].run([p.command(r) for p in passes])
+                what, done = (
+                    f"each engine alone, round {r + 1} of {rounds}: {engines[k].name}",
+                    r * len(order) + position,
+                )
+                logger.info(progress_line(what, done + 1, rounds * len(order), time.perf_counter() - started))
                 (engine,) = answer["engines"]
                 for p, unit_seconds in enumerate(engine["seconds"]):
                     seconds[p][k][r] = unit_seconds
