@@ -1165,18 +1165,32 @@ def test_exact_check_counts_divergences_and_near_ties():
 
 
 def test_the_solo_pass_is_checked_against_the_teachers_greedy_output_too():
-    """The solo processes report text: a sentence equal to the greedy teacher's text does not differ, one equal to the
-    row's own round-robin output keeps its verdict there (a near-tie stays one, a divergence stays one), any other is a
-    divergence no near-tie covers, and the row is no longer exact (what the README's claims read)."""
+    """The solo processes report token ids (and text): a sentence with the greedy teacher's ids does not differ, one
+    with the row's own round-robin ids keeps its verdict there (a near-tie stays one, a divergence stays one), any other
+    is a divergence no near-tie covers, and the row is no longer exact (what the README's claims read). Two token
+    sequences that print the same text are different outputs; without ids (an engine that gives none) text decides."""
     greedy = {0: out([5, 2], "a"), 1: out([5, 6, 2], "b"), 2: out([8, 2], "c"), 3: out([4, 2], "d")}
     own = {0: out([5, 2], "a"), 1: out([5, 9, 2], "b'"), 2: out([3, 2], "c'"), 3: out([4, 2], "d")}
     own_check = measure.exact_check(own, greedy, lambda i, *_: {1: 1e-6, 2: 0.5}[i], 1e-4)
-    solo = {0: "a", 1: "b'", 2: "c'", 3: "something else"}
+    solo = {
+        0: measure.SoloOutput("a", (5, 2)),
+        1: measure.SoloOutput("b'", (5, 9, 2)),
+        2: measure.SoloOutput("c'", (3, 2)),
+        3: measure.SoloOutput("something else", (7, 2)),
+    }
     check = measure.solo_exact_check(solo, greedy, own, own_check, 1e-4)
     assert (check["sentences"], check["differ"], check["near_ties"]) == (4, 3, 1)
     assert check["divergences"] == own_check["divergences"] + [{"sentence": 3, "position": None, "log_prob_gap": None}]
-    same = measure.solo_exact_check({0: "a", 1: "b'", 3: "d"}, greedy, own, own_check, 1e-4)
+    solo_same = {
+        0: measure.SoloOutput("a", (5, 2)),
+        1: measure.SoloOutput("b'", (5, 9, 2)),
+        3: measure.SoloOutput("d", None),
+    }
+    same = measure.solo_exact_check(solo_same, greedy, own, own_check, 1e-4)
     assert (same["differ"], same["near_ties"]) == (1, 1)  # the near-tie of the round-robin pass, nothing else
+    # the teacher's text from other tokens (a split subword): no longer the teacher's output
+    other_tokens = measure.solo_exact_check({0: measure.SoloOutput("a", (5, 3, 2))}, greedy, own, own_check, 1e-4)
+    assert other_tokens["divergences"] == [{"sentence": 0, "position": None, "log_prob_gap": None}]
     row = {"name": "exact", "exact_check": {"1": own_check, "solo": same}}
     measured = catalogue.Measured({"exact": row}, [], ())
     assert not measured.same_output(row, {"name": "greedy"})  # the round-robin pass's real divergence at sentence 2

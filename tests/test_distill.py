@@ -125,3 +125,23 @@ def test_decoding_logs_its_progress(dummy_data_bin, tiny_teacher, tmp_path, capl
     assert done == sorted(set(done)) and done[-1] < total
     assert all(int(match[2]) == total for match in during)
     assert re.fullmatch(rf"{total} / {total} sentences done in \d+:\d\d:\d\d \([\d.]+ sentences/s\)", lines[-1])
+
+
+def test_the_progress_line_says_the_time_left_at_the_rate_so_far(monkeypatch, caplog):
+    """At 25 of 100 sentences after 25 s (1 sentence/s), the 75 left take 75 s: the line says 0:01:15 left; at 80
+    after 40 s (2/s), 10 s. Lines come at most every --log-interval-seconds; the last says the time taken."""
+    clock = [1000.0]
+    monkeypatch.setattr(distill.time, "monotonic", lambda: clock[0])
+    caplog.set_level(logging.INFO, logger=distill.logger.name)
+    progress = distill.ProgressLog("distill train", 100, interval=10)
+    for seconds, sentences in ((5, 10), (20, 15), (5, 30), (10, 25), (10, 20)):
+        clock[0] += seconds
+        progress.add(sentences)
+    progress.finish()
+    messages = [r.getMessage() for r in caplog.records if r.name == distill.logger.name]
+    assert messages == [
+        "distill train: 100 sentences to decode",
+        "distill train: 25 / 100 sentences done (25%), 1.0 sentences/s, 0:01:15 left",
+        "distill train: 80 / 100 sentences done (80%), 2.0 sentences/s, 0:00:10 left",
+        "distill train: 100 / 100 sentences done in 0:00:50 (2.0 sentences/s)",
+    ]

@@ -88,6 +88,12 @@ def set_task(field, value):
             r"is a language model \(task language_modeling, arch transformer\)",
         ),
         ("lstm", set_model("arch", "lstm"), "not fairseq's Transformer"),
+        # a Transformer variant registered by a --user-dir this fairseq does not load
+        (
+            "unknown-arch",
+            set_model("arch", "transformer_of_another_user_dir"),
+            r"is 'transformer_of_another_user_dir' \(an architecture this fairseq does not know\), not fairseq's Trans",
+        ),
         ("sat", set_model("arch", "sat_transformer"), "not an autoregressive teacher"),
         ("cross-self", set_model("cross_self_attention", True), "was trained with --cross-self-attention"),
         ("adaptive-softmax", set_model("adaptive_softmax_cutoff", "2,4"), "was trained with --adaptive-softmax-cutoff"),
@@ -133,6 +139,30 @@ def test_the_subword_scheme_is_read_off_the_dictionary(tmp_path, symbols, expect
         dictionary.save(str(data_bin / f"dict.{lang}.txt"))
     (data_bin / "train.en-de.en.idx").touch()
     assert own_teacher.detect_post_process(str(data_bin)) == expected
+
+
+@pytest.mark.parametrize(
+    "pieces, scheme",
+    [
+        (["▁Ein ▁Mann er ▁trägt ▁einen ▁Hut", "▁Zwei ▁Hunde"], "sentencepiece"),
+        (["Ein Mann@@ er trägt einen Hut", "Zwei Hun@@ de"], "subword_nmt"),
+    ],
+)
+def test_the_fallback_reference_is_the_test_targets_in_words(tmp_path, pieces, scheme):
+    """Without REFERENCE the quickstart scores an own teacher against its data-bin's test targets: written back as
+    words (subwords joined by the scheme read off the dictionary), as the benchmark's hypotheses are after
+    --post-process, so that BLEU compares words with words."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang in ("src", "tgt"):
+            (raw / f"{split}.{lang}").write_text("".join(line + "\n" for line in pieces), encoding="utf-8")
+    data_bin = binarize(str(raw), str(tmp_path / "data-bin"))
+    post_process = own_teacher.detect_post_process(data_bin)
+    assert post_process == scheme
+    out = tmp_path / "reference.test.txt"
+    own_teacher.main(["reference", data_bin, str(out), "--post-process", post_process])
+    assert out.read_text(encoding="utf-8").splitlines() == ["Ein Manner trägt einen Hut", "Zwei Hunde"]
 
 
 def quickstart(env, timeout=1200):

@@ -359,6 +359,30 @@ def test_the_summary_has_one_line_per_row_timed_alone_where_the_run_did(tmp_path
     assert "differs from greedy (passes: 1, 64, solo)" in bar and bar.endswith("| **no** |")  # alone it differed
 
 
+@pytest.mark.parametrize(
+    "change, measured",
+    [
+        ({"bleu": 28.5}, "identical to greedy (passes: 1, 64), BLEU 28.50 (greedy 29.00), 2.00x vs greedy"),
+        ({"solo_speedup": 0.8}, "identical to greedy (passes: 1, 64), BLEU 29.00 (greedy 29.00), 0.80x vs greedy"),
+    ],
+    ids=["other-bleu", "slower-than-greedy"],
+)
+def test_an_own_teachers_exact_row_misses_its_bar_on_bleu_or_speed_alone(tmp_path, change, measured):
+    """An own teacher's exact row promises three things: the teacher's greedy output, its BLEU and at least greedy's
+    speed. A row whose exact check finds no real divergence still misses the bar when its BLEU is not the greedy
+    row's (its hypotheses are not the ones scored) or it is slower than fairseq's greedy search."""
+    solo_run(str(tmp_path))
+    path = tmp_path / "bench" / "results.json"
+    results = json.loads(path.read_text())
+    (spec,) = [r for r in results["rows"] if r["name"] == "Speculative k=3, exact"]
+    spec["bleu"] = change.get("bleu", spec["bleu"])
+    spec["solo"]["latency_speedup_vs_ar_greedy"] = change.get("solo_speedup", 2.0)
+    path.write_text(json.dumps(results))
+    text = report.build_summary(str(tmp_path), "cpu", only="spec-drafter")
+    bar = next(line for line in text.splitlines() if line.startswith(EXACT_ROW_BAR))
+    assert measured in bar and bar.endswith("| **no** |"), bar
+
+
 def test_the_summary_compares_every_row_with_the_plugins_greedy_loop_where_the_run_has_it(tmp_path):
     """On a GPU the plugin's greedy loop (CUDA graphs) is the honest baseline beside fairseq's eager search: a run
     with its row gets a × plugin greedy column, alone against alone and round-robin against round-robin."""

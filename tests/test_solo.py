@@ -14,10 +14,14 @@ from argparse import Namespace
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from nat_plugins.bench import benchmark, solo
+from nat_plugins.bench import benchmark, measure, solo
 from nat_plugins.bench.rows import CT2_GREEDY, SYSTEM, BenchmarkError, RowSpec, teacher_specs
 from nat_plugins.bench.schedule import interleaved_blocks, round_orders, units_of
+from nat_recipes import catalogue
+
+from .test_speculative import random_teacher
 
 ANCHOR, PLUGIN, INT8 = "AR teacher, greedy", "plugin row", "CTranslate2 int8 greedy"
 # ms per sentence of each engine in each setting (policy, threads): every engine is fastest in another one
@@ -32,8 +36,8 @@ WARMUP, LATENCY, ORDER = range(2), range(2, 11), list(range(12))  # 9 timed sent
 
 class FakeChild:
     """A solo process that decodes nothing: a unit of n sentences costs n × ``MS[engine][setting]`` ms (× ``slow``
-    where it says so), its hypotheses are ``h<sentence>``; everything is logged in ``FakeChild.log`` (a kill only
-    where it ends a process that was not closed)."""
+    where it says so), its hypotheses are ``h<sentence>`` (token ids ``[sentence, 2]``, none from CTranslate2);
+    everything is logged in ``FakeChild.log`` (a kill only where it ends a process that was not closed)."""
 
     log, pids, slow, fail = [], itertools.count(100), {}, None
 
@@ -55,8 +59,15 @@ class FakeChild:
                 [len(unit) * MS[engine][self.setting] * FakeChild.slow.get((engine, unit[0]), 1.0) / 1000 for unit in p]
                 for p in (p["units"] for p in passes)
             ]
-            texts = {str(i): f"h{i}" for unit in passes[0]["units"] for i in unit}
-            engines.append({"name": engine, "seconds": seconds, "texts": texts, "linear_layout": "layout of " + engine})
+            outputs = {  # as JSON carries them: sentence keys as text, ids as a list (None: CTranslate2 gives none)
+                str(p["batch_size"]): {
+                    str(i): [f"h{i}", None if engine == INT8 else [i, 2]] for u in p["units"] for i in u
+                }
+                for p in passes
+            }
+            engines.append(
+                {"name": engine, "seconds": seconds, "outputs": outputs, "linear_layout": "layout of " + engine}
+            )
         torch_family = self.job["family"] == solo.TORCH_FAMILY
         return {
             "pid": self.pid,
@@ -311,3 +322,94 @@ def test_a_run_timing_fewer_sentences_than_the_calibration_is_not_calibrated(mon
     )
     with pytest.raises(BenchmarkError, match="--solo-calibration-sentences"):
         fake_solo(monkeypatch, tmp_path, calibration_sentences=len(LATENCY) + 1)
+
+
+def output(ids, text):
+    """A round-robin output of token ``ids`` (the last one EOS) detokenized as ``text``."""
+    return measure.Output(text, len(ids), ids=tuple(ids))
+
+
+@pytest.mark.parametrize("ids", [(5, 7, 2), None], ids=["token-ids", "text-only"])
+def test_a_solo_output_that_is_neither_the_teachers_nor_the_rows_own_is_a_divergence_no_near_tie_covers(ids):
+    """Sentence 1 was a near-tie in the round-robin pass (the row's own output there, ``b'``); alone the row printed
+    a third output (by its token ids, or its text where the engine gives no ids): that is not the output the near-tie
+    was measured on, so it is a divergence without a gap, and the row no longer prints the teacher's greedy output
+    (the verdict the report reads)."""
+    greedy = {0: output([5, 2], "a"), 1: output([5, 6, 2], "b")}
+    own = {0: output([5, 2], "a"), 1: output([5, 9, 2], "b'")}
+    rows = [SimpleNamespace(name=ANCHOR, exact_check=None), SimpleNamespace(name=PLUGIN, exact_check=None)]
+    rows[1].exact_check = {"1": measure.exact_check(own, greedy, lambda *_: 1e-6, 1e-4)}
+    assert rows[1].exact_check["1"]["near_ties"] == 1  # the round-robin pass: exact up to a near-tie
+    alone = {0: measure.SoloOutput("a", None if ids is None else (5, 2)), 1: measure.SoloOutput("b''", ids)}
+    benchmark.add_solo_exact_checks(rows, 0, {1: (None, [greedy, own])}, {PLUGIN: {1: alone}}, 1e-4)
+    check = rows[1].exact_check["solo"]
+    assert check["divergences"] == [{"sentence": 1, "position": None, "log_prob_gap": None}], check
+    assert (check["differ"], check["near_ties"]) == (1, 0), check
+    measured = catalogue.Measured({PLUGIN: {"name": PLUGIN, "exact_check": rows[1].exact_check}}, [], ())
+    assert not measured.same_output(measured.row(PLUGIN), {"name": ANCHOR})
+
+
+def rig_gap(model, net_input, prefix, token, other, gap):
+    """Set the output projection row of ``other`` so that, after ``prefix`` (BOS first), the model's log-probability
+    of ``other`` is ``gap`` below that of ``token`` (the row of ``token`` minus ``gap`` along the decoder's features
+    there; every other logit unchanged)."""
+    with torch.no_grad():
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        features = model.decoder.extract_features(torch.tensor([prefix]), encoder_out=encoder_out)[0][0, -1]
+        weight = model.decoder.output_projection.weight
+        weight[other] = weight[token] - gap * features / features.dot(features)
+
+
+def test_an_fp32_divergence_a_hundredth_of_a_nat_apart_is_no_near_tie(dummy_data_bin, dummy_raw, sat_task, tmp_path):
+    """The benchmark's exact check in fp32 (its tolerance for a run without --fp16, the teacher's log-probabilities
+    scored by the greedy teacher row's model): a row whose output differs from the teacher's greedy output where the
+    teacher prefers its own token by 0.01 (a real preference, thousands of times fp32 rounding) is a divergence,
+    not a near-tie; one at a gap of fp32 rounding (1e-6) is a near-tie."""
+    checkpoint = str(tmp_path / "teacher.pt")
+    random_teacher(sat_task, 0, checkpoint, data=dummy_data_bin)
+    argv = [dummy_data_bin, "--teacher", checkpoint, "--reference", os.path.join(dummy_raw, "test.tgt")]
+    args = benchmark.get_parser().parse_args(argv + ["--out-dir", str(tmp_path), "--cpu", "--post-process", "none"])
+    spec = teacher_specs(checkpoint, 4)[1]
+    teacher = measure.FairseqRunner(spec, measure.generation_cfg(args, spec, False), 1, 40)
+    model, eos = teacher.decoder.generation.models[0], sat_task.target_dictionary.eos()
+    outputs = {i: teacher.decode(teacher.inputs([i]))[0]["tokens"].tolist() for i in range(8)}
+    sentence, ids = next((i, ids) for i, ids in outputs.items() if len(ids) >= 3)
+    others = [x for x in range(sat_task.target_dictionary.nspecial, len(sat_task.target_dictionary)) if x not in ids]
+    tolerance = benchmark.NEAR_TIE_TOLERANCE["fp16" if args.fp16 else "fp32"]  # as benchmark.main picks it
+    for other, gap, near_tie in ((others[0], 0.01, False), (others[1], 1e-6, True)):
+        rig_gap(model, teacher.inputs([sentence])["net_input"], [eos, ids[0]], ids[1], other, gap)
+        assert teacher.decode(teacher.inputs([sentence]))[0]["tokens"].tolist() == ids  # still the greedy output
+        assert teacher.log_prob_gap(sentence, ids[:1], other, ids[1]) == pytest.approx(gap, rel=0.05, abs=1e-6)
+        rows = [SimpleNamespace(exact_check=None), SimpleNamespace(exact_check=None)]
+        greedy, diverged = {sentence: output(ids, "g")}, {sentence: output([ids[0], other, eos], "d")}
+        benchmark.add_exact_checks(rows, [teacher, teacher], 0, {1: (None, [greedy, diverged])}, tolerance)
+        check = rows[1].exact_check["1"]
+        assert check["differ"] == 1 and check["divergences"][0]["position"] == 1, check
+        assert check["near_ties"] == int(near_tie), f"gap {gap} in fp32 (tolerance {tolerance}): {check}"
+
+
+def test_the_solo_batched_pass_is_checked_against_the_teacher_too(monkeypatch, tmp_path):
+    """With ``--solo-batched`` the solo batched pass, whose throughput the claims read, is checked like the batch-1
+    one (by token ids): ``exact_check["solo 4"]`` beside ``["solo"]``; a batched sentence that is neither the teacher's
+    nor the row's own round-robin output is a divergence, and the row is no longer exact."""
+    result = fake_solo(monkeypatch, tmp_path)
+    assert sorted(result.outputs[PLUGIN]) == [1, 4] and result.outputs[PLUGIN][4][0] == measure.SoloOutput("h0", (0, 2))
+    assert result.outputs[INT8][1][2].ids is None  # CTranslate2 returns text only
+
+    def pass_outputs(sentences, changed=()):
+        return {i: output([i, 3] if i in changed else [i, 2], f"h{i}") for i in sentences}
+
+    timings = {1: (None, [pass_outputs(LATENCY), pass_outputs(LATENCY)]), 4: (None, [pass_outputs(ORDER)] * 2)}
+    rows = [SimpleNamespace(name=ANCHOR, exact_check=None), SimpleNamespace(name=PLUGIN, exact_check=None)]
+    rows[1].exact_check = {str(size): measure.exact_check(o[1], o[0], None, 1e-4) for size, (_, o) in timings.items()}
+    benchmark.add_solo_exact_checks(rows, 0, timings, {PLUGIN: result.outputs[PLUGIN]}, 1e-4)
+    assert rows[1].exact_check["solo"]["differ"] == 0 and rows[1].exact_check["solo 4"]["differ"] == 0
+    assert rows[1].exact_check["solo 4"]["sentences"] == len(ORDER)
+    # the teacher's round-robin batched output differs at sentence 5 (the same text from other tokens): the solo
+    # batched pass printed something else than the teacher there
+    timings[4] = (None, [pass_outputs(ORDER, changed={5}), pass_outputs(ORDER, changed={5})])
+    benchmark.add_solo_exact_checks(rows, 0, timings, {PLUGIN: result.outputs[PLUGIN]}, 1e-4)
+    check = rows[1].exact_check["solo 4"]
+    assert check["divergences"] == [{"sentence": 5, "position": None, "log_prob_gap": None}]
+    measured = catalogue.Measured({PLUGIN: {"name": PLUGIN, "exact_check": rows[1].exact_check}}, [], ())
+    assert not measured.same_output(measured.row(PLUGIN), {"name": ANCHOR})

@@ -3,6 +3,7 @@ fairseq's decoder of the prefixes each sentence accepted, whatever was rejected 
 batch, pre- and post-norm; verify-accept decoding uses it wherever it runs the verifier, fairseq's cache elsewhere."""
 
 import copy
+import math
 from argparse import Namespace
 
 import pytest
@@ -16,7 +17,7 @@ from nat_plugins.engine.static_cache import TRACE_ENV, TRACES, StaticCache, stat
 from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
 from nat_plugins.modules.segments import DEL_SYMBOL
 
-from .test_block_call import random_transformer
+from .test_block_call import RandomDrafts, random_transformer
 from .test_blockwise import (
     LENGTH_AND_SCORE_OPTIONS,
     MAX_LEN_B,
@@ -359,3 +360,66 @@ def test_grouped_decoding_prints_the_same_on_the_static_cache_as_on_fairseqs(
         torch.testing.assert_close(
             fast[0]["positional_scores"], reference[0]["positional_scores"], rtol=1e-4, atol=1e-4
         )
+
+
+def exact_paths(model, task, gen_args):
+    """Every exact decoder of a plain Transformer: the plugin's greedy loop as ``--task translation_nat --beam 1``
+    builds it (the static step), and verify-accept decoding with random drafts (3 tokens a call) on the static
+    step, on fairseq's incremental cache (:class:`IncrementalCache`) and without a cache: ``{name: generator}``."""
+    generators = {"greedy loop": task.build_generator([model], gen_args)}
+    assert isinstance(generators["greedy loop"], GreedyLoop)
+    for name in ("static", "fairseq cache", "no cache"):
+        loop = RandomDrafts([model], task, gen_args, verifier=model, block_size=3, use_cache=name != "no cache")
+        loop.rng, loop.max_drafting_sentences = torch.Generator().manual_seed(0), math.inf
+        if name == "fairseq cache":
+            loop.new_cache = lambda encoder_out, length, loop=loop: IncrementalCache(loop.verifier.decoder)
+        generators[f"random drafts, {name}"] = loop
+    return generators
+
+
+def test_a_teacher_with_layernorm_embedding_decodes_to_fairseqs_greedy_output(toy_task):
+    """A Transformer trained with --layernorm-embedding (normalizes token + position embeddings before the first
+    layer; large positional embeddings, so the output depends on them): the static step and the lean forward take it
+    (nothing refuses it), and every exact path prints fairseq's greedy output, batched and alone."""
+    arch = [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"]
+    extra = ["--decoder-layers", "2", "--decoder-learned-pos", "--layernorm-embedding"]
+    model = build_model(toy_task, None, 3, extra, arch)
+    assert model.decoder.layernorm_embedding is not None
+    with torch.no_grad():
+        model.decoder.embed_positions.weight.mul_(10)
+        model.decoder.output_projection.weight[toy_task.target_dictionary.eos()] += 0.5 * torch.randn(32)
+    sample = random_batch(toy_task.target_dictionary, 6, seed=3)
+    encoder_out = model.encoder.forward_torchscript(sample["net_input"])
+    assert static_unsupported(model.decoder, encoder_out) is None
+    assert greedy_loop_refusal([model], Namespace(beam=1)) is None
+    reference = greedy(model, toy_task, sample)
+    assert len({tuple(h[0]["tokens"].tolist()) for h in reference}) == 6  # outputs that depend on the source
+    for name, generator in exact_paths(model, toy_task, Namespace(beam=1, max_len_b=MAX_LEN_B)).items():
+        batched = generator.generate([model], sample)
+        alone = [generator.generate([model], sub_batch(sample, i))[0] for i in range(6)]
+        for i, expected in enumerate(reference):
+            for hypo in (batched[i][0], alone[i][0]):
+                assert hypo["tokens"].tolist() == expected[0]["tokens"].tolist(), (name, i)
+                torch.testing.assert_close(
+                    hypo["positional_scores"], expected[0]["positional_scores"], rtol=1e-4, atol=1e-4
+                )
+
+
+def test_the_exact_loops_stop_where_the_models_positions_end(toy_task):
+    """A model with --max-target-positions 8 and a length limit (--max-len-b 200) far beyond it: fairseq's
+    SequenceGenerator emits at most 7 tokens and EOS (its last position is reserved); every exact path prints that,
+    batched and alone."""
+    arch = [a for a in TINY_TRANSFORMER if a != "--share-all-embeddings"]
+    model = build_model(toy_task, None, 0, ["--decoder-layers", "2", "--max-target-positions", "8"], arch)
+    assert model.max_decoder_positions() == 8
+    sample = random_batch(toy_task.target_dictionary, 6, seed=0)
+    reference = fairseq_greedy(model, toy_task, sample, {"max_len_b": 200})
+    lengths = [len(h[0]["tokens"]) for h in reference]
+    assert max(lengths) == 8, lengths  # the cap binds: 7 tokens and the forced EOS
+    for name, generator in exact_paths(model, toy_task, Namespace(beam=1, max_len_b=200)).items():
+        batched = generator.generate([model], sample)
+        alone = [generator.generate([model], sub_batch(sample, i))[0] for i in range(6)]
+        for i, expected in enumerate(reference):
+            for hypo in (batched[i][0], alone[i][0]):
+                assert len(hypo["tokens"]) == lengths[i], (name, i, hypo["tokens"].tolist())
+                assert hypo["tokens"].tolist() == expected[0]["tokens"].tolist(), (name, i)

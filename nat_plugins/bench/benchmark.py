@@ -25,8 +25,9 @@ defaults to ``--task translation_nat --user-dir <nat_plugins>``. Per row:
   against the greedy teacher row token for token in every timed pass (batch 1 and every batch size): the sentences
   that differ, and how many of them are floating-point near-ties (at the first differing token the teacher's
   log-probabilities of the two tokens differ by less than :data:`.measure.NEAR_TIE_TOLERANCE`); a divergence
-  that is no near-tie is flagged; with ``--solo`` the solo pass too (``exact_check["solo"]``, by text: a sentence
-  that is neither the teacher's greedy output nor the row's own round-robin output counts as no near-tie);
+  that is no near-tie is flagged; with ``--solo`` the solo pass too (``exact_check["solo"]``, and ``["solo B"]``
+  with ``--solo-batched``; by token ids: a sentence that is neither the teacher's greedy output nor the row's own
+  round-robin output counts as no near-tie);
 * decoder calls per sentence and emitted tokens (EOS included) per call, counted on the timed batch-1
   sentences as runs of any decoder layer stack (:class:`.measure.DecoderPassCounter`: fairseq's
   ``SequenceGenerator`` and ``IterativeRefinementGenerator`` and every plugin generator, auxiliary passes such
@@ -475,7 +476,7 @@ def main(args) -> dict:
     add_exact_checks(rows, runners, anchor, timings, tolerance)
     if solo:
         solo.check_outputs({runner.spec.name: outputs for runner, outputs in zip(runners, timings[1][1])})
-        add_solo_exact_checks(rows, anchor, timings[1][1], solo.texts, tolerance)
+        add_solo_exact_checks(rows, anchor, timings, solo.outputs, tolerance)
     for row in rows:
         row.write_hyps(args.out_dir)
         row.spec = row.spec.relative_to(args.work_dir)  # as the reports name it
@@ -561,15 +562,19 @@ def add_exact_checks(rows, runners, anchor: int, timings: dict, tolerance: float
             }
 
 
-def add_solo_exact_checks(rows, anchor: int, batch1_outputs: list, solo_texts: dict, tolerance: float):
-    """The solo pass checked like the others (:func:`.measure.solo_exact_check`), as ``exact_check["solo"]`` of
-    every row that has an exact check and was timed alone: the batch-1 speed-ups a user is shown come from that pass,
-    so the verdict "prints the teacher's greedy output" covers it."""
+def add_solo_exact_checks(rows, anchor: int, timings: dict, solo_outputs: dict, tolerance: float):
+    """The solo pass checked like the others (:func:`.measure.solo_exact_check`), at every batch size it timed, as
+    ``exact_check["solo"]`` (batch 1) and ``exact_check["solo <size>"]`` (``--solo-batched``) of every row that has an
+    exact check and was timed alone: the speed-ups a user is shown come from that pass, so the verdict "prints the
+    teacher's greedy output" covers it."""
     for k, row in enumerate(rows):
-        if row.exact_check is not None and row.name in solo_texts:
-            row.exact_check["solo"] = solo_exact_check(
-                solo_texts[row.name], batch1_outputs[anchor], batch1_outputs[k], row.exact_check["1"], tolerance
-            )
+        if row.exact_check is None or row.name not in solo_outputs:
+            continue
+        for size, solo in sorted(solo_outputs[row.name].items()):
+            outputs = timings[size][1]
+            key = "solo" if size == 1 else f"solo {size}"
+            own_check = row.exact_check[str(size)]
+            row.exact_check[key] = solo_exact_check(solo, outputs[anchor], outputs[k], own_check, tolerance)
 
 
 def active_openmp(argv: List[str]):

@@ -50,7 +50,7 @@ import torch
 
 from ..engine import cpu_linear
 from .ctranslate2_rows import ctranslate2_runners
-from .measure import FairseqRunner, generation_cfg, load_split
+from .measure import FairseqRunner, SoloOutput, generation_cfg, load_split
 from .progress import progress_line
 from .report import ratio_cell
 from .rows import (
@@ -195,17 +195,17 @@ class Child:
 @dataclass
 class Solo:
     """The solo pass's results: ``summary`` (``results.json`` "solo"), ``rows`` (every engine's "solo" dict by row
-    name) and ``texts`` (every engine's hypotheses of the timed batch-1 sentences, by sentence)."""
+    name) and ``outputs`` (every engine's hypotheses of its timed sentences, by batch size and sentence)."""
 
     summary: dict
     rows: Dict[str, dict]
-    texts: Dict[str, Dict[int, str]] = field(repr=False)
+    outputs: Dict[str, Dict[int, Dict[int, SoloOutput]]] = field(repr=False)
 
     def check_outputs(self, outputs: Dict[str, dict]):
-        """Count, per engine, the timed sentences whose hypothesis differs from the round-robin pass's ``outputs``
-        (row name -> sentence -> :class:`.measure.Output`)."""
-        for name, texts in self.texts.items():
-            differing = sum(text != outputs[name][i].text for i, text in texts.items())
+        """Count, per engine, the timed batch-1 sentences whose hypothesis differs from the round-robin pass's
+        ``outputs`` (row name -> sentence -> :class:`.measure.Output`)."""
+        for name, by_size in self.outputs.items():
+            differing = sum(not out.same_as(outputs[name][i]) for i, out in by_size[1].items())
             self.rows[name]["differing_sentences"] = differing
             if differing:
                 logger.warning("solo: %s differs from its round-robin output on %d sentences", name, differing)
@@ -328,7 +328,7 @@ def run_solo(args, specs: List[RowSpec], num_sentences: int, warmup_ids, latency
         "orchestrator_cpu_seconds": process_cpu_seconds() - cpu,
     }
     rows = {spec.name: engine_row(k, schedule, calibration) for k, spec in enumerate(engines)}
-    return Solo(summary, rows, schedule.texts)
+    return Solo(summary, rows, schedule.outputs)
 
 
 def process_cpu_seconds() -> float:
@@ -442,7 +442,7 @@ class SoloSchedule:
     # per engine: pid, OMP_WAIT_POLICY, OMP_NUM_THREADS and threads as the child saw them, its linear layout, the
     # seconds it took to start
     processes: List[dict]
-    texts: Dict[str, Dict[int, str]]
+    outputs: Dict[str, Dict[int, Dict[int, SoloOutput]]]
 
     def to_json(self) -> dict:
         return {
@@ -470,7 +470,7 @@ def time_rounds(engines, anchor, calibration: Calibration, job, passes: List[Pas
             job_k = job_of(job, [spec], setting.threads)
             children.append(Child(job_k, calibration.environment(spec), directory, f"engine-{k}"))
         seconds = [[[None] * rounds for _ in engines] for _ in passes]
-        texts, processes = {spec.name: {} for spec in engines}, [None] * len(engines)
+        outputs, processes = {spec.name: {} for spec in engines}, [None] * len(engines)
         started = time.perf_counter()
         for r, order in enumerate(orders):
             for position, k in enumerate(order):
@@ -483,7 +483,11 @@ def time_rounds(engines, anchor, calibration: Calibration, job, passes: List[Pas
                 (engine,) = answer["engines"]
                 for p, unit_seconds in enumerate(engine["seconds"]):
                     seconds[p][k][r] = unit_seconds
-                texts[engines[k].name].update({int(i): text for i, text in engine["texts"].items()})
+                for size, by_sentence in engine["outputs"].items():
+                    kept = outputs[engines[k].name].setdefault(int(size), {})
+                    kept.update(
+                        {int(i): SoloOutput(text, ids and tuple(ids)) for i, (text, ids) in by_sentence.items()}
+                    )
                 processes[k] = {key: answer[key] for key in ("pid", "omp_wait_policy", "omp_num_threads", "threads")}
                 processes[k].update(linear_layout=engine["linear_layout"], start_seconds=children[k].start_seconds)
         (end,) = children[anchor].run([p.command(0) for p in passes])["engines"]
@@ -495,7 +499,7 @@ def time_rounds(engines, anchor, calibration: Calibration, job, passes: List[Pas
     timed = [
         Rounds(p.batch_size, p.blocks, seconds[i], orders, anchor, sum(end["seconds"][i])) for i, p in enumerate(passes)
     ]
-    return SoloSchedule([spec.name for spec in engines], timed, processes, texts)
+    return SoloSchedule([spec.name for spec in engines], timed, processes, outputs)
 
 
 def ratio_summary(ratios: List[float], prefix: str) -> dict:
@@ -557,16 +561,17 @@ def engine_layout(runner) -> Optional[str]:
 
 def time_engine(runner, passes: List[dict]) -> dict:
     """Every pass of a command: its warm-up units decoded off the clock, then its units timed
-    (:func:`.schedule.time_unit`); the hypotheses of the batch-1 units kept."""
-    seconds, texts = [], {}
+    (:func:`.schedule.time_unit`); every timed sentence's hypothesis kept, by batch size: its text and its token ids
+    (None where the engine does not give them)."""
+    seconds, outputs = [], {}
     for p in passes:
         for unit in p["warmup"]:
             runner.decode(runner.inputs(unit))
         seconds.append([time_unit(runner, unit, time.perf_counter) for unit in p["units"]])
-        if p["batch_size"] == 1:
-            texts = {i: runner.outputs[i].text for unit in p["units"] for i in unit}
+        kept = {i: runner.outputs[i] for unit in p["units"] for i in unit}
+        outputs[str(p["batch_size"])] = {i: [out.text, out.ids and list(out.ids)] for i, out in kept.items()}
         runner.outputs = {}
-    return {"name": runner.spec.name, "seconds": seconds, "texts": texts, "linear_layout": engine_layout(runner)}
+    return {"name": runner.spec.name, "seconds": seconds, "outputs": outputs, "linear_layout": engine_layout(runner)}
 
 
 def child_main(job_file: str):
