@@ -223,7 +223,10 @@ class Row:
     """A benchmark row: ``name`` decodes the checkpoint of step ``step`` with the fairseq-generate arguments
     ``args`` (and the preset's draft options when ``drafts``). ``plugin``: a plugin system's row (False: a
     baseline: fairseq's own models, the teacher trained on). ``made``: how the row's model was initialised and
-    decoded where that departs from, or chooses within, its paper (the report's "How each row was made")."""
+    decoded where that departs from, or chooses within, its paper (the report's "How each row was made").
+    ``teacher_greedy``: the row prints the teacher's greedy output (its verifier is the teacher itself), which the
+    benchmark checks and a run on your own teacher promises (:func:`own_teacher_targets`); a row exact to a fine-tuned
+    verifier is not."""
 
     name: str
     step: str
@@ -231,6 +234,7 @@ class Row:
     drafts: bool = False
     plugin: bool = True
     made: str = ""
+    teacher_greedy: bool = False
 
     def spec(self, run: Run, preset: Preset) -> RowSpec:
         args = [run.resolve(word) for word in self.args] + list(preset.draft_args if self.drafts else ())
@@ -315,6 +319,17 @@ class Measured:
         passes = row.get("exact_check")
         return bool(passes) and all(check["differ"] == check["near_ties"] for check in passes.values())
 
+    def exactness(self, row: dict, greedy: dict) -> Tuple[bool, str]:
+        """:meth:`same_output` and its words for a target's line: a row without an exact check fails as one (the
+        benchmark checks only a row whose verifier has the teacher's weights), not as "differs from greedy"."""
+        if row["name"] != greedy["name"] and not row.get("exact_check"):
+            return False, NO_EXACT_CHECK
+        same = self.same_output(row, greedy)
+        return same, "identical to greedy" if same else "differs from greedy"
+
+
+NO_EXACT_CHECK = "no exactness check (the row's verifier is not the teacher's weights)"
+
 
 @dataclass(frozen=True)
 class RowTarget:
@@ -372,8 +387,7 @@ class ExactBlockwise(RowTarget):
         row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
         block, speedup = row.get("tokens_per_call") or 0.0, row.get("latency_speedup_vs_ar_greedy") or 0.0
         if self.max_bleu_loss is None:
-            ok = measured.same_output(row, greedy)
-            quality = "identical to greedy" if ok else "differs from greedy"
+            ok, quality = measured.exactness(row, greedy)
         else:
             ok = greedy["bleu"] - row["bleu"] <= self.max_bleu_loss
             quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
@@ -411,8 +425,7 @@ class Speculative(RowTarget):
         speedup, how = speedup_vs_greedy(row)
         speedup = speedup or 0.0
         if self.exact:
-            ok = measured.same_output(row, greedy)
-            quality = "identical to greedy" if ok else "differs from greedy"
+            ok, quality = measured.exactness(row, greedy)
         else:
             ok = row["bleu"] >= greedy["bleu"]
             quality = f"BLEU {row['bleu']:.2f} (greedy {greedy['bleu']:.2f})"
@@ -445,22 +458,26 @@ class PrintsTeacherGreedy(RowTarget):
 
     def check(self, measured: Measured) -> Tuple[str, bool]:
         row, greedy = measured.row(self.row), measured.role(TEACHER_GREEDY)
-        same = measured.same_output(row, greedy)
+        same, quality = measured.exactness(row, greedy)
         bleu_equal = abs(row["bleu"] - greedy["bleu"]) < 0.005
         speedup, how = speedup_vs_greedy(row)
         speedup = speedup or 0.0
         passes = ", ".join(row.get("exact_check") or {})
         text = (
-            f"{'identical to greedy' if same else 'differs from greedy'} (passes: {passes}), BLEU {row['bleu']:.2f} "
+            f"{quality}{f' (passes: {passes})' if passes else ''}, BLEU {row['bleu']:.2f} "
             f"(greedy {greedy['bleu']:.2f}), {speedup:.2f}x vs greedy ({how})"
         )
         return text, same and bleu_equal and speedup >= self.min_speedup
 
 
-def exact_row_targets(rows: Sequence[dict]) -> List["Target"]:
-    """:class:`PrintsTeacherGreedy` for every row a finished benchmark checked against the teacher's greedy output
-    (``results.json`` rows with an ``exact_check``): the bars of a run on a user's own teacher."""
-    return [PrintsTeacherGreedy(row["name"]) for row in rows if row.get("exact_check")]
+def own_teacher_targets(preset: str, only: "Only", measured_rows: Sequence[dict]) -> List["Target"]:
+    """The bars of a run on a user's own teacher: what its command promises (the README), not the Multi30k targets,
+    which are about the quickstart's teacher on Multi30k. :class:`PrintsTeacherGreedy` for every row of the finished
+    benchmark (``results.json`` rows) that it checked against the teacher's greedy output (an ``exact_check``) or that
+    prints it by design (the plugin's greedy loop, the catalogue's ``teacher_greedy`` rows of ``only``), which
+    misses its bar without a check."""
+    promised = {TEACHER_GREEDY_PLUGIN_ROW} | {row.name for row in rows(preset, only) if row.teacher_greedy}
+    return [PrintsTeacherGreedy(row["name"]) for row in measured_rows if row.get("exact_check") or row["name"] in promised]
 
 
 @dataclass(frozen=True)
@@ -643,7 +660,12 @@ def blockwise(k: int) -> Config:
         ),
         rows=(
             Row(
-                f"Blockwise k={k} frozen, exact", frozen, exact, drafts=True, made="heads trained on the frozen teacher"
+                f"Blockwise k={k} frozen, exact",
+                frozen,
+                exact,
+                drafts=True,
+                made="heads trained on the frozen teacher",
+                teacher_greedy=True,
             ),
             Row(
                 f"Blockwise k={k} fine-tuned, exact",
@@ -702,6 +724,7 @@ def spec_drafter(k: int) -> Config:
                 "first decoder layer (Xia et al. describe no initialisation from the teacher); drafter trained on "
                 "the teacher's greedy outputs; beyond the paper: each prefix token's input adds the teacher's "
                 "decoder state before it (--read-teacher-states)",
+                teacher_greedy=True,
             ),
             Row(
                 f"Speculative k={k}, relaxed",
@@ -714,6 +737,7 @@ def spec_drafter(k: int) -> Config:
                 step,
                 verify + ("--max-drafting-sentences", "0"),
                 made="no drafts: the teacher's greedy search in the exact rows' decoder loop (what drafting adds)",
+                teacher_greedy=True,
             ),
         ),
     )
@@ -822,12 +846,13 @@ NAT_INIT = (
 
 @dataclass(frozen=True)
 class Npd:
-    """A noisy-parallel-decoding row of the NAT: ``samples`` candidates ranked by the teacher's log-probability sum
-    (eq. 8) or, ``length_normalized`` (beyond the paper), by that sum over (length + 1): on Multi30k eq. 8 keeps
-    shorter candidates and falls below argmax decoding (docs/design-notes.md, *Which candidate NPD should keep*)."""
+    """A noisy-parallel-decoding row of the NAT: ``samples`` candidates ranked by the teacher's log-probability per
+    token (the default, as the authors' released code ranks them) or, ``eq8_sum``, by the plain sum of the paper's
+    eq. 8, which on Multi30k keeps shorter candidates and fell below argmax decoding (docs/design-notes.md, *Which
+    candidate NPD should keep*)."""
 
     samples: int
-    length_normalized: bool = False
+    eq8_sum: bool = False
 
 
 def fertility_nat(value: Union[int, Npd]) -> Config:
@@ -841,9 +866,14 @@ def fertility_nat(value: Union[int, Npd]) -> Config:
         "(--npd-candidates argmax_and_samples; the paper: S samples)"
     )
     name, args = npd_name(npd.samples), tuple(npd_args(npd.samples, TEACHER))
-    if npd.length_normalized:
-        name, args = f"{name}, length-normalised", args + ("--npd-length-normalize",)
-        npd_made += "; ranked by the teacher's log-probability / (length + 1) (the paper: the sum, eq. 8)"
+    if npd.eq8_sum:
+        name, args = f"{name}, eq. 8 sum", args + ("--npd-ranking", "sum")
+        npd_made += "; ranked by the teacher's log-probability, summed (--npd-ranking sum: the paper's eq. 8)"
+    else:
+        npd_made += (
+            "; ranked by the teacher's log-probability per token (--npd-ranking mean, as the authors' released code "
+            "ranks them; the paper's eq. 8: the sum)"
+        )
     return Config(
         jobs=(
             job(
@@ -863,7 +893,7 @@ def fertility_nat(value: Union[int, Npd]) -> Config:
 # on the CPU NPD keeps S=10: S=100 decodes 100 candidates per sentence, ~10 min of the batched pass on 2 cores
 FERTILITY_NAT = System(
     "fertility-nat",
-    {"cpu": (10,), "cpu-long": (10, Npd(10, length_normalized=True)), "gpu": (10,)},
+    {"cpu": (10,), "cpu-long": (10, Npd(10, eq8_sum=True)), "gpu": (10,)},
     fertility_nat,
     targets={
         "cpu-long": (

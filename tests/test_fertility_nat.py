@@ -401,7 +401,7 @@ def test_npd_keeps_the_candidate_the_teacher_prefers(fert_data_bin, task, tiny_t
     model = build(fert_data_bin, task, ["--init-from-ar", tiny_teacher])
     rig_distribution(monkeypatch, model, [0.3, 0.4, 0.3])  # candidates of many lengths, whatever the session's models
     sample = batch(task, range(4))
-    gen = decoder(model, task, "npd", npd_samples=6, npd_teacher=tiny_teacher)
+    gen = decoder(model, task, "npd", npd_samples=6, npd_teacher=tiny_teacher, npd_ranking="sum")
     seen = record_teacher_scores(gen, monkeypatch, rank=lambda lengths: lengths.float() * -1.0)  # prefers short
     torch.manual_seed(3)
     hypos = gen.generate([model], sample)
@@ -423,11 +423,17 @@ def test_npd_keeps_the_candidate_the_teacher_prefers(fert_data_bin, task, tiny_t
     assert seen["real"][row].item() == pytest.approx(total.item(), abs=1e-4)
 
 
-@pytest.mark.parametrize("normalize", [False, True])
-def test_npd_ranks_by_the_plain_teacher_log_probability(fert_data_bin, task, tiny_teacher, monkeypatch, normalize):
+@pytest.mark.parametrize("ranking", [None, "mean", "sum", "deprecated flag"])
+def test_npd_ranks_by_the_teachers_mean_log_probability_or_the_sum(
+    fert_data_bin, task, tiny_teacher, monkeypatch, ranking
+):
     """A teacher that gives every token log-probability -1 and EOS -3 scores a candidate of length L
-    -(L + 3): the plain sum (default, eq. 8) keeps the shortest candidate; length-normalised, -(L + 3) / (L + 1)
-    grows with L and the longest one wins."""
+    -(L + 3): per token (``mean``, the default, as the authors' released code ranks), -(L + 3) / (L + 1) grows with
+    L and the longest one wins; the plain sum (``sum``, eq. 8) keeps the shortest candidate. The deprecated
+    ``--npd-length-normalize`` is the default."""
+    normalize = ranking != "sum"
+    options = {"sum": {"npd_ranking": "sum"}, "mean": {"npd_ranking": "mean"}, None: {}}.get(ranking)
+    options = {"npd_length_normalize": True} if options is None else options
     model = build(fert_data_bin, task)
     sample = batch(task, range(6))
     spread_out = torch.full((model.max_fertility,), -30.0)
@@ -437,7 +443,7 @@ def test_npd_ranks_by_the_plain_teacher_log_probability(fert_data_bin, task, tin
         "fertility_logits",
         lambda out: spread_out.expand(out["encoder_out"][0].size(1), out["encoder_out"][0].size(0), -1),
     )
-    gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher, npd_length_normalize=normalize)
+    gen = decoder(model, task, "npd", npd_samples=8, npd_teacher=tiny_teacher, **options)
 
     def flat_teacher(src_tokens, src_lengths, tokens, lengths, order=None):
         positions = torch.arange(tokens.size(1) + 1).unsqueeze(0)  # tokens, then EOS at ``lengths``, then padding

@@ -158,8 +158,10 @@ def test_gpu_and_cpu_long_rows():
     cpu_long = [row.name for row in catalogue.rows("cpu-long")]
     assert "SAT K=4, beam 4" in cpu_long and catalogue.FAIRSEQ_CMLM_ROW in cpu_long
     assert [n for n in cpu_long if n.startswith("RecoverSAT")] == ["RecoverSAT K=2", "RecoverSAT K=10"]
-    normalised = next(row for row in catalogue.rows("cpu-long") if row.name == "NAT, NPD S=10, length-normalised")
-    assert normalised.args[-1] == "--npd-length-normalize" and "--npd-samples" in normalised.args
+    summed = next(row for row in catalogue.rows("cpu-long") if row.name == "NAT, NPD S=10, eq. 8 sum")
+    assert summed.args[-2:] == ("--npd-ranking", "sum") and "--npd-samples" in summed.args
+    default = next(row for row in catalogue.rows("cpu") if row.name == "NAT, NPD S=10")
+    assert "--npd-ranking" not in default.args and "--npd-ranking mean, as the authors' released code" in default.made
     assert catalogue.FAIRSEQ_NAT_ROW not in [row.name for row in catalogue.rows("cpu")]
 
 

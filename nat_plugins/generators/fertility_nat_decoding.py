@@ -14,9 +14,12 @@ into the checkpoint):
   batched decoder pass (the copied source inputs computed once per sentence), every candidate rescored by the AR
   teacher (``--npd-teacher``) in one teacher-forced parallel pass (its target logits minus their log-sum-exp, no
   log-softmax over the vocabulary), and the best candidate kept per sentence (ties: the earlier candidate, so S=1
-  with the argmax is argmax decoding). Candidates are ranked by the teacher's log-probability of the tokens and the
-  final EOS, eq. 8 of the paper; ``--npd-length-normalize`` divides it by (length + 1) ** ``--lenpen`` as fairseq
-  normalises hypothesis scores. The sampled candidates depend on the random state (fairseq's ``--seed``), so with
+  with the argmax is argmax decoding). ``--npd-ranking`` ranks the candidates by the teacher's log-probability of
+  the tokens and the final EOS: ``mean`` (default) divided by (length + 1) ** ``--lenpen`` (1: per token), as the
+  authors' released code ranks them (salesforce/nonauto-nmt, decode.py at its decode scripts' ``--alpha 1``: the
+  teacher's mean loss per token), or ``sum``, the plain log-probability of eq. 8 of the paper, which prefers shorter
+  candidates (on Multi30k it fell below argmax decoding: docs/design-notes.md, *Which candidate NPD should keep*).
+  The sampled candidates depend on the random state (fairseq's ``--seed``), so with
   samples the output of a sentence depends on its batch; argmax and average decoding (and NPD with S = 1 and the
   argmax) do not.
 
@@ -29,6 +32,7 @@ normalised like fairseq's (``--unnormalized``, ``--lenpen``); NPD adds ``teacher
 ``hypo["steps"]`` = 1 (one decoder pass), 2 with NPD (+ the teacher pass).
 """
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional
@@ -44,6 +48,8 @@ from .base import DecodingConfig, Hypothesis, PluginGenerator
 
 FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
 NPD_CANDIDATES = ChoiceEnum(["argmax_and_samples", "samples"])
+NPD_RANKINGS = ChoiceEnum(["mean", "sum"])
+logger = logging.getLogger(__name__)
 
 
 class FertilityDecoding(NamedTuple):
@@ -54,7 +60,7 @@ class FertilityDecoding(NamedTuple):
     samples: int
     with_argmax: bool
     teacher: Optional[str]
-    length_normalize: bool
+    ranking: str
 
 
 @dataclass
@@ -89,12 +95,17 @@ class FertilityNATDecodingConfig(DecodingConfig):
     npd_teacher: Optional[str] = field(
         default=None, metadata={"help": "fertility_nat NPD: the AR teacher checkpoint that rescores the candidates"}
     )
+    npd_ranking: NPD_RANKINGS = field(
+        default="mean",
+        metadata={
+            "help": "fertility_nat NPD: rank the candidates by the teacher's log-probability 'mean' (default: "
+            "divided by (length + 1) ** --lenpen, as the authors' released code ranks them) or 'sum' (Gu et al. "
+            "eq. 8, which prefers shorter candidates)"
+        },
+    )
     npd_length_normalize: bool = field(
         default=False,
-        metadata={
-            "help": "fertility_nat NPD: rank the candidates by the teacher's log-probability divided by "
-            "(length + 1) ** --lenpen instead of the plain log-probability (Gu et al. eq. 8)"
-        },
+        metadata={"help": "fertility_nat NPD: deprecated, the default ranking now (--npd-ranking mean)"},
     )
 
     @classmethod
@@ -110,17 +121,26 @@ class FertilityNATDecodingConfig(DecodingConfig):
                     "--fertility-decoding npd needs --npd-teacher PATH (the AR teacher checkpoint that "
                     "rescores the candidates)"
                 )
-        elif options.npd_teacher or options.npd_length_normalize or options.npd_candidates != "argmax_and_samples":
+        elif (
+            options.npd_teacher
+            or options.npd_length_normalize
+            or options.npd_candidates != "argmax_and_samples"
+            or options.npd_ranking != "mean"
+        ):
             raise ValueError(
-                "--npd-teacher, --npd-length-normalize and --npd-candidates are only used by --fertility-decoding "
-                f"npd (got {mode})"
+                "--npd-teacher, --npd-ranking and --npd-candidates are only used by --fertility-decoding npd "
+                f"(got {mode})"
             )
+        if options.npd_length_normalize:
+            if options.npd_ranking != "mean":
+                raise ValueError("--npd-length-normalize (deprecated) is --npd-ranking mean: drop one of them")
+            logger.warning("--npd-length-normalize is deprecated: it is the default ranking (--npd-ranking mean)")
         return FertilityDecoding(
             mode=mode,
             samples=options.npd_samples if mode == "npd" else 1,
             with_argmax=mode != "npd" or options.npd_candidates == "argmax_and_samples",
             teacher=options.npd_teacher if mode == "npd" else None,
-            length_normalize=options.npd_length_normalize,
+            ranking=options.npd_ranking,
         )
 
 
@@ -147,7 +167,7 @@ class FertilityNATGenerator(PluginGenerator):
         self.mode = decoding.mode
         self.npd_samples = decoding.samples
         self.npd_with_argmax = decoding.with_argmax
-        self.npd_length_normalize = decoding.length_normalize
+        self.npd_ranking = decoding.ranking
         self.teacher = None
         if decoding.teacher is not None:
             self.teacher = FrozenTeacher(decoding.teacher, task, "--npd-teacher")
@@ -227,11 +247,12 @@ class FertilityNATGenerator(PluginGenerator):
         order: Optional[torch.Tensor],
     ) -> torch.Tensor:
         """Ranking score (N,) of every candidate (row n translates sentence ``order[n]``; ``order`` None: sentence
-        n): the teacher's log-probability of its tokens and EOS (Gu et al. eq. 8), length-normalised with
-        ``--npd-length-normalize``; one teacher-forced pass over all rows, no log-softmax over the vocabulary."""
+        n): the teacher's log-probability of its tokens and EOS (Gu et al. eq. 8), divided by (length + 1) **
+        ``--lenpen`` with ``--npd-ranking mean``; one teacher-forced pass over all rows, no log-softmax over the
+        vocabulary."""
         self.teacher.to(next(self.model.parameters()))
         total = self.teacher.token_scores(src_tokens, src_lengths, tokens, lengths, order=order).sum(dim=1)
-        return self.normalized(total, lengths.to(total.dtype) + 1) if self.npd_length_normalize else total
+        return self.normalized(total, lengths.to(total.dtype) + 1) if self.npd_ranking == "mean" else total
 
     def hypotheses(
         self,
