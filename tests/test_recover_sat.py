@@ -76,6 +76,7 @@ def make_criterion(
         pseudo_rep_prob,
         pseudo_rep_tokens,
         split_at_word_starts,
+        nonempty_segments_first=False,
         sentence_avg=False,
         seed=1,
         max_update=0,
@@ -110,6 +111,28 @@ def test_equal_split_points_on_known_lengths():
     assert points_of(equal_split_points, 10, 3, allowed=[2, 4, 6, 8]) == [4, 6]
     assert points_of(equal_split_points, 3, 3, allowed=[]) == [0, 3]  # one word: no interior point
     assert points_of(equal_split_points, 10, 3, num_points=3) == [4, 7, 10]  # slots past the parts hold n
+
+
+def test_nonempty_segments_first_puts_a_short_sentences_empty_segments_last():
+    """K = 10 over sentences of 3 and 12 subwords. EQUAL (the paper): ceil(3i/10) leaves the 3 subwords of the short
+    one in segments 0, 3 and 6, the empty ones between them; with ``nonempty_first`` it is 3 one-subword segments and
+    7 empty ones after them, and RAND over 3 parts (p = 1, any draws) leaves no empty segment before a non-empty one.
+    A sentence of K or more subwords is cut as before."""
+    words = [f"w{i}" for i in range(12)]
+    dictionary = word_dictionary(words)
+    del_index = add_segment_symbols(dictionary)
+    eos, pad = dictionary.eos(), dictionary.pad()
+    target = torch.cat([tokens_tensor(dictionary, words[:3], pad_to=13), tokens_tensor(dictionary, words)])
+    _, paper, _ = segment_targets(target, 10, pad, eos, del_index)
+    assert segment_sizes(paper, 10, pad)[0].tolist() == [1, 0, 0, 1, 0, 0, 1, 0, 0, 0]
+    _, first, _ = segment_targets(target, 10, pad, eos, del_index, nonempty_first=True)
+    assert segment_sizes(first, 10, pad).tolist() == [[1, 1, 1] + [0] * 7, segment_sizes(paper, 10, pad)[1].tolist()]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        draws = SegmentDraws.sample(2, target.size(1), 10, generator)
+        _, rand, _ = segment_targets(target, 10, pad, eos, del_index, p=1.0, draws=draws, nonempty_first=True)
+        sizes = segment_sizes(rand, 10, pad)[0].tolist()
+        assert sum(sizes) == 3 and sizes[3:] == [0] * 7 and sorted(sizes, key=lambda size: size == 0) == sizes
 
 
 def tokens_tensor(dictionary, words, pad_to=0):

@@ -74,6 +74,14 @@ class RecoverSATLossConfig(FairseqDataclass):
             "segments empty"
         },
     )
+    nonempty_segments_first: bool = field(
+        default=False,
+        metadata={
+            "help": "a target of n < K subwords is cut into n one-subword segments, the K-n empty ones last (beyond "
+            "the paper, whose EQUAL/RAND points leave empty segments between the non-empty ones, each still decoded "
+            "to its end in step 0); for K near or above the targets' length"
+        },
+    )
     sentence_avg: bool = II("optimization.sentence_avg")
     seed: int = II("common.seed")
     max_update: int = II("optimization.max_update")
@@ -108,6 +116,7 @@ class RecoverSATLoss(FairseqCriterion):
         pseudo_rep_prob,
         pseudo_rep_tokens,
         split_at_word_starts,
+        nonempty_segments_first,
         sentence_avg,
         seed,
         max_update,
@@ -125,6 +134,7 @@ class RecoverSATLoss(FairseqCriterion):
         self.pseudo_rep_prob = pseudo_rep_prob
         self.pseudo_rep_tokens = pseudo_rep_tokens
         self.split_at_word_starts = split_at_word_starts
+        self.nonempty_segments_first = nonempty_segments_first
         self.sentence_avg = sentence_avg
         self.seed = seed
         self.boundary_tables = None  # --split-at-word-starts: built on first use (the model adds DEL to the dictionary)
@@ -163,6 +173,7 @@ class RecoverSATLoss(FairseqCriterion):
             q=self.pseudo_rep_prob,
             draws=draws,
             pseudo_tokens=self.pseudo_rep_tokens,
+            nonempty_first=self.nonempty_segments_first,
         )
         return inputs, targets, p, injected.sum()
 

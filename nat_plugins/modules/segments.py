@@ -154,6 +154,7 @@ def segment_targets(
     q: float = 0.0,
     draws: Optional[SegmentDraws] = None,
     pseudo_tokens: bool = False,
+    nonempty_first: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoder inputs and targets ((B, L·K), step-major) of a batch of ``target`` s ((B, T), right-padded, EOS last)
     cut into K = ``num_segments`` segments, and which sentences got a pseudo-repetitive segment ((B,) bool). Split
@@ -168,7 +169,9 @@ def segment_targets(
     keeps its inputs (the copied prefix) but only its DEL is a target (its copied tokens are padding: the model learns
     to delete a repetition, not to make one), as the released code trains it; with ``pseudo_tokens`` its copied
     tokens are targets too ("lots of DEL" read as ordinary training data). L is the longest segment of the batch + 1;
-    shorter segments are filled with padding."""
+    shorter segments are filled with padding. ``nonempty_first`` (beyond the paper): a sentence of n < K subwords is
+    cut into n parts (EQUAL or RAND over n parts, n - 1 points), the K - n empty segments last, where EQUAL's
+    ceil(i·n/K) would leave them between the non-empty ones."""
     batch_size, columns = target.shape
     K = num_segments
     lengths = target.ne(pad).sum(dim=1) - 1
@@ -176,6 +179,8 @@ def segment_targets(
     training = draws is not None
     inject = draws.inject.lt(q) & lengths.gt(0) & (K > 1) if training else torch.zeros_like(lengths, dtype=torch.bool)
     parts = K - inject.long()  # an injected sentence is cut into K-1 segments (its K-th one below is empty)
+    if nonempty_first:  # no more parts than subwords: the segments past them are empty, at the end
+        parts = torch.minimum(parts, lengths.clamp(min=1))
     points = equal_split_points(lengths, parts, allowed, K - 1)
     if training:
         rand = random_split_points(lengths, parts, allowed, draws.point_keys, K - 1)
