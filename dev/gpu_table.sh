@@ -13,6 +13,9 @@
 # The benchmark rewrites bench/progress.json after every timing round: each call returns it. Where the rows' time
 # goes on that machine: once the table is done the script runs dev/gpu_profile.py (cold and warm batch-1 passes, one
 # without CUDA graphs, a profile per row; PROFILE_SECONDS, default 100) and returns gpu_profile.txt.
+# Issue 64's question alone (does cuDNN's attention, which plans per shape, slow the decoders and training): `bash
+# dev/gpu_check.sh OUT` after the same install, ~5 minutes with its own small data-bin, 30-s teacher and untrained
+# students, every row x batch size x NAT_ATTENTION_BACKENDS setting in a fresh process (dev/gpu_check.py).
 # Teacher variants, for measurement only (never distilled): once the data is ready, each "NAME:fairseq-train args" of
 # TEACHER_VARIANTS (';'-separated; default on a GPU: "dropout-0.1:--dropout 0.1"; empty: none) trains beside the
 # preset's teacher (the GPU is mostly idle at these batch sizes) with the same recipe plus its args, no checkpoints,
