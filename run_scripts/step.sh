@@ -11,9 +11,9 @@ step() {
   if [ -f "$WORK/.$name.done" ]; then log "$name: done before (remove $WORK/.$name.done to redo)"; return; fi
   started=$(date +%s)
   log "$name ... (follow it: tail -f $WORK/logs/$name.log)"
-  # (the sleep holds no output open: a caller reading ours is not kept waiting)
+  # (the sleep holds no output open, the terminal (3) included: a caller reading ours is not kept waiting)
   ( shown=""
-    while sleep "${PROGRESS_SECONDS:-120}" > /dev/null 2>&1; do
+    while sleep "${PROGRESS_SECONDS:-120}" > /dev/null 2>&1 3>&-; do
       line=$(grep -E "sentences (to decode|done)|num_updates=|benchmark progress: " "$WORK/logs/$name.log" 2> /dev/null |
         tail -n 1 | sed -E 's/^.*\| //; s/^[A-Z]+:[A-Za-z0-9_.]+://; s/^benchmark progress: //' || true)
       # (without fairseq's or logging's prefix)

@@ -4,6 +4,7 @@ discarded (the GPU preset trains its students side by side so); a finished step 
 
 import os
 import subprocess
+import time
 
 from .utils import REPO_ROOT
 
@@ -36,3 +37,21 @@ step benchmark-1 benchmark
     assert not any("benchmark-1 ... (follow it" in line for line in lines)  # the job's own output: discarded
     assert lines[-1] == f"[quickstart] benchmark-1: done before (remove {tmp_path}/.benchmark-1.done to redo)"
     assert os.path.isfile(tmp_path / ".benchmark-1.done")
+
+
+def test_a_failed_step_returns_at_once_to_a_caller_reading_its_output(tmp_path):
+    """The progress reporter's sleep holds no output open (the terminal's descriptor included): a caller that captures
+    the main job's output gets the failure at once, not after PROGRESS_SECONDS."""
+    script = f"""
+set -euo pipefail
+log() {{ echo "[quickstart] $*"; }}
+WORK={tmp_path}
+mkdir -p "$WORK/logs" && touch "$WORK/logs/steps.tsv"
+PROGRESS_SECONDS=60
+source {REPO_ROOT}/run_scripts/step.sh
+step broken bash -c "sleep 1; exit 3"
+"""
+    started = time.monotonic()
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=50)
+    assert run.returncode == 1 and "broken failed after" in run.stderr
+    assert time.monotonic() - started < 20
