@@ -147,6 +147,8 @@ GPU_OPTIONAL_ROWS = (  # the most time for the least news on a GPU, the newsiest
     "NAT, average fertility",
     "Speculative k=8, greedy steps only",
     "NAT, NPD S=10",
+    "NAT+FT, argmax fertility",
+    "NAT+FT, NPD S=10",
 )
 PRESETS = {
     "cpu": Preset(CPU_DEVICE_OPTIONS + ("--batch-sizes", "1,64"), 110, ("--int8-drafts",)),
@@ -470,16 +472,6 @@ class PrintsTeacherGreedy(RowTarget):
         return text, same and bleu_equal and speedup >= self.min_speedup
 
 
-def own_teacher_targets(preset: str, only: "Only", measured_rows: Sequence[dict]) -> List["Target"]:
-    """The bars of a run on a user's own teacher: what its command promises (the README), not the Multi30k targets,
-    which are about the quickstart's teacher on Multi30k. :class:`PrintsTeacherGreedy` for every row of the finished
-    benchmark (``results.json`` rows) that it checked against the teacher's greedy output (an ``exact_check``) or that
-    prints it by design (the plugin's greedy loop, the catalogue's ``teacher_greedy`` rows of ``only``), which
-    misses its bar without a check."""
-    promised = {TEACHER_GREEDY_PLUGIN_ROW} | {row.name for row in rows(preset, only) if row.teacher_greedy}
-    return [PrintsTeacherGreedy(row["name"]) for row in measured_rows if row.get("exact_check") or row["name"] in promised]
-
-
 @dataclass(frozen=True)
 class BleuGain:
     """``system``'s BLEU gain over ``baseline`` >= ``minimum`` (paired bootstrap p-value shown; with ``max_p``, met
@@ -607,8 +599,8 @@ class Claim(RowTarget):
         the claims': :data:`CLAIMS_CPU_KIND`)."""
         row = measured.row(self.row)
         if self.exact:
-            ok = measured.same_output(row, measured.role(TEACHER_GREEDY))
-            quality = f"BLEU {row['bleu']:.2f}, " + ("the teacher's greedy output" if ok else "differs from greedy")
+            ok, quality = measured.exactness(row, measured.role(TEACHER_GREEDY))
+            quality = f"BLEU {row['bleu']:.2f}, " + ("the teacher's greedy output" if ok else quality)
         else:
             ok = row["bleu"] >= self.bleu - CLAIM_BLEU_TOLERANCE
             quality = f"BLEU {row['bleu']:.2f}"
@@ -805,26 +797,36 @@ SAT = System(
 # --- recover-sat: RecoverSAT (Ran et al. 2020) -----------------------------------------------------------------------
 
 
-def recover_sat(k: int) -> Config:
-    """RecoverSAT (Ran et al. 2020): K segments in parallel."""
-    step = f"recover-sat-{k}"
+@dataclass(frozen=True)
+class Segments:
+    """A RecoverSAT configuration: ``k`` segments; ``nonempty_first`` (beyond the paper): a target shorter than K
+    subwords is cut into one-subword segments with the empty ones last (``--nonempty-segments-first``), where EQUAL
+    leaves them between the non-empty ones (Multi30k's targets, ~14 subwords, are near K = 10)."""
+
+    k: int
+    nonempty_first: bool = False
+
+
+def recover_sat(value: Union[int, Segments]) -> Config:
+    """RecoverSAT (Ran et al. 2020): K segments in parallel (``value``: K or a :class:`Segments`)."""
+    segments = value if isinstance(value, Segments) else Segments(value)
+    k, step, name, extra = segments.k, f"recover-sat-{segments.k}", f"RecoverSAT K={segments.k}", ()
+    made = (
+        f"{INIT_ALL}; splits at any subword (eq. 5-6), p annealed over 2/3 of training, q = 0.5, DEL-only loss on "
+        "injected segments; CPU: lr 2e-3"
+    )
+    if segments.nonempty_first:
+        step, name, extra = f"{step}-nonempty-first", f"{name}, empty segments last", ("--nonempty-segments-first",)
+        made += "; a target shorter than K cut into one-subword segments, the empty ones last (beyond the paper)"
     return Config(
-        jobs=(job(student_step(step, "recover_sat.sh", k)),),
-        rows=(
-            Row(
-                f"RecoverSAT K={k}",
-                step,
-                ("--beam", "1"),
-                made=f"{INIT_ALL}; splits at any subword (eq. 5-6), p annealed over 2/3 of training, q = 0.5, DEL-only "
-                "loss on injected segments; CPU: lr 2e-3",
-            ),
-        ),
+        jobs=(job(student_step(step, "recover_sat.sh", k, *extra)),),
+        rows=(Row(name, step, ("--beam", "1"), made=made),),
     )
 
 
 RECOVER_SAT = System(
     "recover-sat",
-    {"cpu": (2,), "cpu-long": (2, 10), "gpu": (2,)},
+    {"cpu": (2,), "cpu-long": (2, 10, Segments(10, nonempty_first=True)), "gpu": (2,)},
     recover_sat,
     targets={
         # K=10, the paper's operating point (-0.85 BLEU at 4.3x): 4x the teacher's beam is ~2.5x its greedy here
@@ -853,6 +855,45 @@ class Npd:
 
     samples: int
     eq8_sum: bool = False
+    onnx: bool = False  # the CPU presets: also the ONNX Runtime rows (with_onnx_rows)
+
+
+ARGMAX = "argmax fertility"
+ONNX_STEP = "fertility-nat-onnx"
+ONNX_ROWS = {"float32": "NAT, argmax fertility (ONNX Runtime)", "int8": "NAT, argmax fertility (ONNX Runtime int8)"}
+
+
+@dataclass(frozen=True)
+class OnnxRow(Row):
+    """A row of the NAT decoded by ONNX Runtime: ``step`` is the export step, which links the NAT's checkpoint into
+    its directory beside the graphs (examples/multi30k/fertility_nat_onnx.sh), decoded with ``--onnx-model`` its
+    ``graphs`` subdirectory (``float32`` or ``int8``)."""
+
+    graphs: str = "float32"
+
+    def spec(self, run: Run, preset: Preset) -> RowSpec:
+        spec = super().spec(run, preset)
+        graphs = os.path.join(os.path.dirname(spec.checkpoint), self.graphs)
+        return RowSpec(spec.name, spec.checkpoint, spec.args + ["--onnx-model", graphs])
+
+
+def with_onnx_rows(config: Config) -> Config:
+    """``config`` with the trained NAT exported to ONNX (step fertility-nat-onnx, after its training) and decoded
+    with argmax fertilities by ONNX Runtime on the CPU, float32 (the PyTorch row's tokens up to near-ties) and int8
+    weights (another precision: its own BLEU), rows beside the PyTorch argmax row."""
+    export = Step(ONNX_STEP, f"{EXAMPLES}/fertility_nat_onnx.sh", (Checkpoint("fertility-nat"), SAVE_DIR), None)
+    steps = list(config.jobs[0].steps)
+    steps.insert([step.name for step in steps].index("fertility-nat") + 1, export)
+    decoding = ("--beam", "1", "--fertility-decoding", "argmax")
+    made = {
+        "float32": f"{NAT_INIT}; its pass exported by nat-export-onnx and run by ONNX Runtime (float32)",
+        "int8": f"{NAT_INIT}; its pass exported by nat-export-onnx --int8 (int8 weights, ONNX Runtime's dynamic "
+        "quantization) and run by ONNX Runtime",
+    }
+    onnx = tuple(OnnxRow(name, ONNX_STEP, decoding, made=made[kind], graphs=kind) for kind, name in ONNX_ROWS.items())
+    at = [row.name for row in config.rows].index(f"NAT, {ARGMAX}") + 1
+    rows = config.rows[:at] + onnx + config.rows[at:]
+    return Config(jobs=(job(*steps),) + config.jobs[1:], rows=rows, paired_tests=config.paired_tests)
 
 
 def fertility_nat(value: Union[int, Npd]) -> Config:
@@ -874,26 +915,36 @@ def fertility_nat(value: Union[int, Npd]) -> Config:
             "; ranked by the teacher's log-probability per token (--npd-ranking mean, as the authors' released code "
             "ranks them; the paper's eq. 8: the sum)"
         )
-    return Config(
+    fine_tuned = f"{NAT_INIT}; then fine-tuned towards the teacher (eq. 11: reverse KL + REINFORCE, λ = 0.25)"
+    config = Config(
         jobs=(
             job(
                 Step("fertility", "run_scripts/fertility.sh", (DATA_BIN, "--save-links", LINKS), compared_with=None),
                 student_step("fertility-nat", "fertility_nat.sh"),
+                student_step("fertility-nat-rkl", "fertility_nat_rkl.sh", Checkpoint("fertility-nat")),
             ),
         ),
         rows=(
             Row("NAT, argmax fertility", "fertility-nat", decoding + ("argmax",), made=NAT_INIT),
             Row("NAT, average fertility", "fertility-nat", decoding + ("average",), made=NAT_INIT),
             Row(name, "fertility-nat", args, made=npd_made),
+            # the paper's NAT+FT rows (Table 1): the same decodings after the fine-tuning
+            Row(f"NAT+FT, {ARGMAX}", "fertility-nat-rkl", decoding + ("argmax",), made=fine_tuned),
+            Row(f"NAT+FT, {name[5:]}", "fertility-nat-rkl", args, made=fine_tuned + npd_made[len(NAT_INIT) :]),
         ),
-        paired_tests=(("NAT, argmax fertility", name),),
+        paired_tests=(
+            ("NAT, argmax fertility", name),
+            ("NAT, argmax fertility", f"NAT+FT, {ARGMAX}"),
+            (f"NAT+FT, {ARGMAX}", f"NAT+FT, {name[5:]}"),
+        ),
     )
+    return with_onnx_rows(config) if npd.onnx else config
 
 
 # on the CPU NPD keeps S=10: S=100 decodes 100 candidates per sentence, ~10 min of the batched pass on 2 cores
 FERTILITY_NAT = System(
     "fertility-nat",
-    {"cpu": (10,), "cpu-long": (10, Npd(10, eq8_sum=True)), "gpu": (10,)},
+    {"cpu": (Npd(10, onnx=True),), "cpu-long": (Npd(10, onnx=True), Npd(10, eq8_sum=True, onnx=True)), "gpu": (10,)},
     fertility_nat,
     targets={
         "cpu-long": (
@@ -903,7 +954,11 @@ FERTILITY_NAT = System(
         ),
         "gpu": (BleuShare("NAT, argmax fertility", 0.80, 5.0, over="greedy"),),
     },
-    budgets={"fertility-nat": Budget(120, "5e-4", 20)},
+    # the fine-tuning: from the trained NAT at a lower rate (the student already fits the distilled targets)
+    budgets={
+        "fertility-nat": Budget(120, "5e-4", 20),
+        "fertility-nat-rkl": Budget(40, "2e-4", 4, gpu_lr="1e-4", gpu_updates=300),
+    },
     claims={"cpu": (Claim("NAT, argmax fertility", 22.99, 4.2),)},
 )
 
@@ -1096,6 +1151,17 @@ def targets(preset: str, only: Only = None) -> List[Target]:
     if only is not None:
         return bars
     return bars + list(REFERENCE_TARGETS.get(preset, ())) + list(README_CLAIMS.get(preset, ()))
+
+
+def own_teacher_targets(preset: str, only: Only, measured_rows: Sequence[dict]) -> List[Target]:
+    """The bars of a run on a user's own teacher: what its command promises (the README), not the Multi30k targets,
+    which are about the quickstart's teacher on Multi30k. :class:`PrintsTeacherGreedy` for every row of the finished
+    benchmark (``results.json`` rows) that it checked against the teacher's greedy output (an ``exact_check``) or that
+    prints it by design (the plugin's greedy loop, the catalogue's ``teacher_greedy`` rows of ``only``), which
+    misses its bar without a check."""
+    promised = {TEACHER_GREEDY_PLUGIN_ROW} | {row.name for row in rows(preset, only) if row.teacher_greedy}
+    names = [row["name"] for row in measured_rows if row.get("exact_check") or row["name"] in promised]
+    return [PrintsTeacherGreedy(name) for name in names]
 
 
 def made_notes(preset: str, only: Only = None) -> List[Tuple[str, str]]:

@@ -101,7 +101,9 @@ def reference_note(results: dict, work: str) -> List[str]:
 
 
 def target_table(results: dict, preset: str, only: catalogue.Only = None) -> List[str]:
-    """The preset's targets (the catalogue's, README claims included) checked against the run: markdown lines."""
+    """The preset's targets (the catalogue's, README claims included) checked against the run: markdown lines;
+    ``only``: a run on your own teacher, checked for what its command promises
+    (:func:`.catalogue.own_teacher_targets`)."""
     measured = catalogue.Measured(
         {r["name"]: r for r in results["rows"]}, results.get("paired_tests", []), catalogue.plugin_rows(preset)
     )
@@ -112,9 +114,7 @@ def target_table(results: dict, preset: str, only: catalogue.Only = None) -> Lis
     device = results["meta"].get("device", "")
     claims_kind = catalogue.CLAIMS_CPU_KIND.get(preset)
     claims_speed = claims_kind is None or catalogue.cpu_kind(device) == claims_kind
-    bars = catalogue.targets(preset, only)
-    if only is not None:  # a run on the user's own teacher: its exact rows print that teacher's greedy output
-        bars += catalogue.exact_row_targets(results["rows"])
+    bars = catalogue.targets(preset) if only is None else catalogue.own_teacher_targets(preset, only, results["rows"])
     for target in bars:
         missing = [name for name in target.rows if name in left_out]
         if missing:  # the benchmark's --time-budget left the row out: not measured, said so
@@ -145,10 +145,10 @@ def minutes(seconds: int) -> str:
 def build_report(
     work: str, preset: str, image_prefix: str = "", only: catalogue.Only = None, command: Optional[str] = None
 ) -> str:
-    """The report's markdown; plots are referenced as ``image_prefix + file name``; ``only``: the run's systems (its
-    targets only, no README claims: a run on your own teacher); ``command``: the run's command (default: the
-    quickstart's for ``preset``). Raises :class:`~.catalogue.MissingRow` when a target's row is not among the
-    benchmark's."""
+    """The report's markdown; plots are referenced as ``image_prefix + file name``; ``only``: the run's systems (a run
+    on your own teacher: the bars of what its command promises, not the Multi30k targets); ``command``: the run's
+    command (default: the quickstart's for ``preset``). Raises :class:`~.catalogue.MissingRow` when a target's row is
+    not among the benchmark's."""
     bench = os.path.join(work, "bench")
     results = load_results(work)
     with open(os.path.join(bench, "results.md"), encoding="utf-8") as f:
@@ -301,7 +301,7 @@ def add_run_options(parser: argparse.ArgumentParser):
         "--only",
         type=lambda text: text.split(","),
         metavar="SYSTEM[,SYSTEM...]",
-        help="the systems the run trained (a run on your own teacher): their targets, not the README's claims",
+        help="the systems the run trained (a run on your own teacher): its exact rows checked, no Multi30k target",
     )
     parser.add_argument("--command", help="the run's command, as the report states it (default: the quickstart's)")
 

@@ -9,9 +9,11 @@
 #   TEACHER=path/checkpoint.pt DATA_BIN=path/data-bin bash run_scripts/quickstart.sh
 # distils it, trains the lossless systems on it (SYSTEMS=spec-drafter,blockwise by default; any of the catalogue's
 # systems, comma-separated: sat, recover-sat, fertility-nat, nad-ad) and benchmarks them against it on the data-bin's
-# test split (REFERENCE=raw test targets, else the split's targets as text; POST_PROCESS=sentencepiece|subword_nmt|none,
-# else read off the dictionary). WORK defaults to work/own-teacher-$PRESET-<the checkpoint's sha1, 8 digits>, and a
-# WORK that holds another teacher's or data-bin's students is refused; DATA_BIN is only read.
+# test split (REFERENCE=raw test targets, a line per test sentence, else the split's targets as text;
+# POST_PROCESS=sentencepiece|subword_nmt|none, else read off the dictionary). WORK defaults to
+# work/own-teacher-$PRESET-<the checkpoint's sha1, 8 digits>, and a WORK that holds another teacher's or data-bin's
+# students (its teacher.txt), or finished steps without a teacher.txt, is refused; DATA_BIN is only read. Every input
+# is checked before the first step.
 # WORK (default work/multi30k-$PRESET) keeps every output; each finished step leaves a .done marker, so a
 # re-run (or a run after an interruption) skips what is done and fairseq-train resumes from checkpoint_last.pt;
 # each step's output goes to WORK/logs/STEP.log; the terminal gets a line per step, the last lines of a failed
@@ -24,16 +26,19 @@ bash "$ROOT/run_scripts/setup_env.sh"
 source "$ROOT/run_scripts/common.sh"
 if [ -n "${TEACHER:-}" ]; then  # bring your own teacher (above)
   [ -n "${DATA_BIN:-}" ] || { log "TEACHER=$TEACHER needs DATA_BIN=the data-bin it was trained on" >&2; exit 2; }
-  TEACHER=$(realpath "$TEACHER")
-  OWN_DATA_BIN=$(realpath "$DATA_BIN")
+  # (-m: a path that does not exist is named by the checks below, not by realpath)
+  TEACHER=$(realpath -m "$TEACHER")
+  OWN_DATA_BIN=$(realpath -m "$DATA_BIN")
+  REFERENCE=${REFERENCE:+$(realpath -m "$REFERENCE")}
   # checks the teacher (a clear error for what it cannot take) and gives every student its shape (common.sh)
   TEACHER_SHAPE=$(python -m nat_plugins.cli.own_teacher shape "$TEACHER" "$OWN_DATA_BIN") || exit 2
   export TEACHER_SHAPE
+  # every other input before the first step: DATA_BIN's splits and dictionaries, a REFERENCE's lines
+  python -m nat_plugins.cli.own_teacher check "$OWN_DATA_BIN" ${REFERENCE:+--reference "$REFERENCE"} || exit 2
   POST_PROCESS=${POST_PROCESS:-$(python -m nat_plugins.cli.own_teacher post-process "$OWN_DATA_BIN")}
   # one work folder per teacher: finished steps are skipped, so another teacher must not find this one's students
   TEACHER_SUM=$(sha1sum "$TEACHER" | cut -d' ' -f1)
   WORK=${WORK:-$ROOT/work/own-teacher-$PRESET-${TEACHER_SUM:0:8}}
-  REFERENCE=${REFERENCE:+$(realpath "$REFERENCE")}
   REFERENCE=${REFERENCE:-$WORK/reference.test.txt}
   ONLY=(--only "${SYSTEMS:-spec-drafter,blockwise}")
   REPORT_ARGS=("${ONLY[@]}" --command "TEACHER=$TEACHER DATA_BIN=$OWN_DATA_BIN ${SYSTEMS:+SYSTEMS=$SYSTEMS }PRESET=$PRESET bash run_scripts/quickstart.sh")
@@ -55,6 +60,14 @@ if [ -n "${OWN_DATA_BIN:-}" ]; then  # the folder records whose students it hold
   if [ -f "$WORK/teacher.txt" ] && [ "$(cat "$WORK/teacher.txt")" != "$MADE_FOR" ]; then
     log "WORK=$WORK holds the students of another teacher or data-bin ($(cat "$WORK/teacher.txt")); this run's:" \
       "$MADE_FOR. Leave WORK unset (one folder per teacher), give another WORK, or remove $WORK." >&2
+    exit 2
+  fi
+  # finished steps without teacher.txt (a Multi30k WORK, one made before it was written): whose, cannot be proven
+  if [ ! -f "$WORK/teacher.txt" ] && compgen -G "$WORK/.*.done" > /dev/null; then
+    log "WORK=$WORK has finished steps ($(cd "$WORK" && echo .*.done)) but no teacher.txt saying whose students" \
+      "they are (the Multi30k quickstart's WORK, or one made before teacher.txt was written). Leave WORK unset" \
+      "(one folder per teacher), give another WORK, or, if they are this teacher's, write '$MADE_FOR' into" \
+      "$WORK/teacher.txt." >&2
     exit 2
   fi
   echo "$MADE_FOR" > "$WORK/teacher.txt"
@@ -160,8 +173,8 @@ if [ "$STUDENT_JOBS" -gt 1 ]; then
   done
 fi
 
-# the benchmark re-runs whenever its rows or options change
-BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${ROW_ARGS[*]}" | sha1sum | cut -c1-8)
+# the benchmark re-runs whenever its rows, options, BLEU reference (path and content) or post-processing change
+BENCH_KEY=$(echo "$PRESET ${BENCH_ARGS[*]} ${ROW_ARGS[*]} $POST_PROCESS $(sha1sum "$REFERENCE")" | sha1sum | cut -c1-8)
 step "benchmark-$BENCH_KEY" bash "$ROOT/run_scripts/benchmark.sh" "$DATA_BIN" --teacher "$TEACHER" \
   --reference "$REFERENCE" --post-process "$POST_PROCESS" --out-dir "$WORK/bench" --work-dir "$WORK" \
   --title "$TITLE" "${BENCH_ARGS[@]}" "${ROW_ARGS[@]}"

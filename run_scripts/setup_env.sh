@@ -3,7 +3,8 @@
 # [tool.nat-plugins.setup-env] table names what pip cannot install from package metadata alone, in this order:
 #   torch (an already installed torch is kept) -> build prerequisites -> fairseq (--no-build-isolation --no-deps:
 #   its metadata asks for torchaudio, which would pull another torch) -> fairseq's runtime dependencies
-#   -> this package (editable) with its dependencies and the extras the table lists (fastBPE, CTranslate2, pytest).
+#   -> this package (editable) with its dependencies and the extras the table lists (fastBPE, CTranslate2,
+#   ONNX Runtime, pytest).
 # A second run only checks a stamp and returns in seconds. Set NAT_VENV to use another location,
 # NAT_SETUP_EXTRAS: more extras of pyproject.toml, space-separated, default "eflomal" (the GPLv3 word aligner the
 # fertility pipeline run_scripts/fertility.sh calls as a separate library); NAT_SETUP_EXTRAS=none installs none.

@@ -3,13 +3,18 @@ a fairseq Transformer of a shape the quickstart never makes (3 layers, 64-d, pre
 without BPE, trained by plain ``fairseq-train --task translation``) is accelerated end to end, its exact rows print its
 greedy output; what the command cannot take is refused with the file and what to do."""
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 
 import pytest
 import torch
+from fairseq import checkpoint_utils, options, tasks
 from fairseq.data import Dictionary
+from omegaconf import OmegaConf
 
 from nat_plugins.cli import own_teacher
 
@@ -227,3 +232,175 @@ def test_quickstart_accelerates_a_teacher_it_did_not_train(own):
     assert run.returncode == 2 and "holds the students of another teacher" in run.stderr, run.stderr[-2000:]
     assert "Leave WORK unset (one folder per teacher)" in run.stderr
     assert hyps("ar-teacher-greedy") == greedy  # the first teacher's run is untouched
+
+
+# ----- the checks on what the command is given, on untrained checkpoints (no fairseq-train: seconds) ----------------
+def untrained_teacher(data_bin, path, extra=()):
+    """An untrained Transformer of plain fairseq (``--task translation``) on ``data_bin``, saved as fairseq saves
+    one (its config, not its arguments): what the own-teacher checks read."""
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [data_bin, "--task", "translation", "--arch", "transformer", *SYNTHETIC_MODEL_SIZE, *extra],
+    )
+    model = tasks.setup_task(args).build_model(args)
+    history = [{"criterion_name": "none", "optimizer_name": "none", "lr_scheduler_state": {}, "num_updates": 0}]
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history, "extra_state": {}}, path)
+    state = checkpoint_utils.load_checkpoint_to_cpu(path)  # the config fairseq converts them to, saved as it saves it
+    state.pop("args", None)
+    torch.save({**state, "cfg": OmegaConf.to_container(state["cfg"])}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain(dummy_data_bin, tmp_path_factory):
+    root = tmp_path_factory.mktemp("plain-teacher")
+    return {"root": root, "data_bin": dummy_data_bin, "teacher": untrained_teacher(dummy_data_bin, str(root / "t.pt"))}
+
+
+def data_bin_without(plain, name, *patterns):
+    """A copy of the dummy data-bin without the files matching ``patterns``."""
+    copy = plain["root"] / name
+    shutil.copytree(plain["data_bin"], copy, ignore=shutil.ignore_patterns(*patterns), dirs_exist_ok=True)
+    return str(copy)
+
+
+def test_a_data_bin_without_a_test_split_or_a_dictionary_is_refused_before_the_first_step(plain):
+    """The test split is read by the benchmark (after distillation and training), the dictionaries by every step:
+    each is checked first, with the file and what to do."""
+    no_test = data_bin_without(plain, "no-test", "test.*")
+    with pytest.raises(own_teacher.TeacherError, match=r"has no test split \(test\.src-tgt\.src\.bin, ") as caught:
+        own_teacher.check_inputs(no_test)
+    assert no_test in str(caught.value) and "fairseq-preprocess --testpref" in str(caught.value)
+    no_dict = data_bin_without(plain, "no-dict", "dict.tgt.txt")
+    for check in (own_teacher.check_inputs, lambda data_bin: own_teacher.checked_model_cfg(plain["teacher"], data_bin)):
+        with pytest.raises(own_teacher.TeacherError, match=r"has no dict\.tgt\.txt .*copy the target dictionary"):
+            check(no_dict)  # shape too: a message, not FileNotFoundError's traceback
+
+
+def test_a_given_reference_must_be_a_line_per_test_sentence(plain, tmp_path):
+    """A missing REFERENCE would be written with the data-bin's targets (``<unk>`` for every word its dictionary
+    lacks) and scored without a word; one of another length scores every row against other sentences."""
+    missing = str(tmp_path / "test.de")  # its folder exists
+    with pytest.raises(own_teacher.TeacherError, match="does not exist: give the raw target side") as caught:
+        own_teacher.check_inputs(plain["data_bin"], missing)
+    assert f"REFERENCE {missing!r}" in str(caught.value) and "(40 lines)" in str(caught.value)
+    assert not os.path.exists(missing)
+    short = tmp_path / "short.txt"
+    short.write_text("a\nb\nc\n")
+    with pytest.raises(own_teacher.TeacherError, match="has 3 lines, DATA_BIN's test split 40 sentences"):
+        own_teacher.check_inputs(plain["data_bin"], str(short))
+    right = tmp_path / "right.txt"
+    right.write_text("x\n" * 40)
+    own_teacher.check_inputs(plain["data_bin"], str(right))
+
+
+def grown(state, extra_rows):
+    """``state`` with ``extra_rows`` more rows in every vocabulary-sized tensor (the tokens a task appended)."""
+    size = state["model"]["encoder.embed_tokens.weight"].size(0)
+    for name, tensor in state["model"].items():
+        if tensor.dim() and tensor.size(0) == size:
+            state["model"][name] = torch.cat([tensor, tensor[:extra_rows]])
+
+
+@pytest.mark.parametrize(
+    "task, langs, extra_rows, message",
+    [
+        ("translation_multi_simple_epoch", None, 2, r"translation_multi_simple_epoch task appended a language token"),
+        ("multilingual_denoising", None, 3, r"multilingual_denoising task appended .* and <mask> \(mBART\)"),
+        ("translation_from_pretrained_bart", None, 3, r"appended a language token .* and <mask> \(an mBART fine-tune"),
+        ("denoising", None, 1, r"fairseq's denoising task appended <mask> \(BART\)"),
+        # a task of another --user-dir: its embeddings longer by the languages it names (and <mask>)
+        ("my_multilingual", "src,tgt", 3, r"its task my_multilingual appended a token per language it names \(src, t"),
+    ],
+)
+def test_a_multilingual_or_denoising_teacher_is_refused_for_the_tokens_its_task_appended(
+    plain, task, langs, extra_rows, message
+):
+    """mBART, BART and multilingual teachers read token ids the data-bin's dictionaries do not have (their task
+    appended language tokens or <mask>): the refusal says so, not "trained with another dictionary"."""
+    state = torch.load(plain["teacher"], weights_only=False)
+    state["cfg"]["task"].update(_name=task, **({"langs": langs} if langs else {}))
+    grown(state, extra_rows)
+    path = str(plain["root"] / f"{task}.pt")
+    torch.save(state, path)
+    with pytest.raises(own_teacher.TeacherError, match=message) as caught:
+        own_teacher.checked_model_cfg(path, plain["data_bin"])
+    assert "another source dictionary" not in str(caught.value) and "--task translation" in str(caught.value)
+
+
+def test_a_teacher_with_layernorm_embedding_passes_it_on_to_the_students_shape(plain, capsys):
+    """BART-style fine-tunes (--layernorm-embedding) decode exactly (tests/test_static_cache.py): the shape check
+    takes them and gives the students the same embedding layer norm (TEACHER_SHAPE)."""
+    path = untrained_teacher(plain["data_bin"], str(plain["root"] / "ln.pt"), ["--layernorm-embedding"])
+    own_teacher.main(["shape", path, plain["data_bin"]])
+    assert "--layernorm-embedding" in capsys.readouterr().out.split()
+
+
+def own_teacher_env(plain, work, **env):
+    """The own-teacher command's environment on the untrained teacher (``env``: more, or others); progress lines
+    every second (a step's progress reporter holds the output open until its sleep ends: a failed step's caller
+    would wait for it)."""
+    own = {"TEACHER": plain["teacher"], "DATA_BIN": plain["data_bin"], "WORK": str(work), "PRESET": "cpu"}
+    return {**own, "PROGRESS_SECONDS": "1", **env}
+
+
+def test_quickstart_refuses_a_reference_it_cannot_score_against_before_any_step(plain, tmp_path):
+    work = tmp_path / "work"
+    missing = tmp_path / "test.de"
+    run = quickstart(own_teacher_env(plain, work, REFERENCE=str(missing)), timeout=300)
+    assert run.returncode == 2 and f"own_teacher check: REFERENCE '{missing}' does not exist" in run.stderr, run.stderr
+    assert not work.exists() and not missing.exists(), "nothing is written for inputs it refuses"
+
+
+def made_for(plain):
+    with open(plain["teacher"], "rb") as f:
+        sha1 = hashlib.sha1(f.read()).hexdigest()
+    return sha1, f"teacher sha1 {sha1}, data-bin {os.path.realpath(plain['data_bin'])}"
+
+
+def test_a_work_folder_with_finished_steps_of_an_unknown_teacher_is_refused(plain, tmp_path):
+    """A WORK with finished steps but no teacher.txt (the Multi30k quickstart's, or one made before teacher.txt was
+    written) cannot be proven to hold this teacher's students: refused, not adopted with its steps. Without WORK the
+    folder is work/own-teacher-PRESET-<the checkpoint's sha1, 8 digits>."""
+    work = tmp_path / "multi30k-cpu"
+    work.mkdir()
+    (work / ".teacher.done").touch()
+    run = quickstart(own_teacher_env(plain, work), timeout=300)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"WORK={work} has finished steps (.teacher.done) but no teacher.txt" in run.stderr
+    assert f"write '{made_for(plain)[1]}' into {work}/teacher.txt" in run.stderr
+    assert not (work / "teacher.txt").exists()
+    default = os.path.join(REPO_ROOT, "work", f"own-teacher-cpu-{made_for(plain)[0][:8]}")
+    os.makedirs(default)
+    try:
+        open(os.path.join(default, ".data.done"), "w").close()
+        run = quickstart(own_teacher_env(plain, work, WORK=""), timeout=300)  # WORK unset
+        assert run.returncode == 2 and f"WORK={default} has finished steps (.data.done)" in run.stderr, run.stderr
+    finally:
+        shutil.rmtree(default)
+
+
+def test_the_benchmark_reruns_for_another_reference_or_post_processing(plain, tmp_path):
+    """The report's advice for a reference with <unk> (``REFERENCE=`` raw test targets) in the same WORK re-runs the
+    benchmark: its step's key holds the reference (path and content) and the post-processing. Every other step is
+    marked done (the benchmark then fails on the missing checkpoints: only its key is read here)."""
+    work = tmp_path / "work"
+    (work / "data-bin").mkdir(parents=True)
+    (work / "data-bin" / "train.kd.tgt.txt").write_text("a b\n")
+    for name in ("data", "distill", "spec-drafter-3"):
+        (work / f".{name}.done").touch()
+    (work / "teacher.txt").write_text(made_for(plain)[1] + "\n")
+    reference = tmp_path / "test.tgt"
+    reference.write_text("x\n" * 40)
+
+    def key(**env):
+        run = quickstart(own_teacher_env(plain, work, REFERENCE=str(reference), SYSTEMS="spec-drafter", **env))
+        found = re.findall(r"\] (benchmark-[0-9a-f]{8})(?:: done before| \.\.\.)", run.stdout)
+        assert found, run.stdout[-2000:] + run.stderr[-2000:]
+        return found[0]
+
+    first = key()
+    reference.write_text("y\n" * 40)  # the raw targets, same path
+    second = key()
+    assert second != first
+    assert key(POST_PROCESS="sentencepiece") not in (first, second)

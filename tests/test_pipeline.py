@@ -57,14 +57,21 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     # step, whose greedy distillation is followed by seconds of training
     progress = r"\] spec-drafter-3: distill train shard 1/1: (300 sentences to decode|\d+ / 300 sentences done)"
     assert re.search(progress, out), out[-3000:]
+    # and the benchmark's: the pass, the round and row, how much of the pass is done and its time left
+    progress = r"\] benchmark-\w+: batch (1|64), (cold pass|round [1-3] of 3): .+ \(\d+ of \d+ of the pass done, "
+    assert re.search(progress, out), out[-3000:]
     table = out[out.index("| system | BLEU |") :]
     assert "| AR teacher, beam 4 |" in table and "| AR teacher, greedy |" in table
     with open(os.path.join(quickstart["work"], "bench", "results.json")) as f:
         results = json.load(f)
     rows = results["rows"]
-    paired = results["paired_tests"]  # NPD vs argmax; Encoder-NAD-AD vs the teacher trained for the same updates
+    # NPD vs argmax, before and after the fine-tuning, and the fine-tuning itself; Encoder-NAD-AD vs the teacher
+    # trained for the same updates
+    paired = results["paired_tests"]
     assert [(t["baseline"], t["system"]) for t in paired] == [
         ("NAT, argmax fertility", "NAT, NPD S=10"),
+        ("NAT, argmax fertility", "NAT+FT, argmax fertility"),
+        ("NAT+FT, argmax fertility", "NAT+FT, NPD S=10"),
         ("AR teacher + same updates, beam 4", "Encoder-NAD-AD, beam 4"),
     ]
     assert all(0 < test["p_value"] <= 1 for test in paired)
@@ -79,6 +86,7 @@ def test_quickstart_prints_the_table_with_both_teacher_rows(quickstart):
     assert "Blockwise k=4 frozen, exact" in names and "Blockwise k=4 fine-tuned, exact" in names
     assert "SAT K=2, greedy" in names and "SAT K=2, beam 4" in names and "RecoverSAT K=2" in names
     assert {"NAT, argmax fertility", "NAT, average fertility", "NAT, NPD S=10"} <= set(names)
+    assert {"NAT+FT, argmax fertility", "NAT+FT, NPD S=10"} <= set(names)
     assert "Encoder-NAD-AD, beam 4" in names and "AR teacher + same updates, beam 4" in names
     assert "Speculative k=3, exact" in names and "Speculative k=3, relaxed" in names
     steps = {r["name"]: r["mean_steps"] for r in rows}

@@ -126,17 +126,37 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
         ("SAT K=2, beam 4", "sat-2", "--beam 4"),
         ("RecoverSAT K=2", "recover-sat-2", "--beam 1"),
         ("NAT, argmax fertility", "fertility-nat", "--beam 1 --fertility-decoding argmax"),
+        (
+            "NAT, argmax fertility (ONNX Runtime)",
+            "fertility-nat-onnx",
+            "--beam 1 --fertility-decoding argmax --onnx-model W/ckpt/fertility-nat-onnx/float32",
+        ),
+        (
+            "NAT, argmax fertility (ONNX Runtime int8)",
+            "fertility-nat-onnx",
+            "--beam 1 --fertility-decoding argmax --onnx-model W/ckpt/fertility-nat-onnx/int8",
+        ),
         ("NAT, average fertility", "fertility-nat", "--beam 1 --fertility-decoding average"),
         ("NAT, NPD S=10", "fertility-nat", f"--beam 1 --fertility-decoding npd --npd-samples 10 --npd-teacher {T}"),
+        ("NAT+FT, argmax fertility", "fertility-nat-rkl", "--beam 1 --fertility-decoding argmax"),
+        (
+            "NAT+FT, NPD S=10",
+            "fertility-nat-rkl",
+            f"--beam 1 --fertility-decoding npd --npd-samples 10 --npd-teacher {T}",
+        ),
         ("Encoder-NAD-AD, beam 4", "nad-ad", "--beam 4"),
         ("AR teacher + same updates, beam 4", "ar-baseline", "--beam 4"),
     ]
     words = cli(capsys, "rows", *run_options("cpu")).splitlines()
-    assert words[0::2] == ["--system"] * len(expected) + ["--paired-test"] * 2
-    assert words[1:-4:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
-    assert words[-3] == "NAT, argmax fertility::NAT, NPD S=10"
+    assert words[0::2] == ["--system"] * len(expected) + ["--paired-test"] * 4
+    assert words[1:-8:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
+    assert words[-7:-1:2] == [
+        "NAT, argmax fertility::NAT, NPD S=10",
+        "NAT, argmax fertility::NAT+FT, argmax fertility",
+        "NAT+FT, argmax fertility::NAT+FT, NPD S=10",
+    ]
     assert words[-1] == "AR teacher + same updates, beam 4::Encoder-NAD-AD, beam 4"
-    assert [parse_system_spec(spec).name for spec in words[1:-4:2]] == [name for name, _, _ in expected]
+    assert [parse_system_spec(spec).name for spec in words[1:-8:2]] == [name for name, _, _ in expected]
 
 
 def test_gpu_and_cpu_long_rows():
@@ -149,6 +169,8 @@ def test_gpu_and_cpu_long_rows():
         "NAT, argmax fertility",
         "NAT, average fertility",
         "NAT, NPD S=10",
+        "NAT+FT, argmax fertility",
+        "NAT+FT, NPD S=10",
     ]
     assert gpu[-2:] == [catalogue.NAD_AD_ROW, catalogue.AR_SAME_UPDATES_ROW]  # fairseq's NAT/CMLM: the cpu-long preset
     speculative = catalogue.rows("gpu", "spec-drafter")[0].spec(
@@ -157,7 +179,10 @@ def test_gpu_and_cpu_long_rows():
     assert "--int8-drafts" not in speculative.args  # the GPU preset decodes in fp16 without int8 drafts
     cpu_long = [row.name for row in catalogue.rows("cpu-long")]
     assert "SAT K=4, beam 4" in cpu_long and catalogue.FAIRSEQ_CMLM_ROW in cpu_long
-    assert [n for n in cpu_long if n.startswith("RecoverSAT")] == ["RecoverSAT K=2", "RecoverSAT K=10"]
+    recover_sat = ["RecoverSAT K=2", "RecoverSAT K=10", "RecoverSAT K=10, empty segments last"]
+    assert [n for n in cpu_long if n.startswith("RecoverSAT")] == recover_sat
+    last = next(row for row in catalogue.rows("cpu-long") if row.name == recover_sat[-1])
+    assert last.step == "recover-sat-10-nonempty-first" and "beyond the paper" in last.made
     summed = next(row for row in catalogue.rows("cpu-long") if row.name == "NAT, NPD S=10, eq. 8 sum")
     assert summed.args[-2:] == ("--npd-ranking", "sum") and "--npd-samples" in summed.args
     default = next(row for row in catalogue.rows("cpu") if row.name == "NAT, NPD S=10")
@@ -179,6 +204,10 @@ def test_steps_are_the_quickstarts_jobs(capsys):
         ["recover-sat-2", "recover-sat-2", f"{examples}/recover_sat.sh", "W/data-bin", T, "W/ckpt/recover-sat-2", "2"],
         ["fertility", "fertility", "run_scripts/fertility.sh", "W/data-bin", "--save-links", "W/links"],
         ["fertility", "fertility-nat", f"{examples}/fertility_nat.sh", "W/data-bin", T, "W/ckpt/fertility-nat"],
+        ["fertility", "fertility-nat-onnx", f"{examples}/fertility_nat_onnx.sh"]
+        + ["W/ckpt/fertility-nat/checkpoint_last.pt", "W/ckpt/fertility-nat-onnx"],
+        ["fertility", "fertility-nat-rkl", f"{examples}/fertility_nat_rkl.sh", "W/data-bin", T]
+        + ["W/ckpt/fertility-nat-rkl", "W/ckpt/fertility-nat/checkpoint_last.pt"],
         ["nad-ad", "nad-ad", f"{examples}/nad_ad.sh", "W/data-bin", T, "W/ckpt/nad-ad"],
         ["ar-baseline", "ar-baseline", f"{examples}/ar_baseline.sh", "W/data-bin", T, "W/ckpt/ar-baseline"],
     ]
@@ -199,6 +228,7 @@ def test_speed_steps_time_every_training_recipe(capsys):
         ("sat-2", "teacher-on-distilled"),
         ("recover-sat-2", "teacher-on-distilled"),
         ("fertility-nat", "teacher-on-distilled"),
+        ("fertility-nat-rkl", "teacher-on-distilled"),
         ("nad-ad", "ar-baseline"),  # batched by the real targets, as its AR baseline
         ("ar-baseline", "teacher-on-distilled"),
     ]

@@ -3,8 +3,8 @@
 # training targets (made here when DATA_BIN/{train,valid}.fert.SRC are missing), a fertility_nat model
 # initialised from the AR teacher (encoder, embeddings and the decoder sublayers the NAD shares with it), trained on
 # the distilled targets with translation NLL + fertility NLL (fertility_nat_loss). With RKL_UPDATES=N (default 0)
-# it is then fine-tuned N more updates with the paper's eq. 11 (nat_rkl_finetune: reverse KL to the teacher +
-# REINFORCE over sampled fertilities, λ = 0.25) into SAVE_DIR/rkl.
+# it is then fine-tuned N more updates with the paper's eq. 11 (examples/multi30k/fertility_nat_rkl.sh: reverse KL to
+# the teacher + REINFORCE over sampled fertilities, λ = 0.25) into SAVE_DIR/rkl.
 #   [PRESET=cpu|gpu] [RKL_UPDATES=N] bash examples/multi30k/fertility_nat.sh DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]
 # Decode (argmax | average | npd; --beam 1, see examples/multi30k/README.md):
 #   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \
@@ -27,10 +27,6 @@ student_args fertility-nat  # updates, learning rate, warm-up: nat_recipes/catal
   --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"
 if [ "$RKL_UPDATES" -gt 0 ]; then
   log "fine-tuning $RKL_UPDATES updates with nat_rkl_finetune into $SAVE_DIR/rkl"
-  "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
-    "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --use-distilled target \
-    --criterion nat_rkl_finetune --teacher-path "$TEACHER" --rkl-weight 0.25 --label-smoothing 0.1 \
-    --restore-file "$SAVE_DIR/$STUDENT_CHECKPOINT" --reset-optimizer --reset-dataloader --reset-meters \
-    --reset-lr-scheduler --max-update "$RKL_UPDATES" --total-num-update "$RKL_UPDATES" \
-    --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR/rkl" "$@"
+  STUDENT_UPDATES=$RKL_UPDATES bash "$ROOT/examples/multi30k/fertility_nat_rkl.sh" "$DATA_BIN" "$TEACHER" \
+    "$SAVE_DIR/rkl" "$SAVE_DIR/$STUDENT_CHECKPOINT" "$@"
 fi

@@ -2,6 +2,7 @@
 
     TEACHER=path/checkpoint.pt DATA_BIN=path/data-bin bash run_scripts/quickstart.sh   # runs these:
     python -m nat_plugins.cli.own_teacher shape TEACHER DATA_BIN        # checks the teacher; its shape's options
+    python -m nat_plugins.cli.own_teacher check DATA_BIN [--reference REFERENCE]   # every other input, before step 1
     python -m nat_plugins.cli.own_teacher post-process DATA_BIN         # sentencepiece, subword_nmt or none
     python -m nat_plugins.cli.own_teacher reference DATA_BIN OUT --post-process P   # the test targets as text
 
@@ -10,7 +11,10 @@ language model, another architecture, a nat_plugins or fairseq NAT model, a Tran
 would not reproduce: ``--cross-self-attention``, an adaptive softmax, NormFormer) or one trained with other
 dictionaries than DATA_BIN's; else it prints the fairseq-train options that give a student the teacher's shape
 (layers, sizes, heads, pre-/post-norm, shared embeddings, positions), which every recipe then uses instead of the
-quickstart's 2-layer 256-d size, so that ``--init-from-ar`` copies the teacher's weights into it.
+quickstart's 2-layer 256-d size, so that ``--init-from-ar`` copies the teacher's weights into it. A teacher of a
+multilingual or denoising task (mBART, BART) is refused for the language or ``<mask>`` tokens its task appended to the
+dictionaries. ``check`` finds what the steps would find late (after distillation and training, or as a traceback): a
+DATA_BIN without its dictionaries or test split, a REFERENCE that is missing or not a line per test sentence.
 """
 
 import argparse
@@ -65,6 +69,16 @@ UNSUPPORTED = (
     ("scale_heads", "NormFormer's --scale-heads"),
     ("scale_resids", "NormFormer's --scale-resids"),
 )
+# fairseq tasks that append tokens to the data-bin's dictionaries, which the students' and the benchmark's
+# --task translation on DATA_BIN would not have
+LANGUAGE_TOKENS = "a language token per language (__en__, ...)"
+APPENDING_TASKS = {
+    "translation_multi_simple_epoch": LANGUAGE_TOKENS,
+    "multilingual_translation": LANGUAGE_TOKENS,
+    "multilingual_denoising": "a language token per language ([en_XX], ...) and <mask> (mBART)",
+    "translation_from_pretrained_bart": "a language token per language ([en_XX], ...) and <mask> (an mBART fine-tune)",
+    "denoising": "<mask> (BART)",
+}
 
 
 class TeacherError(ValueError):
@@ -86,7 +100,29 @@ def language_pair(data_bin: str) -> Tuple[str, str]:
 
 def dictionaries(data_bin: str) -> Tuple[Dictionary, Dictionary]:
     """The source and target dictionaries of ``data_bin``."""
-    return tuple(Dictionary.load(os.path.join(data_bin, f"dict.{lang}.txt")) for lang in language_pair(data_bin))
+    paths = [os.path.join(data_bin, f"dict.{lang}.txt") for lang in language_pair(data_bin)]
+    for path, side in zip(paths, ("source", "target")):
+        if not os.path.isfile(path):
+            raise TeacherError(
+                f"DATA_BIN {data_bin!r} has no {os.path.basename(path)} ({path}): copy the {side} dictionary the "
+                "teacher was trained with there (fairseq-preprocess writes it beside the splits)"
+            )
+    return tuple(Dictionary.load(path) for path in paths)
+
+
+def appended_tokens(state, task: str, data_bin: str) -> str:
+    """What the teacher's ``task`` appended to the dictionaries, in words ("" for none): named by the task, else its
+    source embeddings longer than ``data_bin``'s dictionary by the number of languages its task config names, or one
+    more (``<mask>``): a task of another --user-dir."""
+    task_cfg = state["cfg"].get("task")
+    if task in APPENDING_TASKS:
+        return f"fairseq's {task} task appended {APPENDING_TASKS[task]}"
+    langs = getattr(task_cfg, "langs", None) or getattr(task_cfg, "lang_pairs", None)
+    langs = sorted(set(langs.replace("-", ",").split(",") if isinstance(langs, str) else langs or ()))
+    rows = state["model"].get("encoder.embed_tokens.weight")
+    if langs and rows is not None and rows.size(0) - len(dictionaries(data_bin)[0]) in (len(langs), len(langs) + 1):
+        return f"its task {task} appended a token per language it names ({', '.join(langs)}), perhaps <mask> too"
+    return ""
 
 
 def checked_model_cfg(path: str, data_bin: str):
@@ -105,6 +141,13 @@ def checked_model_cfg(path: str, data_bin: str):
     if (task is not None and "language_model" in task) or "lm" in str(arch).split("_"):
         raise TeacherError(
             f"{OPTION} {path!r} is a language model (task {task}, arch {arch}), not a translation model: {FIX}"
+        )
+    appended = appended_tokens(state, task, data_bin)
+    if appended:
+        raise TeacherError(
+            f"{OPTION} {path!r} reads other token ids than DATA_BIN's: {appended} to the dictionaries it was trained "
+            "with, which the students and the benchmark (--task translation on DATA_BIN's dictionaries) would not "
+            f"have: {FIX}"
         )
     try:
         refuse_non_autoregressive(state, path, OPTION)
@@ -170,12 +213,59 @@ def write_reference(data_bin: str, out: str, post_process: str, split: str = "te
     return len(dataset)
 
 
+def checked_test_split(data_bin: str) -> int:
+    """The number of sentences of ``data_bin``'s test split, after checking that its train and test splits and its
+    dictionaries are there (distillation and training read the first, the benchmark the second)."""
+    src, tgt = language_pair(data_bin)
+    dictionary = dictionaries(data_bin)[1]
+    for split in ("train", "test"):
+        missing = [
+            f"{split}.{src}-{tgt}.{lang}.{ext}"
+            for lang in (src, tgt)
+            for ext in ("bin", "idx")
+            if not os.path.isfile(os.path.join(data_bin, f"{split}.{src}-{tgt}.{lang}.{ext}"))
+        ]
+        if missing:
+            raise TeacherError(
+                f"DATA_BIN {data_bin!r} has no {split} split ({', '.join(missing)} missing): the quickstart "
+                f"{'distils and trains on' if split == 'train' else 'benchmarks on'} it; binarize it with "
+                f"fairseq-preprocess --{split}pref ... --srcdict {data_bin}/dict.{src}.txt --tgtdict "
+                f"{data_bin}/dict.{tgt}.txt (the teacher's dictionaries) --destdir DATA_BIN"
+            )
+    return len(data_utils.load_indexed_dataset(os.path.join(data_bin, f"test.{src}-{tgt}.{tgt}"), dictionary))
+
+
+def check_inputs(data_bin: str, reference: str = None) -> None:
+    """Refuse, before the quickstart's first step, a ``data_bin`` without what its steps read
+    (:func:`checked_test_split`) and a given ``reference`` that is not a line per test sentence: a missing one would be
+    written with the data-bin's targets (``<unk>`` for every word the dictionary lacks), a shorter or longer one
+    scores every row against the wrong sentences."""
+    sentences = checked_test_split(data_bin)
+    if reference is None:
+        return
+    fix = (
+        f"give the raw target side of DATA_BIN's test split, a line per sentence in its order ({sentences} lines), or "
+        "leave REFERENCE unset to score against the split's targets as the data-bin holds them"
+    )
+    if not os.path.isfile(reference):
+        raise TeacherError(f"REFERENCE {reference!r} does not exist: {fix}")
+    with open(reference, encoding="utf-8", errors="replace") as f:
+        lines = sum(1 for _ in f)
+    if lines != sentences:
+        raise TeacherError(
+            f"REFERENCE {reference!r} has {lines} lines, DATA_BIN's test split {sentences} sentences: {fix}"
+        )
+
+
 def main(argv: Sequence[str] = None):
     parser = argparse.ArgumentParser(prog="python -m nat_plugins.cli.own_teacher", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     shape = commands.add_parser("shape", help="check TEACHER against DATA_BIN; print its shape's fairseq-train options")
     shape.add_argument("teacher", help="the teacher's checkpoint (a fairseq translation Transformer)")
     shape.add_argument("data_bin", help="the data-bin it was trained on (fairseq-preprocess output)")
+    check = commands.add_parser("check", help="check DATA_BIN's splits and dictionaries, and REFERENCE's lines")
+    check.add_argument("data_bin")
+    check.add_argument("--reference", help="the raw test targets the benchmark scores against (a line per sentence)")
     post = commands.add_parser("post-process", help="print DATA_BIN's --post-process (sentencepiece|subword_nmt|none)")
     post.add_argument("data_bin")
     reference = commands.add_parser("reference", help="write DATA_BIN's test targets as text to OUT")
@@ -186,6 +276,8 @@ def main(argv: Sequence[str] = None):
     try:
         if args.command == "shape":
             print(" ".join(shape_options(checked_model_cfg(args.teacher, args.data_bin))))
+        elif args.command == "check":
+            check_inputs(args.data_bin, args.reference)
         elif args.command == "post-process":
             print(detect_post_process(args.data_bin))
         else:

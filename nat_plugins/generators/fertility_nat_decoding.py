@@ -45,6 +45,7 @@ from ..engine import length_buckets
 from ..modules.fertility import average_fertility, cap_total, ensure_nonempty, nat_output, sample_fertilities
 from ..modules.teacher import FrozenTeacher
 from .base import DecodingConfig, Hypothesis, PluginGenerator
+from .fertility_nat_onnx import OnnxFertilityNAT
 
 FERTILITY_DECODING_MODES = ChoiceEnum(["argmax", "average", "npd"])
 NPD_CANDIDATES = ChoiceEnum(["argmax_and_samples", "samples"])
@@ -106,6 +107,14 @@ class FertilityNATDecodingConfig(DecodingConfig):
     npd_length_normalize: bool = field(
         default=False,
         metadata={"help": "fertility_nat NPD: deprecated, the default ranking now (--npd-ranking mean)"},
+    )
+    onnx_model: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "fertility_nat: DIR of the graphs `nat-export-onnx CHECKPOINT DIR [--int8]` wrote for this "
+            "checkpoint: its pass (encoder + fertility predictor, then the decoder) runs in ONNX Runtime on the CPU "
+            "(--cpu; --fertility-decoding argmax or average); graphs of another checkpoint are refused"
+        },
     )
 
     @classmethod
@@ -171,6 +180,8 @@ class FertilityNATGenerator(PluginGenerator):
         self.teacher = None
         if decoding.teacher is not None:
             self.teacher = FrozenTeacher(decoding.teacher, task, "--npd-teacher")
+        onnx_model = FertilityNATDecodingConfig.of(task.cfg).onnx_model
+        self.onnx = OnnxFertilityNAT(onnx_model, self) if onnx_model else None  # --onnx-model
 
     def output_max_lengths(self, src_lengths: torch.Tensor) -> torch.Tensor:
         """Target tokens (EOS excluded) allowed per sentence (B,): max_len_a * |x| + max_len_b, capped by positions."""
@@ -196,6 +207,8 @@ class FertilityNATGenerator(PluginGenerator):
 
     def decode(self, sample: Dict[str, Any]) -> List[List[Hypothesis]]:
         """For each sentence of ``sample`` a one-element list of hypotheses."""
+        if self.onnx is not None:  # the pass in ONNX Runtime, the same rules (generators/fertility_nat_onnx.py)
+            return self.onnx.decode(sample)
         model, S = self.model, self.npd_samples
         src_tokens = sample["net_input"]["src_tokens"]
         src_lengths = self.source_lengths(sample["net_input"])

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Fine-tuning a trained fertility_nat towards its AR teacher (Gu et al. 2018 §4.2, eq. 11; the paper's NAT+FT rows):
+# reverse KL to the teacher + REINFORCE over sampled fertilities + the aligner fertilities' term, mixed with the
+# distillation loss by λ = 0.25 (nat_rkl_finetune), from NAT_CKPT into SAVE_DIR, on the distilled targets.
+#   [PRESET=cpu|gpu] bash examples/multi30k/fertility_nat_rkl.sh DATA_BIN TEACHER_CKPT SAVE_DIR NAT_CKPT [fairseq-train args]
+# Its updates, learning rate and warm-up are the catalogue's (fertility-nat-rkl); decode as the NAT
+# (examples/multi30k/fertility_nat.sh).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
+usage="usage: fertility_nat_rkl.sh DATA_BIN TEACHER_CKPT SAVE_DIR NAT_CKPT [fairseq-train args]"
+DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}; NAT_CKPT=${4:?$usage}
+shift 4
+arch_args fertility_nat
+student_args fertility-nat-rkl  # updates, learning rate, warm-up: nat_recipes/catalogue.py
+# fairseq's --finetune-from-model: the NAT's weights with a fresh optimizer and schedule on the first launch; a
+# re-run resumes from SAVE_DIR's own last checkpoint
+exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
+  "${ARCH_ARGS[@]}" "${STUDENT_ARGS[@]}" --use-distilled target --max-fertility 50 \
+  --criterion nat_rkl_finetune --teacher-path "$TEACHER" --rkl-weight 0.25 --label-smoothing 0.1 \
+  --finetune-from-model "$NAT_CKPT" --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"
