@@ -79,6 +79,22 @@ def dummy_data_bin(dummy_raw, tmp_path_factory):
     return binarize(dummy_raw, str(tmp_path_factory.mktemp("data-bin")))
 
 
+@pytest.fixture(scope="module")
+def fert_data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
+    """A copy of the dummy data-bin with fertility files: the toy target maps s_i -> t_i word for word, so the
+    gold fertilities are all 1 (written directly; the eflomal path is tested separately); one copy per test module."""
+    path = str(tmp_path_factory.mktemp("fert-bin") / "bin")
+    shutil.copytree(dummy_data_bin, path)
+    for split in ("train", "valid", "test"):
+        with (
+            open(os.path.join(path, f"{split}.fert.src"), "w") as out,
+            open(os.path.join(dummy_raw, f"{split}.src")) as src,
+        ):
+            for line in src:
+                out.write(" ".join("1" for _ in line.split()) + "\n")
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_teacher(dummy_data_bin, tmp_path_factory):
     """A tiny AR Transformer trained under translation_nat with --eval-bleu checkpoint selection (~48 BLEU); its

@@ -66,22 +66,6 @@ def has_eflomal():
     return True
 
 
-@pytest.fixture(scope="module")
-def fert_data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
-    """A copy of the dummy data-bin with fertility files: the toy target maps s_i -> t_i word for word, so the
-    gold fertilities are all 1 (written directly; the eflomal path is tested separately)."""
-    path = str(tmp_path_factory.mktemp("fert-bin") / "bin")
-    shutil.copytree(dummy_data_bin, path)
-    for split in ("train", "valid", "test"):
-        with (
-            open(os.path.join(path, f"{split}.fert.src"), "w") as out,
-            open(os.path.join(dummy_raw, f"{split}.src")) as src,
-        ):
-            for line in src:
-                out.write(" ".join("1" for _ in line.split()) + "\n")
-    return path
-
-
 def make_task(fert_data_bin):
     args = options.parse_args_and_arch(
         options.get_training_parser(), [fert_data_bin, "--task", "translation_nat"] + TINY_FNAT

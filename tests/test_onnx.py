@@ -19,12 +19,13 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 
-from nat_plugins.bench.measure import DecoderPassCounter
+from nat_plugins.bench.measure import NEAR_TIE_TOLERANCE, DecoderPassCounter
 from nat_plugins.cli import export_onnx
 from nat_plugins.generators import fertility_nat_onnx
 from nat_plugins.generators.fertility_nat_decoding import FertilityNATGenerator
 from nat_plugins.modules.fertility import cap_total, ensure_nonempty
 
+from .test_fertility_nat import TINY_FNAT, make_task
 from .utils import (
     REPO_ROOT,
     TINY_TRANSFORMER,
@@ -38,20 +39,8 @@ from .utils import (
 
 pytest.importorskip("onnxruntime", reason="the optional `onnx` extra (pip install -e '.[onnx]')")
 
-TINY_FNAT = ["--arch", "fertility_nat"] + TINY_TRANSFORMER[2:]
-NEAR_TIE = 1e-4  # the benchmark's fp32 near-tie tolerance (bench/measure.py NEAR_TIE_TOLERANCE)
+NEAR_TIE = NEAR_TIE_TOLERANCE["fp32"]  # the benchmark's
 GENERATE = ["--task", "translation_nat", "--beam", "1"]
-
-
-@pytest.fixture(scope="module")
-def fert_data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
-    """The dummy data-bin with fertility files (the toy task maps word to word: every fertility is 1)."""
-    path = str(tmp_path_factory.mktemp("onnx-bin") / "bin")
-    shutil.copytree(dummy_data_bin, path)
-    for split in ("train", "valid", "test"):
-        with open(os.path.join(dummy_raw, f"{split}.src")) as src, open(f"{path}/{split}.fert.src", "w") as out:
-            out.writelines(" ".join("1" for _ in line.split()) + "\n" for line in src)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +53,7 @@ def checkpoint(fert_data_bin, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task(fert_data_bin):
-    args = options.parse_args_and_arch(
-        options.get_training_parser(), [fert_data_bin, "--task", "translation_nat"] + TINY_FNAT
-    )
-    task = tasks.setup_task(args)
-    task.load_dataset("test")
-    return task
+    return make_task(fert_data_bin)
 
 
 @pytest.fixture(scope="module")
