@@ -74,20 +74,14 @@ NUM_SENTENCES = 8
 
 
 @pytest.fixture(scope="module")
-def data_bin(dummy_data_bin, dummy_raw, tmp_path_factory):
-    """The dummy data-bin with gold fertilities (all 1: the toy task maps word for word) and its real targets as
-    the distilled ones of nad_ad_loss."""
-    path = str(tmp_path_factory.mktemp("half-bin") / "bin")
-    shutil.copytree(dummy_data_bin, path)
+def data_bin(fert_data_bin):
+    """The data-bin with gold fertilities (tests/conftest.py) and its real targets as the distilled ones of
+    nad_ad_loss."""
     for split in ("train", "valid", "test"):
-        with (
-            open(os.path.join(path, f"{split}.fert.src"), "w") as out,
-            open(os.path.join(dummy_raw, f"{split}.src")) as src,
-        ):
-            out.writelines(" ".join("1" for _ in line.split()) + "\n" for line in src)
         for ext in ("bin", "idx"):
-            shutil.copy(os.path.join(path, f"{split}.src-tgt.tgt.{ext}"), os.path.join(path, f"{split}.kd.tgt.{ext}"))
-    return path
+            target = os.path.join(fert_data_bin, f"{split}.src-tgt.tgt.{ext}")
+            shutil.copy(target, os.path.join(fert_data_bin, f"{split}.kd.tgt.{ext}"))
+    return fert_data_bin
 
 
 def setup(data_bin, teacher, system):
