@@ -188,10 +188,12 @@ def test_rounds_time_the_same_block_in_a_seeded_order_and_pair_the_ratios(monkey
     assert rows[INT8]["sent_per_s"] == pytest.approx(500.0)
     assert summary["batch_sizes"] == [1, 4]
 
-    outputs = {name: {i: SimpleNamespace(text=f"h{i}") for i in LATENCY} for name in names}
-    outputs[INT8][5] = SimpleNamespace(text="another")
+    outputs = {name: {i: output([i, 2], f"h{i}") for i in LATENCY} for name in names}
+    outputs[INT8][5] = output([5, 2], "another")  # CTranslate2's solo output has no ids: compared by text
+    outputs[PLUGIN][6] = output([6, 3], "h6")  # the same text from other tokens: differs
     result.check_outputs(outputs)
-    assert [rows[name]["differing_sentences"] for name in names] == [0, 0, 1] and summary["differing_sentences"] == 1
+    differing = [rows[name]["differing_sentences"] for name in names]
+    assert differing == [0 if name == ANCHOR else 1 for name in names] and summary["differing_sentences"] == 2
 
     results = {"rows": [{"name": name} for name in ["AR teacher, beam 4"] + names]}
     result.add_to(results)
