@@ -187,6 +187,7 @@ def test_train_speed_times_every_recipe_with_its_own_options(quickstart):
         ("sat-2", "sat_transformer", "label_smoothed_cross_entropy", "teacher-on-distilled"),
         ("recover-sat-2", "recover_sat", "recover_sat_loss", "teacher-on-distilled"),
         ("fertility-nat", "fertility_nat", "fertility_nat_loss", "teacher-on-distilled"),
+        ("fertility-nat-rkl", "fertility_nat", "nat_rkl_finetune", "teacher-on-distilled"),
         ("nad-ad", "nad_ad_transformer", "nad_ad_loss", "ar-baseline"),
         ("ar-baseline", "transformer", "label_smoothed_cross_entropy", "teacher-on-distilled"),
     ]
