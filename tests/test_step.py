@@ -14,20 +14,30 @@ BENCHMARK_LINE = (
 )
 
 
-def test_a_steps_progress_reaches_the_terminal_from_a_discarded_background_job(tmp_path):
+def run_steps(work, progress_seconds: int, commands: str) -> subprocess.CompletedProcess:
+    """``commands`` run in bash after sourcing run_scripts/step.sh as the main job does (WORK=``work``, a ``log``
+    that prints ``[quickstart] ...``, progress every ``progress_seconds``), its output captured."""
     script = f"""
 set -euo pipefail
 log() {{ echo "[quickstart] $*"; }}
-WORK={tmp_path}
+WORK={work}
 mkdir -p "$WORK/logs" && touch "$WORK/logs/steps.tsv"
-PROGRESS_SECONDS=1
+PROGRESS_SECONDS={progress_seconds}
 source {REPO_ROOT}/run_scripts/step.sh
-benchmark() {{ echo '{BENCHMARK_LINE}'; sleep 3; }}
+{commands}
+"""
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+
+
+def test_a_steps_progress_reaches_the_terminal_from_a_discarded_background_job(tmp_path):
+    run = run_steps(
+        tmp_path,
+        1,
+        f"""benchmark() {{ echo '{BENCHMARK_LINE}'; sleep 3; }}
 ( step benchmark-1 benchmark > /dev/null 2>&1 ) &
 wait
-step benchmark-1 benchmark
-"""
-    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+step benchmark-1 benchmark""",
+    )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     expected = (
@@ -42,16 +52,7 @@ step benchmark-1 benchmark
 def test_a_failed_step_returns_at_once_to_a_caller_reading_its_output(tmp_path):
     """The progress reporter's sleep holds no output open (the terminal's descriptor included): a caller that captures
     the main job's output gets the failure at once, not after PROGRESS_SECONDS."""
-    script = f"""
-set -euo pipefail
-log() {{ echo "[quickstart] $*"; }}
-WORK={tmp_path}
-mkdir -p "$WORK/logs" && touch "$WORK/logs/steps.tsv"
-PROGRESS_SECONDS=60
-source {REPO_ROOT}/run_scripts/step.sh
-step broken bash -c "sleep 1; exit 3"
-"""
     started = time.monotonic()
-    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=50)
+    run = run_steps(tmp_path, 60, 'step broken bash -c "sleep 1; exit 3"')
     assert run.returncode == 1 and "broken failed after" in run.stderr
     assert time.monotonic() - started < 20

@@ -251,20 +251,19 @@ def make_plan(
     pass), each unit decoded ``passes`` times (2: the cold pass and its timed round): every row not in ``optional`` on
     as many of the ``units`` sentences as fit (at least one per round), then the ``optional`` rows in their order while
     both their passes still fit."""
-    estimates, batched = [passes * e for e in estimates], [passes * b for b in batched]
     required = [k for k in range(len(estimates)) if k not in optional]
-    fixed = sum(batched[k] for k in required)
-    cost = sum(estimates[k] for k in required) + estimates[anchor] / passes / rounds  # a batch-1 sentence of every row
+    fixed = passes * sum(batched[k] for k in required)
+    cost = passes * sum(estimates[k] for k in required) + estimates[anchor] / rounds  # a batch-1 sentence of every row
     sentences = units if fixed + cost * units <= remaining else int((remaining - fixed) // max(cost, 1e-9))
     sentences = min(units, max(rounds, sentences))
     rows, left_out = list(required), []
     for k in optional:
-        if fixed + batched[k] + (cost + estimates[k]) * sentences <= remaining:
+        if fixed + passes * (batched[k] + estimates[k] * sentences) + cost * sentences <= remaining:
             rows.append(k)
-            fixed, cost = fixed + batched[k], cost + estimates[k]
+            fixed, cost = fixed + passes * batched[k], cost + passes * estimates[k]
         else:
             left_out.append(k)
-    return Plan(sorted(rows), sentences, left_out, [e / passes for e in estimates], [b / passes for b in batched])
+    return Plan(sorted(rows), sentences, left_out, estimates, batched)
 
 
 def time_batch_sizes(
