@@ -43,7 +43,7 @@ def main() -> None:
         models, _, task = checkpoint_utils.load_model_ensemble_and_task(
             [os.path.abspath(os.path.join(work, path))], arg_overrides={"data": "data-bin"}
         )
-        task.cfg.speculative_teacher = "ckpt/teacher/checkpoint_best.pt"
+        task.cfg.spec_drafter_teacher = "ckpt/teacher/checkpoint_best.pt"
         if limit:
             task.cfg.max_drafting_sentences = int(limit)
         model = models[0].eval()

@@ -34,8 +34,9 @@ it, under ``torch.no_grad()``. One sentence at a time:
   rows that print the teacher's greedy output (:func:`~nat_plugins.bench.measure.prints_teacher_greedy`, as the
   benchmark's exact check decides); "–" for the others;
 * a row that drafts (blockwise, speculative decoding): ms per drafting call (host time of the drafter's calls or of
-  blockwise's heads, ``hypo["drafting_seconds"]``) and the rest of its time per verifier call (the teacher's call, the
-  encoder pass, the loop's work). ``--drafter CKPT`` adds a drafter decoded as the quickstart's exact speculative row.
+  blockwise's heads, timed by the benchmark's :class:`~nat_plugins.bench.measure.DraftingTimer`) and the rest of its
+  time per verifier call (the teacher's call, the encoder pass, the loop's work). ``--drafter CKPT`` adds a drafter
+  decoded as the quickstart's exact speculative row.
 """
 
 import argparse
@@ -63,7 +64,8 @@ from nat_plugins.bench.measure import (
 )
 from nat_plugins.bench.rows import RowSpec, plugin_int8_spec, plugin_layout_spec, teacher_specs
 from nat_plugins.engine.block_call import IncrementalCache
-from nat_plugins.engine.static_cache import TRACE_ENV, StaticCache
+from nat_plugins.engine.config import TRACED_STEP_ENV
+from nat_plugins.engine.static_cache import StaticCache
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # nat_recipes/, beside the package
@@ -128,15 +130,15 @@ def use_eager_step(generator):
     generate = generator.generate
 
     def eager_generate(*args, **kwargs):
-        before = os.environ.get(TRACE_ENV)
-        os.environ[TRACE_ENV] = "0"
+        before = os.environ.get(TRACED_STEP_ENV)
+        os.environ[TRACED_STEP_ENV] = "0"
         try:
             return generate(*args, **kwargs)
         finally:
             if before is None:
-                del os.environ[TRACE_ENV]
+                del os.environ[TRACED_STEP_ENV]
             else:
-                os.environ[TRACE_ENV] = before
+                os.environ[TRACED_STEP_ENV] = before
 
     generator.generate = eager_generate
 

@@ -21,7 +21,8 @@ import torch._inductor.config as inductor_config
 from fairseq import checkpoint_utils
 
 from nat_plugins import engine
-from nat_plugins.engine.static_cache import TRACE_ENV, StaticCache
+from nat_plugins.engine.config import TRACED_STEP_ENV
+from nat_plugins.engine.static_cache import StaticCache
 
 STEPS, LENGTH, REPEATS = 30, 40, 5
 
@@ -61,7 +62,7 @@ def main():
             return min(loop(step_fn) for _ in range(REPEATS))
 
         traced_ms, reference = best_of(step)
-        os.environ[TRACE_ENV] = "0"
+        os.environ[TRACED_STEP_ENV] = "0"
         eager_ms, eager_tokens = best_of(step)
         compiled = torch.compile(step, dynamic=False)
         start = time.perf_counter()

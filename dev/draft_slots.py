@@ -19,7 +19,7 @@ import os
 import torch
 from fairseq import checkpoint_utils
 
-from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
+from nat_plugins.systems.spec_drafter.loss import SpecDrafterLoss, every_cut_targets
 
 
 def slot_counts(path: str, work: str, sentences: int, batch_size: int = 50) -> dict:

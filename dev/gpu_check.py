@@ -55,7 +55,8 @@ ROOT = os.path.dirname(DEV_DIR)
 USER_DIR = os.path.join(ROOT, "nat_plugins")
 BACKEND_SETTINGS = {"default": None, "torch": "torch"}  # NAT_ATTENTION_BACKENDS: None = unset, the package's default
 CHILD_FLAG = "--child"
-NAME_ENV = "NAT_ATTENTION_BACKENDS"  # nat_plugins.engine.attention.ENV (not imported here: spawn mode imports no torch)
+# nat_plugins.engine.config.ATTENTION_BACKENDS_ENV (not imported here: spawn mode imports no torch)
+NAME_ENV = "NAT_ATTENTION_BACKENDS"
 TABLE_ROWS = 12
 TINY_ARCH = (
     "--arch transformer --share-all-embeddings --encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 "
@@ -106,7 +107,7 @@ ROWS = (
         "speculative",
         "speculative k=8, exact",
         "drafter",
-        ("--task", "translation_nat", "--beam", "1", "--speculative-teacher", "{teacher}"),
+        ("--task", "translation_nat", "--beam", "1", "--spec-drafter-teacher", "{teacher}"),
     ),
     Row(
         "nat",
@@ -302,7 +303,7 @@ def build_job(job: dict) -> dict:
             "drafter",
             "spec_drafter",
             ["--draft-size", "8", "--decoder-layers", drafter_layers, "--freeze-encoder", "--read-teacher-states"]
-            + ["--speculative-teacher", teacher],
+            + ["--spec-drafter-teacher", teacher],
         ),
         ("nat", "fertility_nat", []),
     ):
@@ -336,7 +337,8 @@ def decode_job(job: dict) -> dict:
     from nat_plugins.bench.measure import FairseqRunner, generation_cfg, load_split
     from nat_plugins.bench.rows import RowSpec
     from nat_plugins.cli.own_teacher import detect_post_process
-    from nat_plugins.engine import attention, step_graphs
+    from nat_plugins.engine import attention
+    from nat_plugins.engine.config import STATE
 
     use_cuda = not job["cpu"] and torch.cuda.is_available()
     started = time.perf_counter()
@@ -392,7 +394,7 @@ def decode_job(job: dict) -> dict:
         result[name], result[f"{name}_units"] = summary(measured), measured
         result["sdpa_flags_in_decode"] = sorted(flags_text(f) for f in flags)
         result["cudnn_sdpa_in_decode"] = any(f[0] for f in flags)
-        result["capture_failures"] = dict(step_graphs.CAPTURE_FAILURES)
+        result["capture_failures"] = dict(STATE.capture_failures)
         write_json(job["result"], dict(result, partial=True))
 
     record("cold", run_pass(units))

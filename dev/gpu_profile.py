@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from nat_plugins.bench import benchmark
 from nat_plugins.bench.measure import FairseqRunner, generation_cfg
 from nat_plugins.bench.rows import TEACHER_BEAM
-from nat_plugins.engine import step_graphs
+from nat_plugins.engine.config import CUDA_GRAPHS_ENV, STATE
 
 
 def main():
@@ -84,9 +84,9 @@ def main():
     for runner in runners:
         cold = ms_per_sentence(runner, range(n))
         warm = ms_per_sentence(runner, range(n))
-        os.environ[step_graphs.GRAPHS_ENV] = "0"
+        os.environ[CUDA_GRAPHS_ENV] = "0"
         without_graphs = ms_per_sentence(runner, range(n))
-        del os.environ[step_graphs.GRAPHS_ENV]
+        del os.environ[CUDA_GRAPHS_ENV]
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
         with profile(activities=activities) as profiled:
             new = ms_per_sentence(runner, range(n, 2 * n))
@@ -94,8 +94,8 @@ def main():
         table = profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
         tables += ["", f"## {runner.spec.name}", table]
         write(args.out, "\n".join(lines + tables) + "\n")  # a row at a time: a run cut off keeps what it measured
-    if step_graphs.CAPTURE_FAILURES:
-        lines.append(f"CUDA graph captures that failed (those call shapes ran eagerly): {step_graphs.CAPTURE_FAILURES}")
+    if STATE.capture_failures:
+        lines.append(f"CUDA graph captures that failed (those call shapes ran eagerly): {STATE.capture_failures}")
         write(args.out, "\n".join(lines + tables) + "\n")
     print("\n".join(lines + tables))
 

@@ -82,7 +82,7 @@ if [ "$status" = 0 ] && [ "${PROFILE_SECONDS:-100}" -gt 0 ] && [ ! -d "$PROFILE"
   (cd "$ROOT" && setsid nohup timeout "${PROFILE_SECONDS:-100}" python3 dev/gpu_profile.py "$WORK" "$PROFILE" \
     --sentences "${PROFILE_SENTENCES:-10}" $CPU_FLAG \
     --system "NAT, argmax fertility=$WORK/ckpt/fertility-nat/checkpoint_last.pt::--beam 1 --fertility-decoding argmax" \
-    --system "Speculative k=8, exact=$WORK/ckpt/spec-drafter-8/checkpoint_last.pt::--beam 1 --speculative-teacher \
+    --system "Speculative k=8, exact=$WORK/ckpt/spec-drafter-8/checkpoint_last.pt::--beam 1 --spec-drafter-teacher \
 $WORK/ckpt/teacher/checkpoint_best.pt" > "$PROFILE/log.txt" 2>&1 < /dev/null &)
   sleep 2
 fi

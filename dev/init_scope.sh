@@ -18,7 +18,7 @@ declare -A DECODE=(
   [fertility-nat]="--fertility-decoding argmax"
   [recover-sat-2]="--print-segments"
   [nad-ad]="--beam 4"
-  [spec-drafter-3]="--speculative-teacher $TEACHER --max-drafting-sentences 100000"
+  [spec-drafter-3]="--spec-drafter-teacher $TEACHER --max-drafting-sentences 100000"
 )
 run_dir "$WORK" init_scope.sh bench/hyp.ar-teacher-greedy.txt "$TEACHER"
 mkdir -p variants

@@ -2,7 +2,7 @@
 
 ``fertility_nat`` NPD decodes S fertility sequences per sentence and keeps the candidate the AR teacher scores best
 (the log-probability of its tokens and EOS, eq. 8). This script decodes the S candidates exactly as
-:class:`~nat_plugins.generators.fertility_nat_decoding.FertilityNATGenerator` does (same fertilities, dedup, decoding
+:class:`~nat_plugins.systems.fertility_nat.decoding.FertilityNATGenerator` does (same fertilities, dedup, decoding
 and teacher scores: a subclass that records them and returns the generator's own output), in the benchmark's
 batches (``--batch-size`` sentences in the split's length order, ``--seed`` set before every batch), and scores
 every selection rule on them with sacreBLEU (13a) against the raw references:
@@ -39,8 +39,8 @@ from fairseq.sequence_generator import SequenceGenerator
 import nat_plugins
 from nat_plugins.bench.measure import generation_cfg, load_row, seed_everything
 from nat_plugins.bench.rows import RowSpec
-from nat_plugins.generators import fertility_nat_decoding
-from nat_plugins.generators.fertility_nat_decoding import FertilityNATGenerator, first_occurrences
+from nat_plugins.systems.fertility_nat import decoding as fertility_nat_decoding
+from nat_plugins.systems.fertility_nat.decoding import FertilityNATGenerator, first_occurrences
 
 logger = logging.getLogger("npd_selection")
 

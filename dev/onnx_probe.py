@@ -1,7 +1,7 @@
 """What ONNX Runtime gains on the fertility NAT at batch 1 on this CPU: ms per sentence through the generator
 (``task.inference_step``, as fairseq-generate decodes a batch), PyTorch eager against ``--onnx-model`` float32 and int8
-(nat_plugins/generators/fertility_nat_onnx.py), and the pass alone (encoder + fertility predictor + decoder: PyTorch
-eager against the two ONNX Runtime sessions).
+(nat_plugins/systems/fertility_nat/onnx_decoding.py), and the pass alone (encoder + fertility predictor + decoder:
+PyTorch eager against the two ONNX Runtime sessions).
 
 A random fertility_nat of the CPU preset's size (run_scripts/common.sh CPU_MODEL_SIZE: 2+2 layers, 256-d, FFN 1024,
 4 heads, shared embeddings) over a VOCAB-word dictionary (default 8,000, the Multi30k quickstart's sentencepiece size);

@@ -21,7 +21,8 @@ for preset in cpu cpu-long gpu; do
   (cd "$REPO" && python -m nat_recipes.catalogue steps --preset "$preset" --work "$W" --data-bin "$B" \
     --teacher "$W/ckpt/teacher/checkpoint_best.pt" --checkpoint-name checkpoint_last.pt) |
   while IFS=$'\t' read -r -a fields; do
-    case ${fields[2]} in examples/*) ;; *) continue ;; esac  # fairseq-train recipes only
+    case ${fields[2]} in examples/*) ;; *) continue ;; esac  # fairseq-train recipes only (not the ONNX export)
+    grep -q fairseq-train "$REPO/${fields[2]}" || continue
     mkdir -p "$W/ckpt/${fields[1]}" && touch "$W/ckpt/${fields[1]}/checkpoint_last.pt"
     echo "## $preset ${fields[1]}"
     (cd "$REPO" && PRESET=$preset GPU_PRESET_ON_CPU=1 FAIRSEQ_TRAIN=echo bash "${fields[2]}" "${fields[@]:3}" \

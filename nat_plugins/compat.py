@@ -129,7 +129,7 @@ def plugin_checkpoint_loaded(version):
 
     Unpickling it imports ``nat_plugins``, which registers the plugin's models, so a plugin model loaded
     by a fairseq command run without ``--user-dir nat_plugins`` reaches its own check (see
-    :class:`nat_plugins.models.plugin_model.NATPluginModel`) and fails with a message saying what to add,
+    :class:`nat_plugins.modules.plugin_model.NATPluginModel`) and fails with a message saying what to add,
     rather than an opaque registry error — or a silent decode with the wrong generator.
     """
     return {"version": version}

@@ -446,6 +446,53 @@ class Speculative(RowTarget):
 
 
 @dataclass(frozen=True)
+class OnnxDeployment(RowTarget):
+    """The NAT through ONNX Runtime (``row``) against CTranslate2's greedy search of the teacher (``ct2_row``, float32
+    or int8) at batch 1, each engine alone where the run timed it so: at least ``min_vs_ct2`` times its speed, and
+    either the PyTorch NAT's tokens (``pytorch_row``) up to near-ties in every timed pass (float32: the row's
+    ``twin_check``) or, with ``max_bleu_loss`` (int8 weights, another precision), at most that below its BLEU."""
+
+    pytorch_row: str
+    ct2_row: str
+    min_vs_ct2: float
+    max_bleu_loss: Optional[float] = None
+
+    @property
+    def rows(self) -> Tuple[str, ...]:
+        return (self.row, self.pytorch_row)
+
+    @property
+    def what(self) -> str:
+        quality = (
+            f"the tokens of {self.pytorch_row} in every timed pass"
+            if self.max_bleu_loss is None
+            else f"BLEU >= {self.pytorch_row}'s - {self.max_bleu_loss}"
+        )
+        return f"{self.row}: {quality}, batch 1 >= {self.min_vs_ct2}x {self.ct2_row}"
+
+    def check(self, measured: Measured) -> Tuple[str, bool]:
+        row, pytorch = measured.row(self.row), measured.row(self.pytorch_row)
+        if self.max_bleu_loss is None:
+            passes = (row.get("twin_check") or {}).get("passes") or {}
+            differ = sum(check["differ"] for check in passes.values())
+            real = differ - sum(check["near_ties"] for check in passes.values())
+            ok = bool(passes) and real == 0
+            quality = (
+                "no token check (no PyTorch row to compare with)"
+                if not passes
+                else f"{differ} sentences differ ({real} by more than a near-tie; passes: {', '.join(passes)})"
+            )
+        else:
+            ok = pytorch["bleu"] - row["bleu"] <= self.max_bleu_loss
+            quality = f"BLEU {row['bleu']:.2f} ({self.pytorch_row} {pytorch['bleu']:.2f})"
+        speedup, how = speedup_vs_greedy(row)
+        ct2 = speedup_vs_greedy(measured.rows[self.ct2_row])[0] if self.ct2_row in measured.rows else None
+        if not (speedup and ct2):
+            return f"{quality}; no {self.ct2_row} row to compare speed with", False
+        return f"{quality}, {speedup / ct2:.2f}x {self.ct2_row} ({how})", ok and speedup / ct2 >= self.min_vs_ct2
+
+
+@dataclass(frozen=True)
 class PrintsTeacherGreedy(RowTarget):
     """A row that decodes the teacher's greedy search another way (exact verify-accept decoding, the plugin's greedy
     loop): its output is the teacher's greedy output in every timed pass, up to floating-point near-ties (its
@@ -702,8 +749,8 @@ def spec_drafter(k: int) -> Config:
     verifies them in one call; exact verification prints the teacher's greedy output, relaxed (top-3 within 1 nat)
     accepts more."""
     step = f"spec-drafter-{k}"
-    verify = ("--beam", "1", "--speculative-teacher", TEACHER)
-    relaxed = ("--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "1")
+    verify = ("--beam", "1", "--spec-drafter-teacher", TEACHER)
+    relaxed = ("--spec-drafter-verify", "relaxed", "--spec-drafter-beta", "3", "--spec-drafter-tau", "1")
     return Config(
         jobs=(job(student_step(step, "spec_drafter.sh", k)),),
         rows=(
@@ -941,13 +988,20 @@ def fertility_nat(value: Union[int, Npd]) -> Config:
     return with_onnx_rows(config) if npd.onnx else config
 
 
+# the NAT deployed through ONNX Runtime against the best autoregressive engine on a CPU, CTranslate2 (batch 1)
+ONNX_TARGETS = (
+    OnnxDeployment(ONNX_ROWS["float32"], f"NAT, {ARGMAX}", CT2_GREEDY_ROW, 1.0),
+    OnnxDeployment(ONNX_ROWS["int8"], f"NAT, {ARGMAX}", CT2_INT8_GREEDY_ROW, 1.5, max_bleu_loss=0.3),
+)
 # on the CPU NPD keeps S=10: S=100 decodes 100 candidates per sentence, ~10 min of the batched pass on 2 cores
 FERTILITY_NAT = System(
     "fertility-nat",
     {"cpu": (Npd(10, onnx=True),), "cpu-long": (Npd(10, onnx=True), Npd(10, eq8_sum=True, onnx=True)), "gpu": (10,)},
     fertility_nat,
     targets={
-        "cpu-long": (
+        "cpu": ONNX_TARGETS,
+        "cpu-long": ONNX_TARGETS
+        + (
             BleuShare("NAT, argmax fertility", 0.70),
             BleuShare("NAT, NPD S=10", 0.78),
             BleuGain("NAT, NPD S=10", "NAT, argmax fertility", 0.0, max_p=0.05),  # Gu et al. Table 1: NPD > argmax

@@ -10,6 +10,7 @@ from fairseq.data import Dictionary
 import nat_plugins  # noqa: F401  (registers the plugin before fairseq parses anything)
 from nat_plugins.cli import distill
 from nat_plugins.engine import step_graphs
+from nat_plugins.engine.config import STATE
 from nat_plugins.engine.static_cache import StaticCache
 from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationNATTask
 
@@ -151,10 +152,10 @@ def graphs_on_the_cpu(monkeypatch):
     monkeypatch.setattr(step_graphs, "graphs_wanted", lambda reference: not torch.is_grad_enabled())
     monkeypatch.setattr(step_graphs, "capture", capture)
     monkeypatch.setattr(step_graphs, "EAGER_CALLS_BEFORE_CAPTURE", 0)
-    monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
-    step_graphs.BANKS.clear()
+    monkeypatch.setattr(STATE, "capture_failures", {})
+    STATE.banks.clear()
     yield counts
-    step_graphs.BANKS.clear()
+    STATE.banks.clear()
 
 
 @pytest.fixture(scope="session")

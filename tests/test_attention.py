@@ -15,6 +15,7 @@ from torch.nn.attention import SDPBackend
 
 from nat_plugins.cli.decoding import Generation
 from nat_plugins.engine import attention
+from nat_plugins.engine.config import ATTENTION_BACKENDS_ENV
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
 from .test_fuzz_generators import DECODINGS, collate, random_model, teacher_checkpoint
@@ -47,23 +48,24 @@ def a_sample(task):
 
 
 def test_the_choice_excludes_cudnn_by_default_and_follows_the_variable(monkeypatch):
-    monkeypatch.delenv(attention.ENV, raising=False)
+    monkeypatch.delenv(ATTENTION_BACKENDS_ENV, raising=False)
     assert SDPBackend.CUDNN_ATTENTION not in attention.chosen_backends()
     assert SDPBackend.MATH in attention.chosen_backends()  # always possible
-    assert attention.describe() == f"flash,efficient,math ({attention.ENV})"
-    monkeypatch.setenv(attention.ENV, "torch")
+    assert attention.describe() == f"flash,efficient,math ({ATTENTION_BACKENDS_ENV})"
+    monkeypatch.setenv(ATTENTION_BACKENDS_ENV, "torch")
     assert attention.chosen_backends() is None and "PyTorch's own choice" in attention.describe()
-    monkeypatch.setenv(attention.ENV, "math, cudnn")
+    monkeypatch.setenv(ATTENTION_BACKENDS_ENV, "math, cudnn")
     assert attention.chosen_backends() == [SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION]
+    refused = f"{ATTENTION_BACKENDS_ENV}=.*expected 'torch' or a comma-separated subset"
     for bad in ("fast", ",", "math,fast"):
-        monkeypatch.setenv(attention.ENV, bad)
-        with pytest.raises(ValueError, match=f"{attention.ENV}=.*expected 'torch' or a comma-separated subset"):
+        monkeypatch.setenv(ATTENTION_BACKENDS_ENV, bad)
+        with pytest.raises(ValueError, match=refused):
             attention.chosen_backends()
 
 
 @pytest.mark.parametrize("system, beam, task_options", DECODINGS, ids=lambda v: str(v))
 def test_every_generator_decodes_without_cudnn_attention(tmp_path_factory, monkeypatch, system, beam, task_options):
-    monkeypatch.delenv(attention.ENV, raising=False)
+    monkeypatch.delenv(ATTENTION_BACKENDS_ENV, raising=False)
     _args, task, model = random_model(system, 0)
     task_options = {
         name: teacher_checkpoint(str(tmp_path_factory.getbasetemp())) if value == "TEACHER" else value
@@ -90,9 +92,9 @@ def test_the_teacher_decodes_without_cudnn_attention_unless_asked(monkeypatch, b
     fairseq_generator = fairseq_task.build_generator([model], Namespace(beam=beam, max_len_a=0, max_len_b=6))
     for setting, expected in ((None, False), ("torch", True)):
         if setting is None:
-            monkeypatch.delenv(attention.ENV, raising=False)
+            monkeypatch.delenv(ATTENTION_BACKENDS_ENV, raising=False)
         else:
-            monkeypatch.setenv(attention.ENV, setting)
+            monkeypatch.setenv(ATTENTION_BACKENDS_ENV, setting)
         assert set(decoded_flags(task, generator, [model], a_sample(task))) == {expected}
         seen, handles = record_cudnn_flag([model])
         cfg = Namespace(generation=Namespace(prefix_size=0))
@@ -103,7 +105,7 @@ def test_the_teacher_decodes_without_cudnn_attention_unless_asked(monkeypatch, b
 
 
 def test_a_training_step_of_the_task_runs_without_cudnn_attention(monkeypatch):
-    monkeypatch.delenv(attention.ENV, raising=False)
+    monkeypatch.delenv(ATTENTION_BACKENDS_ENV, raising=False)
     _args, task, model = random_model("teacher", 1)
     model = type(model).build_model(_args, task)  # a fresh copy: the cached one stays in evaluation
     sample = a_sample(task)

@@ -14,8 +14,8 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
 
 from nat_plugins.compat import CheckpointFileError
-from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
 from nat_plugins.modules.teacher import FrozenTeacher
+from nat_plugins.systems.fertility_nat.loss import FertilityNATLoss
 
 from .test_blockwise import TINY_BLOCKWISE
 from .test_fertility_nat import TINY_FNAT
@@ -48,7 +48,7 @@ SYSTEMS = {
     + ["--criterion", "spec_drafter_loss", "--use-distilled", "target"],
 }
 # what a system's checkpoint always decodes with (TEACHER: the teacher's checkpoint)
-SPECULATIVE = ["--speculative-teacher", "TEACHER"]
+SPECULATIVE = ["--spec-drafter-teacher", "TEACHER"]
 SYSTEM_DECODING = {"spec_drafter": SPECULATIVE}
 # the decoding of every generator: (system, fairseq-generate options)
 DECODINGS = [

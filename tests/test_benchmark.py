@@ -24,6 +24,7 @@ from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import rep_mis
 from nat_plugins.cli.decoding import Generation
 from nat_plugins.engine import static_cache, step_graphs
+from nat_plugins.engine.config import STATE
 from nat_recipes import catalogue
 
 from .utils import TINY_TRANSFORMER, train_model
@@ -120,10 +121,10 @@ def test_a_row_whose_cuda_graphs_could_not_be_captured_says_so(fixture, tmp_path
     monkeypatch.setattr(step_graphs, "graphs_wanted", lambda reference: not torch.is_grad_enabled())
     monkeypatch.setattr(step_graphs, "capture", failing)
     monkeypatch.setattr(step_graphs, "EAGER_CALLS_BEFORE_CAPTURE", 0)
-    monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
+    monkeypatch.setattr(STATE, "capture_failures", {})
     args = _args(fixture, out_dir=str(tmp_path), no_plots=True, time_budget=0.01, optional_row=["fairseq CMLM"])
     rows = {row["name"]: row for row in benchmark.main(args)["rows"]}
-    step_graphs.BANKS.clear()
+    STATE.banks.clear()
     failures = rows["AR teacher, greedy (plugin layout)"]["graph_capture_failures"]
     ((reason, count),) = failures.items()
     assert reason == "RuntimeError: CUDA error: operation not permitted when stream is capturing" and count >= 1
@@ -189,6 +190,7 @@ def test_json_rows_and_metadata(fixture):
         "latency_round_seconds",
         "speedup_rounds",
         "exact_check",
+        "twin_check",
         "flag",
         "by_batch_size",
         "latency_speedup_vs_ar_greedy_plugin",
@@ -231,6 +233,9 @@ def test_json_rows_and_metadata(fixture):
         assert row["latency_ms_mean"] == pytest.approx(np.mean(row["timed_latency_ms"]))
         assert row["throughput_sent_per_s"] > 0 and row["decoder_calls_per_sentence"] >= 1
         assert row["ms_per_decoder_call"] == pytest.approx(row["latency_ms_mean"] / row["decoder_calls_per_sentence"])
+    plugin = results["rows"][2]  # the plugin's greedy loop on the CPU: no drafting calls, its time per verifier call
+    assert plugin["generator"] == "GreedyLoop" and plugin["drafting_ms_per_call"] is None
+    assert plugin["verify_ms_per_call"] > 0 and all(row["verify_ms_per_call"] is None for row in results["rows"][3:])
     assert results["rows"][0]["latency_speedup_vs_ar_beam"] == pytest.approx(1.0)
     teacher_bleu = results["rows"][0]["bleu"]
     for row in results["rows"]:  # no --ctranslate2: nothing to compare with
@@ -591,7 +596,7 @@ def reported_steps(hypo):  # the plugin generators report their decoder passes
             reported_steps,
         ),
         (
-            NAT_TASK + ["--speculative-teacher", "TEACHER", "--int8-drafts"],
+            NAT_TASK + ["--spec-drafter-teacher", "TEACHER", "--int8-drafts"],
             ["--arch", "spec_drafter", "--draft-size", "2"],
             SHORT,
             lambda hypo: hypo["steps"] + hypo["drafter_steps"],
@@ -1285,19 +1290,19 @@ def test_a_divergence_is_a_near_tie_by_the_teachers_log_probabilities(fixture):
             None,
         ),
         (
-            NAT_TASK + ["--speculative-teacher", "TEACHER"],
+            NAT_TASK + ["--spec-drafter-teacher", "TEACHER"],
             ["--arch", "spec_drafter", "--draft-size", "2"],
             SHORT,
             "teacher",
         ),
         (
-            NAT_TASK + ["--speculative-teacher", "TEACHER", "--max-drafting-sentences", "0"],
+            NAT_TASK + ["--spec-drafter-teacher", "TEACHER", "--max-drafting-sentences", "0"],
             ["--arch", "spec_drafter", "--draft-size", "2"],
             SHORT,
             "teacher",
         ),
         (
-            NAT_TASK + ["--speculative-teacher", "TEACHER", "--speculative-verify", "relaxed"],
+            NAT_TASK + ["--spec-drafter-teacher", "TEACHER", "--spec-drafter-verify", "relaxed"],
             ["--arch", "spec_drafter", "--draft-size", "2"],
             SHORT,
             None,

@@ -38,14 +38,14 @@ class RandomDrafts(VerifyAcceptLoop):
 
     def propose(self, first, features, tokens, last, max_len):
         high = len(self.tgt_dict)
-        return torch.randint(self.tgt_dict.nspecial, high, (first.size(0), self.block_size - 1), generator=self.rng)
+        return torch.randint(self.tgt_dict.nspecial, high, (first.size(0), self.call_width - 1), generator=self.rng)
 
 
 class OracleDrafts(VerifyAcceptLoop):
     """Drafts copied from the verifier's greedy output (``reference``: one token tensor per sentence)."""
 
     def start(self, sample, encoder_out):
-        width = max(len(r) for r in self.reference) + self.block_size + 1
+        width = max(len(r) for r in self.reference) + self.call_width + 1
         self.target = torch.full((len(self.reference), width), self.eos)
         for row, tokens in enumerate(self.reference):
             self.target[row, 1 : len(tokens) + 1] = tokens  # target[:, t] = y_t
@@ -56,7 +56,7 @@ class OracleDrafts(VerifyAcceptLoop):
 
     def propose(self, first, features, tokens, last, max_len):
         assert torch.equal(tokens.gather(1, (last + 1).unsqueeze(1)).squeeze(1), first)
-        index = last.unsqueeze(1) + torch.arange(2, self.block_size + 1)
+        index = last.unsqueeze(1) + torch.arange(2, self.call_width + 1)
         return self.target[self.rows].gather(1, index)
 
 
@@ -66,7 +66,7 @@ def decode(generator_class, model, task, sample, block_size, use_cache=True, **a
         task,
         Namespace(beam=1, max_len_b=MAX_LEN_B),
         verifier=model,
-        block_size=block_size,
+        call_width=block_size,
         use_cache=use_cache,
     )
     for name, value in attributes.items():

@@ -19,11 +19,11 @@ from fairseq.logging import metrics
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from fairseq.sequence_generator import SequenceGenerator
 
-from nat_plugins.criterions.blockwise_loss import BlockwiseLoss
 from nat_plugins.generators import verify_accept_loop
-from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator, parse_block_accept
 from nat_plugins.generators.verify_accept_loop import accepted_lengths
-from nat_plugins.modules.block_heads import BlockHeads, block_targets
+from nat_plugins.systems.blockwise.decoding import BlockwiseGenerator, parse_block_accept
+from nat_plugins.systems.blockwise.heads import BlockHeads, block_targets
+from nat_plugins.systems.blockwise.loss import BlockwiseLoss
 
 from .utils import (
     DRAFT_EVERY_STEP,

@@ -13,6 +13,7 @@ from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
 from nat_plugins.bench import report
 from nat_plugins.engine import cpu_linear, prepare_for_decoding
+from nat_plugins.engine.config import LINEAR_LAYOUT_ENV, STATE
 from nat_plugins.engine.cpu_linear import (
     MAX_ROWS,
     MIN_WEIGHT_FOR_ONE_ROW,
@@ -22,7 +23,7 @@ from nat_plugins.engine.cpu_linear import (
     WeightFirstLinear,
     use_weight_first_linears,
 )
-from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
+from nat_plugins.systems.blockwise.decoding import BlockwiseGenerator
 
 from .test_blockwise import random_model
 from .test_speculative import drafter, random_teacher, speculative
@@ -32,8 +33,8 @@ from .utils import with_task_options
 def force_layout(monkeypatch, layout):
     """``linear()`` in ``layout`` from now on (``NAT_LINEAR_LAYOUT``, this process's choices forgotten until the test
     ends)."""
-    monkeypatch.setenv(cpu_linear.LAYOUT_ENV, layout)
-    monkeypatch.setattr(cpu_linear, "CHOICES", {})
+    monkeypatch.setenv(LINEAR_LAYOUT_ENV, layout)
+    monkeypatch.setattr(STATE, "layout_choices", {})
 
 
 def count_weight_first_products(monkeypatch):
@@ -56,7 +57,7 @@ def weight_first_layout(monkeypatch):
     """The tests of the W·xᵀ layout's rules run in it (those of the choice set their own layout); the models they
     build are not registered for this process's own choice."""
     force_layout(monkeypatch, WEIGHT_FIRST)
-    monkeypatch.setattr(cpu_linear, "MODEL_SHAPES", {})
+    monkeypatch.setattr(STATE, "model_shapes", {})
 
 
 def weight_first(bias, seed=0):
@@ -166,7 +167,7 @@ def fake_products(monkeypatch, seconds):
 def cache_home(tmp_path, monkeypatch):
     """An empty cache directory (XDG_CACHE_HOME) and the automatic layout."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(cpu_linear.LAYOUT_ENV, raising=False)
+    monkeypatch.delenv(LINEAR_LAYOUT_ENV, raising=False)
     return tmp_path
 
 
@@ -187,7 +188,7 @@ def test_the_measured_faster_layout_is_used(faster, cache_home, monkeypatch):
     assert chosen.shapes == [[24, 40], [40, 24], [300, 24]]
 
     calls = count_weight_first_products(monkeypatch)
-    monkeypatch.setattr(cpu_linear, "CHOICES", {torch.get_num_threads(): chosen})
+    monkeypatch.setattr(STATE, "layout_choices", {torch.get_num_threads(): chosen})
     layer = weight_first(True)
     x = torch.randn(3, 24)
     with torch.no_grad():
@@ -204,15 +205,15 @@ def test_nat_linear_layout_forces_the_layout(layout, cache_home, monkeypatch):
     """NAT_LINEAR_LAYOUT=weight-first|torch: that layout, nothing measured or cached; another value is refused."""
     _, ran = fake_products(monkeypatch, {WEIGHT_FIRST: 1.0, TORCH: 1.0})
     calls = count_weight_first_products(monkeypatch)
-    monkeypatch.setenv(cpu_linear.LAYOUT_ENV, layout)
+    monkeypatch.setenv(LINEAR_LAYOUT_ENV, layout)
     layer = weight_first(True)
     with torch.no_grad():
         layer(torch.randn(3, 24))
-    chosen = cpu_linear.CHOICES[torch.get_num_threads()]
+    chosen = STATE.layout_choices[torch.get_num_threads()]
     assert (chosen.layout, chosen.source, chosen.torch_ms) == (layout, "override", None)
     assert calls == (["cpu"] if layout == WEIGHT_FIRST else []) and ran == [layout]  # the product itself, no timing
     assert not (cache_home / "nat_plugins").exists()
-    monkeypatch.setenv(cpu_linear.LAYOUT_ENV, "fast")
+    monkeypatch.setenv(LINEAR_LAYOUT_ENV, "fast")
     with pytest.raises(ValueError, match="NAT_LINEAR_LAYOUT='fast': expected 'auto', 'weight-first' or 'torch'"):
         cpu_linear.choose(SHAPES, 2)
 
@@ -267,7 +268,7 @@ def test_the_first_product_chooses_over_the_registered_models(cache_home, monkey
     with torch.no_grad():
         cpu_linear.linear(torch.randn(3, 24), torch.randn(40, 24))
     assert shapes == [[(40, 24, True)]]
-    monkeypatch.setattr(cpu_linear, "CHOICES", {})
+    monkeypatch.setattr(STATE, "layout_choices", {})
     shapes.clear()
     models = [nn.Sequential(nn.Linear(24, 40), nn.Linear(40, 24, bias=False)) for _ in range(2)]
     for model in models:

@@ -30,17 +30,22 @@ from torch.nn.parallel import DistributedDataParallel
 from nat_plugins.bench import benchmark
 from nat_plugins.bench.rows import BenchmarkError
 from nat_plugins.cli import fertility as fert_cli
-from nat_plugins.criterions import nat_rkl_finetune
-from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
-from nat_plugins.criterions.nat_rkl_finetune import NATRKLFinetune, NATRKLFinetuneConfig, rkl_loss, without_dropout
-from nat_plugins.engine import length_buckets
-from nat_plugins.generators import fertility_nat_decoding
-from nat_plugins.generators.fertility_nat_decoding import FertilityNATGenerator, first_occurrences
-from nat_plugins.modules import fertility as fertility_helpers
-from nat_plugins.modules.fertility import cap_total, nat_output, sample_fertilities
+from nat_plugins.modules import teacher as teacher_module
 from nat_plugins.modules.log_probs import token_log_probs
-from nat_plugins.modules.nad import FertilityPredictor, NADLayer, fertility_copy_index
+from nat_plugins.modules.nat_decoder import FertilityPredictor, NADLayer, fertility_copy_index
 from nat_plugins.modules.teacher import FrozenTeacher
+from nat_plugins.systems.fertility_nat import decoding as fertility_nat_decoding
+from nat_plugins.systems.fertility_nat import fertility as fertility_helpers
+from nat_plugins.systems.fertility_nat import finetune_loss
+from nat_plugins.systems.fertility_nat.decoding import FertilityNATGenerator, first_occurrences
+from nat_plugins.systems.fertility_nat.fertility import cap_total, nat_output, sample_fertilities
+from nat_plugins.systems.fertility_nat.finetune_loss import (
+    NATRKLFinetune,
+    NATRKLFinetuneConfig,
+    rkl_loss,
+    without_dropout,
+)
+from nat_plugins.systems.fertility_nat.loss import FertilityNATLoss
 from nat_plugins.tasks.translation_nat import SideFileError
 
 from .utils import (
@@ -635,7 +640,8 @@ def test_length_buckets_decode_the_same_tokens(fert_data_bin, task, tiny_teacher
     assert len(set(sample["net_input"]["src_lengths"].tolist())) > 3
 
     def run(buckets):
-        monkeypatch.setattr(length_buckets, "length_buckets_wanted", lambda reference: buckets)
+        for module in (fertility_nat_decoding, teacher_module):  # the NAT's pass, NPD's teacher rescoring
+            monkeypatch.setattr(module, "length_buckets_wanted", lambda reference: buckets)
         widths = {name: [] for name in modules}
         handles = record_widths(modules, widths)
         torch.manual_seed(0)  # NPD's samples
@@ -787,17 +793,17 @@ def test_rkl_default_is_the_papers_cross_entropy_form():
         rkl_loss(peaked, teacher, one, form="js")
 
 
-def test_fertility_helpers_are_shared_from_modules():
-    """The criterion and the generator import the fertility helpers from nat_plugins.modules.fertility; neither the
-    criterion nor that module imports a generator."""
-    for module in (nat_rkl_finetune, fertility_helpers):
+def test_fertility_helpers_are_shared_by_the_loss_and_the_decoding():
+    """The criterion and the generator import the fertility helpers from the system's fertility.py; neither the
+    criterion nor that module imports the decoding."""
+    for module in (finetune_loss, fertility_helpers):
         imports = [
             node.module or ""
             for node in ast.walk(ast.parse(inspect.getsource(module)))
             if isinstance(node, ast.ImportFrom)
         ]
-        assert not [name for name in imports if "generators" in name], module.__name__
-    for module in (fertility_nat_decoding, nat_rkl_finetune):
+        assert not [name for name in imports if "decoding" in name or "generators" in name], module.__name__
+    for module in (fertility_nat_decoding, finetune_loss):
         for name in ("average_fertility", "cap_total", "ensure_nonempty", "nat_output", "sample_fertilities"):
             assert getattr(module, name) is getattr(fertility_helpers, name), (module.__name__, name)
 
@@ -830,7 +836,7 @@ def rig_predictor(model, probs):
 
 def fix_reinforce_sample(monkeypatch, fertility):
     """The criterion's REINFORCE draw f ~ p_F replaced by ``fertility`` (B x S)."""
-    monkeypatch.setattr(nat_rkl_finetune, "sample_fertilities", lambda lprobs, num_samples: fertility.unsqueeze(0))
+    monkeypatch.setattr(finetune_loss, "sample_fertilities", lambda lprobs, num_samples: fertility.unsqueeze(0))
 
 
 def flat_teacher(monkeypatch, criterion):

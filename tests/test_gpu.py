@@ -33,11 +33,12 @@ from torch import nn
 
 from nat_plugins.bench.measure import NEAR_TIE_TOLERANCE
 from nat_plugins.engine import step_graphs
-from nat_plugins.generators.blockwise_decoding import BlockwiseGenerator
-from nat_plugins.generators.recover_sat_decoding import RecoverSATGenerator
-from nat_plugins.generators.sat_decoding import SATGenerator
-from nat_plugins.generators.spec_drafter_decoding import SpeculativeGenerator
+from nat_plugins.engine.config import CUDA_GRAPHS_ENV, STATE
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
+from nat_plugins.systems.blockwise.decoding import BlockwiseGenerator
+from nat_plugins.systems.recover_sat.decoding import RecoverSATGenerator
+from nat_plugins.systems.sat.decoding import SATGenerator
+from nat_plugins.systems.spec_drafter.decoding import SpecDrafterGenerator
 
 from .test_block_call import random_transformer
 from .test_blockwise import random_model
@@ -171,7 +172,7 @@ def blockwise_cases(task, device, dtype, block_size):
         yield model, model, build, random_batch(task.target_dictionary, BATCH, seed)
 
 
-class ReferenceDrafter(SpeculativeGenerator):
+class ReferenceDrafter(SpecDrafterGenerator):
     """Drafts fairseq's greedy output of the teacher (``reference``: B x L, y_1.. then EOS, on the device), each token
     replaced by a random one with probability ``noise`` (a seeded CPU generator: the same on every device), so that
     sentences of a batch accept different numbers of drafts; ``sentences``: the reference rows of the batch (None:
@@ -180,32 +181,32 @@ class ReferenceDrafter(SpeculativeGenerator):
     reference, sentences, noise = None, None, 0.3
 
     def start(self, sample, encoder_out):
-        super().start(sample, encoder_out)
         self.rows = torch.arange(len(self.reference), device=self.reference.device)
         if self.sentences is not None:
             self.rows = self.sentences
         self.rng = torch.Generator().manual_seed(0)
+        return super().start(sample, encoder_out)
 
     def reorder(self, keep):
         super().reorder(keep)
         self.rows = self.rows[keep]
 
     def propose(self, first, features, tokens, last, max_len):
-        index = (last + 1).unsqueeze(1) + torch.arange(self.block_size - 1, device=last.device)
+        index = (last + 1).unsqueeze(1) + torch.arange(self.call_width - 1, device=last.device)
         drafts = self.reference[self.rows].gather(1, index.clamp(max=self.reference.size(1) - 1))
         noisy = (torch.rand(drafts.shape, generator=self.rng) < self.noise).to(drafts.device)
         random = torch.randint(self.tgt_dict.nspecial, len(self.tgt_dict), drafts.shape, generator=self.rng)
         return torch.where(noisy, random.to(drafts.device), drafts)
 
 
-def speculative_cases(task, device, dtype, draft_size, tmp_path, generator_class=SpeculativeGenerator):
+def speculative_cases(task, device, dtype, draft_size, tmp_path, generator_class=SpecDrafterGenerator):
     for seed in SEEDS:
         path = str(tmp_path / f"teacher{seed}.pt")
         teacher = random_teacher(task, seed, path).to(device=device, dtype=dtype)
         model = drafter(task, draft_size, seed + 10).to(device=device, dtype=dtype)
 
         def build(reference, model=model, path=path):
-            options = with_task_options(task, speculative_teacher=path)
+            options = with_task_options(task, spec_drafter_teacher=path)
             generator = generator_class([model], options, Namespace(beam=1, max_len_b=MAX_LEN_B))
             eos, width = task.target_dictionary.eos(), MAX_LEN_B + draft_size + 3
             rows = [hypos[0]["tokens"] for hypos in reference]
@@ -230,7 +231,7 @@ def test_speculative_exact_verification_is_fairseqs_greedy_decoding_on_cuda(toy_
     """An untrained drafter and one that drafts fairseq's output with random errors (drafts accepted, in blocks of
     different lengths per sentence); the teacher checkpoint is loaded by the decoder and moved to the drafter's
     device and dtype."""
-    for generator_class in (SpeculativeGenerator, ReferenceDrafter):
+    for generator_class in (SpecDrafterGenerator, ReferenceDrafter):
         cases = speculative_cases(toy_task, "cuda", dtype, draft_size, tmp_path, generator_class)
         generators, (_diverged, _sentences, tokens, calls) = check_exact_decoder(toy_task, "cuda", dtype, cases)
         for generator in generators:
@@ -252,7 +253,7 @@ def graph_cases(task, data_bin, device, dtype, tmp_path):
     yield teacher, lambda: GreedyLoop([teacher], task, gen_args), random_batch(dictionary, BATCH, 3)
     for model, _, build, sample in blockwise_cases(task, device, dtype, 3):
         yield model, lambda build=build: build(None), sample
-    for generator_class in (SpeculativeGenerator, ReferenceDrafter):
+    for generator_class in (SpecDrafterGenerator, ReferenceDrafter):
         for spec_teacher, model, build, sample in speculative_cases(task, device, dtype, 3, tmp_path, generator_class):
             reference = fairseq_greedy(spec_teacher, task, to(device, sample))  # what the reference drafter drafts
             yield model, lambda build=build, reference=reference: build(reference), sample
@@ -273,12 +274,12 @@ def check_graphs_print_the_eager_output(task, data_bin, device, dtype, tmp_path,
     replays = []
     replay = step_graphs.replay
     monkeypatch.setattr(step_graphs, "replay", lambda *args: replays.append(1) or replay(*args))
-    monkeypatch.setattr(step_graphs, "CAPTURE_FAILURES", {})
+    monkeypatch.setattr(STATE, "capture_failures", {})
     for model, build, sample in graph_cases(task, data_bin, device, dtype, tmp_path):
         sample = to(device, sample)
         decoded = {}
         for graphs in ("1", "0"):
-            monkeypatch.setenv(step_graphs.GRAPHS_ENV, graphs)
+            monkeypatch.setenv(CUDA_GRAPHS_ENV, graphs)
             generator = build()
             decoded[graphs] = generator.generate([model], sample)
             for i in range(BATCH):
@@ -287,8 +288,8 @@ def check_graphs_print_the_eager_output(task, data_bin, device, dtype, tmp_path,
         for with_graphs, eager in zip(decoded["1"], decoded["0"]):
             assert torch.equal(with_graphs[0]["tokens"], eager[0]["tokens"]), type(generator).__name__
             assert torch.equal(with_graphs[0]["positional_scores"], eager[0]["positional_scores"])
-    monkeypatch.delenv(step_graphs.GRAPHS_ENV)
-    assert replays and step_graphs.CAPTURE_FAILURES == {}
+    monkeypatch.delenv(CUDA_GRAPHS_ENV)
+    assert replays and STATE.capture_failures == {}
     return replays
 
 
@@ -313,8 +314,8 @@ def decode_every_way(task, device, dtype, tmp_path):
     path = str(tmp_path / "teacher.pt")
     teacher = random_teacher(task, 0, path).to(device=device, dtype=dtype)
     spec = drafter(task, 3, 0).to(device=device, dtype=dtype)
-    speculative = SpeculativeGenerator(
-        [spec], with_task_options(task, speculative_teacher=path), Namespace(beam=1, max_len_b=MAX_LEN_B)
+    speculative = SpecDrafterGenerator(
+        [spec], with_task_options(task, spec_drafter_teacher=path), Namespace(beam=1, max_len_b=MAX_LEN_B)
     )
     speculative.generate([spec], sample)
     task.build_generator([teacher], Namespace(beam=1, max_len_b=MAX_LEN_B)).generate([teacher], sample)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from fairseq import options, tasks, utils
 
-from nat_plugins.modules.nad import LengthPredictor, self_attention_mask
-from nat_plugins.modules.sat_masks import relaxed_causal_mask
+from nat_plugins.modules.grouped_decoder import relaxed_causal_mask
+from nat_plugins.modules.nat_decoder import LengthPredictor, self_attention_mask
 
 from .utils import TINY_TRANSFORMER, with_task_options
 
@@ -59,7 +59,7 @@ SYSTEMS = {
         "spec_drafter_loss",
         "--use-distilled",
         "target",
-        "--speculative-teacher",
+        "--spec-drafter-teacher",
         "TEACHER",  # setup's teacher: it verifies the drafts
     ],
 }
@@ -161,7 +161,7 @@ def check_half_precision_decoding(task, model, sample, expected, system):
         ("fertility_nat", {"fertility_decoding": "average"}),
         ("fertility_nat", {"fertility_decoding": "npd", "npd_samples": 4}),
         ("blockwise_transformer", {"block_accept": "topk:2"}),
-        ("spec_drafter", {"speculative_verify": "relaxed"}),
+        ("spec_drafter", {"spec_drafter_verify": "relaxed"}),
     ],
 )
 def test_bf16_decoding_options(data_bin, tiny_teacher, system, decoding):

@@ -123,16 +123,16 @@ def steps_printed(lines):
     [
         ({"max_drafting_sentences": DRAFT_EVERY_STEP}, ["--max-drafting-sentences", str(DRAFT_EVERY_STEP)]),
         (
-            {"speculative_verify": "relaxed", "speculative_beta": 3, "speculative_tau": 3.0},
-            ["--speculative-verify", "relaxed", "--speculative-beta", "3", "--speculative-tau", "3.0"],
+            {"spec_drafter_verify": "relaxed", "spec_drafter_beta": 3, "spec_drafter_tau": 3.0},
+            ["--spec-drafter-verify", "relaxed", "--spec-drafter-beta", "3", "--spec-drafter-tau", "3.0"],
         ),
     ],
 )
 def test_speculative_translate_equals_fairseq_generate(
     dummy_data_bin, drafter_checkpoint, tiny_teacher, sources, options, cli
 ):
-    """A spec_drafter checkpoint behind the hub with the teacher given per call (``speculative_teacher=``): the
-    hypotheses and the teacher calls per sentence are fairseq-generate's with ``--speculative-teacher``; exact
+    """A spec_drafter checkpoint behind the hub with the teacher given per call (``spec_drafter_teacher=``): the
+    hypotheses and the teacher calls per sentence are fairseq-generate's with ``--spec-drafter-teacher``; exact
     verification prints the teacher's own greedy output (fairseq's SequenceGenerator, beam 1), relaxed verification
     (per-call options too) needs fewer teacher calls. The options do not stay on the task after the call. Exact
     verification drafts at every step here: its calls per sentence then do not depend on how the hub and
@@ -140,26 +140,26 @@ def test_speculative_translate_equals_fairseq_generate(
     lines = generate_lines(
         dummy_data_bin,
         drafter_checkpoint,
-        TASK + ["--beam", "1", "--print-step", "--speculative-teacher", tiny_teacher] + cli,
+        TASK + ["--beam", "1", "--print-step", "--spec-drafter-teacher", tiny_teacher] + cli,
     )
     expected, expected_steps = hypotheses(lines), steps_printed(lines)
     assert sorted(expected) == list(range(len(sources)))
     hub = from_pretrained(
         os.path.dirname(drafter_checkpoint), os.path.basename(drafter_checkpoint), dummy_data_bin, bpe=None
     )
-    options = {"speculative_teacher": tiny_teacher, **options}
+    options = {"spec_drafter_teacher": tiny_teacher, **options}
     assert hub.translate(sources, **options) == [expected[i] for i in range(len(sources))]
     steps = steps_of(hub, sources, **options)
     assert steps == [expected_steps[i] for i in range(len(sources))]
-    assert hub.task.cfg.speculative_teacher is None and hub.task.cfg.speculative_verify == "exact"
+    assert hub.task.cfg.spec_drafter_teacher is None and hub.task.cfg.spec_drafter_verify == "exact"
 
-    if options.get("speculative_verify", "exact") == "exact":
+    if options.get("spec_drafter_verify", "exact") == "exact":
         teacher = hypotheses(generate_lines(dummy_data_bin, tiny_teacher, TASK + ["--beam", "1"]))
         assert expected == teacher
         words = sum(len(expected[i].split()) + 1 for i in range(len(sources)))  # EOS included
         assert sum(steps) < words  # some teacher calls accepted drafts
     else:
-        exact = steps_of(hub, sources, speculative_teacher=tiny_teacher)
+        exact = steps_of(hub, sources, spec_drafter_teacher=tiny_teacher)
         assert sum(steps) < sum(exact)
 
 
@@ -290,9 +290,9 @@ def test_speculative_options_through_the_hub_are_refused_for_other_models(toy_ta
     hub = random_hub(toy_task, TINY_BLOCKWISE[:2] + [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"])
     tokens = [torch.tensor([5, 6, 7, toy_task.target_dictionary.eos()])]
     assert hub.generate(tokens, block_accept="topk:2")[0][0]["tokens"][-1] == toy_task.target_dictionary.eos()
-    with pytest.raises(ValueError, match="--speculative-verify relaxed is a decoding option of spec_drafter models"):
-        hub.generate(tokens, speculative_verify="relaxed")
-    assert hub.task.cfg.speculative_verify == "exact"
+    with pytest.raises(ValueError, match="--spec-drafter-verify relaxed is a decoding option of spec_drafter models"):
+        hub.generate(tokens, spec_drafter_verify="relaxed")
+    assert hub.task.cfg.spec_drafter_verify == "exact"
 
 
 @pytest.mark.parametrize(

@@ -20,11 +20,11 @@ from fairseq.sequence_generator import SequenceGenerator
 from torch import nn
 
 from nat_plugins.cli import distill
-from nat_plugins.criterions.nad_ad_loss import NADADLoss, nad_targets
-from nat_plugins.engine import length_buckets
 from nat_plugins.engine.cpu_linear import WeightFirstLinear
-from nat_plugins.generators.nad_ad_decoding import NADADGenerator
-from nat_plugins.models.nad_ad_transformer import NADADDecoderLayer
+from nat_plugins.systems.nad_ad import decoding as nad_ad_decoding
+from nat_plugins.systems.nad_ad.decoding import NADADGenerator
+from nat_plugins.systems.nad_ad.loss import NADADLoss, nad_targets
+from nat_plugins.systems.nad_ad.model import NADADDecoderLayer
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
 from .utils import (
@@ -269,7 +269,7 @@ def test_length_buckets_decode_the_same_tokens(task, monkeypatch, input_copy):
     modules = {"encoder layer": (model.encoder.layers[0], 0), "NAD": (model.encoder.nad, 1)}
 
     def run(buckets):
-        monkeypatch.setattr(length_buckets, "length_buckets_wanted", lambda reference: buckets)
+        monkeypatch.setattr(nad_ad_decoding, "length_buckets_wanted", lambda reference: buckets)
         widths = {name: [] for name in modules}
         handles = [
             module.register_forward_pre_hook(lambda _m, args, n=name, dim=dim: widths[n].append(args[0].size(dim)))

@@ -1,14 +1,14 @@
-"""The shared non-autoregressive decoder blocks (nat_plugins/modules/nad.py) on fixed tensors: copy by fertility,
-uniform copy, the self-masking mask, the length predictor's padding invariance, sublayer order and LayerNorm placement
-of the NAD layer, the positional attention (positions as query and key, states as value, on both of fairseq's
-attention paths; checkpoint layout unchanged), and padding invariance and finite states of the decoder."""
+"""The shared non-autoregressive decoder blocks (nat_plugins/modules/nat_decoder.py) on fixed tensors: copy by
+fertility, uniform copy, the self-masking mask, the length predictor's padding invariance, sublayer order and
+LayerNorm placement of the NAD layer, the positional attention (positions as query and key, states as value, on both
+of fairseq's attention paths; checkpoint layout unchanged), and padding invariance and finite states of the decoder."""
 
 import pytest
 import torch
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules import MultiheadAttention
 
-from nat_plugins.modules.nad import (
+from nat_plugins.modules.nat_decoder import (
     HIDDEN,
     LengthPredictor,
     NADLayer,

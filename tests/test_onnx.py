@@ -1,5 +1,5 @@
 """The fertility NAT through ONNX Runtime: ``nat-export-onnx`` (nat_plugins/cli/export_onnx.py) and ``--onnx-model``
-(nat_plugins/generators/fertility_nat_onnx.py).
+(nat_plugins/systems/fertility_nat/onnx_decoding.py).
 
 A tiny fertility_nat trained a few updates on the dummy data-bin is exported; its float32 graphs decode the PyTorch
 generator's tokens (any sentence that differs must be a floating-point near-tie: a top-2 gap below 1e-4 where the
@@ -19,11 +19,11 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 
+from nat_plugins.bench import benchmark
 from nat_plugins.bench.measure import NEAR_TIE_TOLERANCE, DecoderPassCounter
 from nat_plugins.cli import export_onnx
-from nat_plugins.generators import fertility_nat_onnx
-from nat_plugins.generators.fertility_nat_decoding import FertilityNATGenerator
-from nat_plugins.modules.fertility import cap_total, ensure_nonempty
+from nat_plugins.systems.fertility_nat import onnx_decoding as fertility_nat_onnx
+from nat_plugins.systems.fertility_nat.decoding import FertilityNATGenerator
 
 from .test_fertility_nat import TINY_FNAT, make_task
 from .utils import (
@@ -105,38 +105,7 @@ def sentence(sample, index):
     return {"net_input": {"src_tokens": tokens, "src_lengths": torch.tensor([tokens.size(1)])}}
 
 
-def pytorch_gap(model, pytorch, one, ours, theirs):
-    """How close the PyTorch pass of the one-sentence batch ``one`` was to emitting ``theirs`` instead of ``ours``
-    (its own tokens): where the lengths differ, the smallest margin of a fertility choice (argmax: the top-2 gap of the
-    fertility log-probabilities; average: the expected fertility's distance to a rounding boundary); else the top-2
-    gap of the decoder's log-probabilities (pad and EOS excluded) at the first position where the outputs part, or
-    a fertility's margin if smaller (the same total, copied otherwise)."""
-    src_tokens, src_lengths = one["net_input"]["src_tokens"], one["net_input"]["src_lengths"]
-    with torch.no_grad():
-        encoder_out = model.encode(src_tokens, src_lengths)
-        lprobs = model.get_normalized_probs((model.fertility_logits(encoder_out), None), log_probs=True)
-        copyable = model.copyable(src_tokens)
-        if pytorch.mode == "average":  # the expected fertility's distance to a rounding boundary
-            expected = (lprobs.exp() * torch.arange(lprobs.size(-1), dtype=lprobs.dtype)).sum(-1)
-            margin = (expected - expected.floor() - 0.5).abs()
-        else:  # the top-2 gap of the fertility log-probabilities
-            top = lprobs.topk(2, dim=-1).values
-            margin = top[..., 0] - top[..., 1]
-        fertility_margin = float(margin[copyable].min())
-        if len(ours) != len(theirs):
-            return fertility_margin
-        fertility = pytorch.fertilities(lprobs, copyable)
-        fertility = ensure_nonempty(fertility, lprobs, copyable, src_tokens.ne(pytorch.pad))
-        fertility = cap_total(fertility, pytorch.output_max_lengths(src_lengths))
-        logits, _padding = model.decode(src_tokens, encoder_out, fertility)
-    lprobs = torch.log_softmax(logits[0].float(), dim=-1)
-    lprobs[:, [pytorch.pad, pytorch.eos]] = -float("inf")  # never emitted
-    position = int((ours != theirs).nonzero()[0])
-    top = lprobs[position].topk(2).values
-    return min(fertility_margin, float(top[0] - top[1]))
-
-
-def assert_same_or_near_ties(model, pytorch, ours, theirs, sample):
+def assert_same_or_near_ties(pytorch, ours, theirs, sample):
     """Equal tokens and scores, or (tokens differing) a PyTorch near-tie where they part."""
     for index, (ref, hyp) in enumerate(zip(ours, theirs)):
         ref, hyp = ref[0], hyp[0]
@@ -144,7 +113,8 @@ def assert_same_or_near_ties(model, pytorch, ours, theirs, sample):
             assert torch.allclose(ref["positional_scores"], hyp["positional_scores"], atol=NEAR_TIE)
             assert abs(float(ref["score"]) - float(hyp["score"])) < NEAR_TIE and hyp["steps"] == 1
         else:
-            gap = pytorch_gap(model, pytorch, sentence(sample, index), ref["tokens"], hyp["tokens"])
+            source = sentence(sample, index)["net_input"]["src_tokens"]
+            gap = pytorch.choice_margin(source, ref["tokens"], hyp["tokens"])
             assert gap < NEAR_TIE, (index, ref["tokens"], hyp["tokens"], gap)
 
 
@@ -155,7 +125,7 @@ def test_float32_graphs_decode_the_pytorch_tokens(model, task, graphs, mode):
     equal = 0
     for sample in batches_of(task):
         ours, theirs = pytorch.generate([model], sample), onnx.generate([model], sample)
-        assert_same_or_near_ties(model, pytorch, ours, theirs, sample)
+        assert_same_or_near_ties(pytorch, ours, theirs, sample)
         equal += sum(torch.equal(a[0]["tokens"], b[0]["tokens"]) for a, b in zip(ours, theirs))
     assert equal == len(task.dataset("test"))  # no near-tie on this model: every sentence is the same
 
@@ -183,7 +153,7 @@ def test_graphs_of_a_model_in_memory(fert_data_bin, task, tmp_path, copy_mode, f
     lengths = []
     for sample in batches_of(task):
         ours, theirs = pytorch.generate([model], sample), onnx.generate([model], sample)
-        assert_same_or_near_ties(model, pytorch, ours, theirs, sample)
+        assert_same_or_near_ties(pytorch, ours, theirs, sample)
         for (hypo,), length in zip(theirs, sample["net_input"]["src_lengths"].tolist()):
             assert len(hypo["tokens"]) <= length + 1 + 1  # --max-len-a 1 --max-len-b 1, and EOS
             lengths.append(len(hypo["tokens"]) - 1)
@@ -306,6 +276,51 @@ def test_catalogue_rows_on_the_cpu_presets():
     assert "fertility-nat-onnx" not in [step.name for job in catalogue.jobs("gpu") for step in job.steps]
 
 
+def test_the_deployment_targets_read_the_token_check_the_bleu_and_ctranslate2s_speed():
+    """The main job's ONNX targets (CPU presets): float32 met only with the PyTorch row's tokens up to near-ties in
+    every pass and >= 1x CTranslate2 float32; int8 only within 0.3 BLEU of the PyTorch NAT and >= 1.5x CTranslate2
+    int8 (each engine alone: speed-ups over fairseq greedy divided)."""
+    from nat_recipes import catalogue
+
+    float32, int8 = catalogue.ONNX_TARGETS
+    assert (float32.row, int8.row) == (catalogue.ONNX_ROWS["float32"], catalogue.ONNX_ROWS["int8"])
+    assert {target.row for target in catalogue.targets("cpu")} >= {float32.row, int8.row}
+
+    def alone(speedup):
+        return {"solo": {"latency_speedup_vs_ar_greedy": speedup}}
+
+    same = {"sentences": 100, "differ": 2, "near_ties": 2, "divergences": []}
+    rows = {
+        "NAT, argmax fertility": {"bleu": 23.0, **alone(5.0)},
+        float32.row: {
+            "bleu": 23.0,
+            "twin_check": {"reference": "NAT", "passes": {"1": same, "solo": same}},
+            **alone(10.0),
+        },
+        int8.row: {"bleu": 22.8, **alone(13.0)},
+        catalogue.CT2_GREEDY_ROW: {"bleu": 28.0, **alone(5.0)},
+        catalogue.CT2_INT8_GREEDY_ROW: {"bleu": 28.0, **alone(8.0)},
+    }
+    measured = catalogue.Measured(rows, [], ())
+    assert float32.check(measured) == (
+        f"4 sentences differ (0 by more than a near-tie; passes: 1, solo), 2.00x {catalogue.CT2_GREEDY_ROW} "
+        "(each engine alone)",
+        True,
+    )
+    assert int8.check(measured)[1]  # 1.62x, 0.2 BLEU below
+    rows[int8.row]["bleu"] = 22.6  # 0.4 below
+    assert not int8.check(measured)[1]
+    rows[int8.row]["bleu"], rows[int8.row]["solo"]["latency_speedup_vs_ar_greedy"] = 22.8, 11.0  # 1.38x
+    assert not int8.check(measured)[1]
+    rows[float32.row]["twin_check"]["passes"]["solo"] = {**same, "near_ties": 1}  # one real divergence
+    assert not float32.check(measured)[1]
+    del rows[float32.row]["twin_check"]
+    assert float32.check(measured) == (
+        f"no token check (no PyTorch row to compare with), 2.00x {catalogue.CT2_GREEDY_ROW} (each engine alone)",
+        False,
+    )
+
+
 def test_export_step_script(checkpoint, model, task, tmp_path):
     """examples/multi30k/fertility_nat_onnx.sh: both graph directories and the checkpoint linked beside them."""
     script = os.path.join(REPO_ROOT, "examples", "multi30k", "fertility_nat_onnx.sh")
@@ -329,3 +344,89 @@ def test_manifest_names_the_checkpoint(checkpoint, graphs, model):
     assert manifest["model"] == fertility_nat_onnx.model_options(model)
     assert manifest["model"]["max_fertility"] == model.max_fertility and manifest["model"]["copy_mode"] == "fertility"
     assert manifest["float32_check"]["scores"] < NEAR_TIE
+
+
+def onnx_benchmark(fert_data_bin, dummy_raw, tiny_teacher, checkpoint, graphs, out_dir):
+    """A small benchmark of the NAT in PyTorch and through ONNX Runtime float32 and int8 (argmax fertilities)."""
+    decoding = f"{checkpoint}::--task translation_nat --beam 1 --fertility-decoding argmax"
+    argv = [
+        fert_data_bin,
+        "--teacher",
+        tiny_teacher,
+        "--reference",
+        os.path.join(dummy_raw, "test.tgt"),
+        "--out-dir",
+        out_dir,
+        "--cpu",
+        "--post-process",
+        "none",
+        "--warmup",
+        "2",
+        "--latency-sentences",
+        "8",
+        "--batch-size",
+        "16",
+        "--no-plots",
+        "--system",
+        f"NAT={decoding}",
+        "--system",
+        f"NAT (ONNX Runtime)={decoding} --onnx-model {graphs['float32']}",
+        "--system",
+        f"NAT (ONNX Runtime int8)={decoding} --onnx-model {graphs['int8']}",
+    ]
+    results = benchmark.main(benchmark.get_parser().parse_args(argv))
+    return {row["name"]: row for row in results["rows"]}
+
+
+def test_the_benchmark_checks_the_float32_rows_tokens_against_the_pytorch_row(
+    fert_data_bin, dummy_raw, tiny_teacher, checkpoint, graphs, tmp_path, monkeypatch
+):
+    """The ONNX Runtime float32 row is checked token for token against the PyTorch row of the same NAT in every timed
+    pass (results.json's twin_check, a line of results.md); int8 and the PyTorch row are not; an ONNX pass that
+    emits other tokens is a divergence no near-tie covers."""
+    rows = onnx_benchmark(fert_data_bin, dummy_raw, tiny_teacher, checkpoint, graphs, str(tmp_path / "same"))
+    check = rows["NAT (ONNX Runtime)"]["twin_check"]
+    assert check["reference"] == "NAT" and set(check["passes"]) == {"1", "16"}
+    assert check["passes"]["16"]["sentences"] == 40 and check["passes"]["1"]["sentences"] == 6
+    assert all(p["differ"] == p["near_ties"] for p in check["passes"].values())
+    assert rows["NAT"]["twin_check"] is None and rows["NAT (ONNX Runtime int8)"]["twin_check"] is None
+    markdown = (tmp_path / "same" / "results.md").read_text(encoding="utf-8")
+    assert (
+        "- NAT (ONNX Runtime): against *NAT*, token for token in every timed pass (1, 16): the same tokens" in markdown
+    )
+
+    decode = fertility_nat_onnx.OnnxFertilityNAT.decode
+
+    def other_first_token(self, sample):  # a wrong graph: the first token of every output replaced
+        hypos = decode(self, sample)
+        for (hypo,) in hypos:
+            if not self.int8:
+                hypo["tokens"][0] = 4 if int(hypo["tokens"][0]) != 4 else 5
+        return hypos
+
+    monkeypatch.setattr(fertility_nat_onnx.OnnxFertilityNAT, "decode", other_first_token)
+    rows = onnx_benchmark(fert_data_bin, dummy_raw, tiny_teacher, checkpoint, graphs, str(tmp_path / "wrong"))
+    passes = rows["NAT (ONNX Runtime)"]["twin_check"]["passes"]
+    assert passes["16"]["differ"] == 40 and passes["16"]["near_ties"] == 0
+    assert all(d["position"] == 0 and d["log_prob_gap"] > NEAR_TIE for d in passes["16"]["divergences"])
+    markdown = (tmp_path / "wrong" / "results.md").read_text(encoding="utf-8")
+    assert "**46 sentences differ by more than a near-tie**" in markdown
+
+
+def test_the_stage_probe_splits_a_sentences_time(fert_data_bin, checkpoint, graphs, tmp_path):
+    """dev/onnx_stages.py on a trained NAT's graphs: the encoder graph, the decoder graph and the host work between
+    them, and inside each graph the operators by module (encoder layers, fertility predictor, decoder layers, output
+    projection), each a positive number of ms."""
+    out = tmp_path / "stages.json"
+    script = os.path.join(REPO_ROOT, "dev", "onnx_stages.py")
+    argv = [fert_data_bin, checkpoint, graphs["int8"], "--sentences", "6", "--warmup", "2", "--json", str(out)]
+    subprocess.run([sys.executable, script, *argv], check=True, capture_output=True, text=True)
+    result = json.loads(out.read_text())
+    assert result["int8"] is True and result["sentences"] == 6
+    medians = result["ms_per_sentence_median"]
+    assert set(medians) == {"total", "encoder graph", "decoder graph", "host (fertilities, copy, hypotheses)"}
+    assert medians["total"] >= medians["encoder graph"] > 0 and medians["decoder graph"] > 0
+    operators = result["operators_ms_per_sentence"]
+    assert {"encoder layers", "fertility predictor"} <= set(operators["encoder"])
+    assert {"decoder layers", "output projection, argmax"} <= set(operators["decoder"])
+    assert all(ms > 0 for split in operators.values() for ms in split.values())

@@ -111,16 +111,17 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
     expected = [
         ("Blockwise k=4 frozen, exact", "blockwise-4-frozen", "--beam 1 --block-accept exact --int8-drafts"),
         ("Blockwise k=4 fine-tuned, exact", "blockwise-4-finetuned", "--beam 1 --block-accept exact --int8-drafts"),
-        ("Speculative k=3, exact", "spec-drafter-3", f"--beam 1 --speculative-teacher {T} --int8-drafts"),
+        ("Speculative k=3, exact", "spec-drafter-3", f"--beam 1 --spec-drafter-teacher {T} --int8-drafts"),
         (
             "Speculative k=3, relaxed",
             "spec-drafter-3",
-            f"--beam 1 --speculative-teacher {T} --speculative-verify relaxed --speculative-beta 3 --speculative-tau 1",
+            f"--beam 1 --spec-drafter-teacher {T} --spec-drafter-verify relaxed --spec-drafter-beta 3 "
+            "--spec-drafter-tau 1",
         ),
         (
             "Speculative k=3, greedy steps only",
             "spec-drafter-3",
-            f"--beam 1 --speculative-teacher {T} --max-drafting-sentences 0",
+            f"--beam 1 --spec-drafter-teacher {T} --max-drafting-sentences 0",
         ),
         ("SAT K=2, greedy", "sat-2", "--beam 1"),
         ("SAT K=2, beam 4", "sat-2", "--beam 4"),

@@ -15,9 +15,9 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.cli import rep_mis
-from nat_plugins.criterions.recover_sat_loss import RecoverSATLoss, annealed_p
-from nat_plugins.generators.recover_sat_decoding import RecoverSATGenerator
-from nat_plugins.modules.segments import (
+from nat_plugins.systems.recover_sat.decoding import RecoverSATGenerator
+from nat_plugins.systems.recover_sat.loss import RecoverSATLoss, annealed_p
+from nat_plugins.systems.recover_sat.segments import (
     DEL_SYMBOL,
     SegmentDraws,
     add_segment_symbols,

@@ -14,8 +14,8 @@ from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator
 from fairseq.sequence_scorer import SequenceScorer
 
-from nat_plugins.generators.sat_decoding import SATGenerator
-from nat_plugins.modules.sat_masks import relaxed_causal_mask
+from nat_plugins.modules.grouped_decoder import relaxed_causal_mask
+from nat_plugins.systems.sat.decoding import SATGenerator
 
 from .utils import (
     SYNTHETIC_MODEL_SIZE,

@@ -16,11 +16,13 @@ from fairseq import options
 from fairseq.data import Dictionary, data_utils
 from fairseq.sequence_generator import SequenceGenerator
 
-from nat_plugins.criterions.spec_drafter_loss import SpecDrafterLoss, every_cut_targets
+from nat_plugins.bench.measure import DraftingTimer
+from nat_plugins.engine.block_call import IncrementalCache
 from nat_plugins.engine.static_cache import StaticCache
-from nat_plugins.generators.spec_drafter_decoding import SpeculativeGenerator
-from nat_plugins.models.spec_drafter import states_before
-from nat_plugins.modules.draft_masks import HIDDEN, draft_attention_mask, every_cut_attention_mask
+from nat_plugins.systems.spec_drafter.decoding import SpecDrafterGenerator
+from nat_plugins.systems.spec_drafter.loss import SpecDrafterLoss, every_cut_targets
+from nat_plugins.systems.spec_drafter.masks import HIDDEN, draft_attention_mask, every_cut_attention_mask
+from nat_plugins.systems.spec_drafter.model import states_before
 
 from .test_blockwise import (
     LENGTH_AND_SCORE_OPTIONS,
@@ -87,12 +89,12 @@ def drafter(task, draft_size, seed, extra=()):
     return build(task, ["--arch", "spec_drafter", "--draft-size", str(draft_size)] + TINY_SIZES + list(extra), seed)[0]
 
 
-def speculative(model, task, teacher_path, generator_class=SpeculativeGenerator, **options):
+def speculative(model, task, teacher_path, generator_class=SpecDrafterGenerator, **options):
     """The generator, drafting at every step unless ``max_drafting_sentences`` is given (the CPU default takes
     greedy steps while more than one sentence decodes)."""
     options.setdefault("max_drafting_sentences", math.inf)
     return generator_class(
-        [model], with_task_options(task, speculative_teacher=teacher_path, **options), Namespace(max_len_b=MAX_LEN_B)
+        [model], with_task_options(task, spec_drafter_teacher=teacher_path, **options), Namespace(max_len_b=MAX_LEN_B)
     )
 
 
@@ -216,29 +218,29 @@ def test_loss_is_the_cross_entropy_of_the_scored_slots(toy_task):
 # ----- speculative decoding ----------------------------------------------------------------------------------------
 
 
-class ReferenceDrafter(SpeculativeGenerator):
+class ReferenceDrafter(SpecDrafterGenerator):
     """Drafts the teacher's greedy output (``reference``: B x L, y_1.. then EOS), each token replaced by a random one
     with probability ``noise``; follows the sentences through the batch's reorders."""
 
     reference, noise = None, 0.0
 
     def start(self, sample, encoder_out):
-        super().start(sample, encoder_out)
         self.rows = torch.arange(sample["net_input"]["src_tokens"].size(0))
+        return super().start(sample, encoder_out)
 
     def reorder(self, keep):
         super().reorder(keep)
         self.rows = self.rows[keep]
 
     def propose(self, first, features, tokens, last, max_len):
-        k = self.block_size - 1
+        k = self.call_width - 1
         index = (last + 1).unsqueeze(1) + torch.arange(k)  # y_{j+2..j+k+1} sits at column j+1.. of the reference
         drafts = self.reference[self.rows].gather(1, index.clamp(max=self.reference.size(1) - 1))
         noisy = torch.rand(drafts.shape) < self.noise
         return torch.where(noisy, torch.randint(self.tgt_dict.nspecial, len(self.tgt_dict), drafts.shape), drafts)
 
 
-class CheckedDrafter(SpeculativeGenerator):
+class CheckedDrafter(SpecDrafterGenerator):
     """Checks every draft of the cached drafter against the drafter reading the whole prefix without a cache (a
     ``--read-teacher-states`` drafter with the teacher's states computed by fairseq's decoder on that prefix,
     teacher-forced)."""
@@ -246,8 +248,8 @@ class CheckedDrafter(SpeculativeGenerator):
     checked = 0
 
     def start(self, sample, encoder_out):
-        super().start(sample, encoder_out)
         self.sample_rows = dict(sample["net_input"])
+        return super().start(sample, encoder_out)
 
     def reorder(self, keep):
         super().reorder(keep)
@@ -263,7 +265,7 @@ class CheckedDrafter(SpeculativeGenerator):
             prefix = tokens.masked_fill(torch.arange(tokens.size(1)) >= prefix_lengths.unsqueeze(1), self.pad)
             states = states_before(teacher.decoder(prefix, encoder_out=encoder_out, features_only=True)[0])
         logits, _ = self.model.decoder(
-            tokens, encoder_out=self.drafter_out, prefix_lengths=prefix_lengths, teacher_states=states
+            tokens, encoder_out=self.drafter.encoder_out, prefix_lengths=prefix_lengths, teacher_states=states
         )
         logits[..., self.pad] = -math.inf
         # the drafts are the argmax of the uncached logits (up to floating-point ties)
@@ -283,10 +285,13 @@ def test_the_cached_drafter_drafts_what_the_whole_prefix_gives(toy_task, tmp_pat
     sample = random_batch(toy_task.target_dictionary, 8, 0)
     model = drafter(toy_task, 3, 4)
     generator = speculative(model, toy_task, path, CheckedDrafter)
+    made = []  # the drafter caches the batches made
+    new_cache = generator.new_drafter_cache
     if cache == "fairseq":
-        generator.new_drafter_cache = lambda max_len: {}
+        new_cache = lambda max_len: IncrementalCache(generator.drafter_decoder)  # noqa: E731
+    generator.new_drafter_cache = lambda max_len: made.append(new_cache(max_len)) or made[-1]
     generator.generate([model], sample)
-    assert isinstance(generator.drafter_cache, StaticCache if cache == "static" else dict)
+    assert len(made) == 1 and isinstance(made[0], StaticCache if cache == "static" else IncrementalCache)
     for i in range(8):
         generator.generate([model], sub_batch(sample, i))
     assert generator.checked > 16
@@ -308,7 +313,7 @@ def test_a_drafter_reading_the_teachers_states_gets_the_states_before_each_prefi
         model.decoder.state_projection.weight.normal_(std=0.5)  # trained: not the zeros it starts from
     generator = speculative(model, toy_task, path, CheckedDrafter)
     if cache == "fairseq":
-        generator.new_drafter_cache = lambda max_len: {}
+        generator.new_drafter_cache = lambda max_len: IncrementalCache(generator.drafter_decoder)
     hypos = generator.generate([model], sample)
     hypos += [generator.generate([model], sub_batch(sample, i))[0] for i in range(8)]
     for i, (hypo,) in enumerate(hypos):
@@ -325,7 +330,7 @@ def test_a_drafter_reading_the_teachers_states_gets_the_states_before_each_prefi
 
 
 def test_the_loss_of_a_drafter_reading_the_teachers_states(toy_task, tmp_path):
-    """The criterion feeds the drafter the teacher's (``--speculative-teacher``) states before each target token
+    """The criterion feeds the drafter the teacher's (``--spec-drafter-teacher``) states before each target token
     (zero before BOS), teacher-forced on the target; without that option it says which to pass."""
     dictionary = toy_task.target_dictionary
     path = str(tmp_path / "teacher.pt")
@@ -340,9 +345,9 @@ def test_the_loss_of_a_drafter_reading_the_teachers_states(toy_task, tmp_path):
         targets, dictionary.pad(), dictionary.eos(), move_eos_to_beginning=True
     )
     sample["ntokens"] = 6
-    with pytest.raises(ValueError, match="--speculative-teacher TEACHER_CKPT"):
+    with pytest.raises(ValueError, match="--spec-drafter-teacher TEACHER_CKPT"):
         SpecDrafterLoss(toy_task, label_smoothing=0.0, sentence_avg=False)(model, sample)
-    task = with_task_options(toy_task, speculative_teacher=path)
+    task = with_task_options(toy_task, spec_drafter_teacher=path)
     loss, _, _ = SpecDrafterLoss(task, label_smoothing=0.0, sentence_avg=False)(model, sample)
     net_input = sample["net_input"]
     encoder_out = teacher.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
@@ -382,7 +387,7 @@ def test_a_batch_of_64_takes_greedy_teacher_steps_until_few_sentences_are_left(t
         assert 0 < drafting < sum(hypo["steps"] for hypo in hypos)
 
 
-class SlowDrafter(SpeculativeGenerator):
+class SlowDrafter(SpecDrafterGenerator):
     """Every drafter call takes at least 20 ms more."""
 
     def propose(self, *args, **kwargs):
@@ -390,25 +395,29 @@ class SlowDrafter(SpeculativeGenerator):
         return super().propose(*args, **kwargs)
 
 
-def test_each_sentence_reports_the_time_its_drafts_took(toy_task, tmp_path):
-    """The benchmark splits a batch-1 sentence's time into drafting and verifying with ``hypo["drafting_seconds"]``:
-    the host time of the sentence's drafter calls (20 ms each here, at least), none for greedy steps only; a sentence of
-    a batch reports the batch's drafting time until it ended."""
+def test_the_benchmark_times_the_drafting_calls_from_outside_the_loop(toy_task, tmp_path):
+    """The benchmark splits a batch-1 sentence's time into drafting and verifying with its own timer around the
+    generator's ``propose`` (:class:`~nat_plugins.bench.measure.DraftingTimer`; the loop measures nothing): the host
+    time of the sentence's drafter calls (20 ms each here, at least), none for greedy steps only; over a batch, that of
+    the batch's drafter calls (as many as the sentence that ends last took part in). Leaving the timer restores the
+    generator's own ``propose``."""
     path = str(tmp_path / "teacher.pt")
     random_teacher(toy_task, 2, path)
     model = drafter(toy_task, 3, 4)
     sample = random_batch(toy_task.target_dictionary, 8, 2)
     for limit in (None, 0):
         generator = speculative(model, toy_task, path, SlowDrafter, max_drafting_sentences=limit)
-        for i in range(3):
-            (hypo,) = generator.generate([model], sub_batch(sample, i))[0]
-            calls = hypo["drafter_steps"]
-            assert (calls > 0) == (limit is None)
-            assert 0.02 * calls <= hypo["drafting_seconds"] < 0.02 * calls + 0.5
-        hypos = [h[0] for h in generator.generate([model], sample)]
-        for hypo in hypos:  # drafting calls happen while every sentence still decoding takes part
-            assert hypo["drafting_seconds"] >= 0.02 * hypo["drafter_steps"]
-        assert max(h["drafting_seconds"] for h in hypos) < 0.02 * max(h["drafter_steps"] for h in hypos) + 0.5
+        with DraftingTimer(generator) as timer:
+            for i in range(3):
+                timer.reset()
+                (hypo,) = generator.generate([model], sub_batch(sample, i))[0]
+                calls = hypo["drafter_steps"]
+                assert (calls > 0) == (limit is None) and "drafting_seconds" not in hypo
+                assert 0.02 * calls <= timer.seconds < 0.02 * calls + 0.5
+            timer.reset()
+            calls = max(h[0]["drafter_steps"] for h in generator.generate([model], sample))
+            assert 0.02 * calls <= timer.seconds < 0.02 * calls + 0.5
+        assert "propose" not in vars(generator)
 
 
 def test_a_drafter_with_the_teachers_encoder_shares_it_at_decoding(toy_task, tmp_path):
@@ -506,7 +515,7 @@ def test_relaxed_verification(toy_task, tmp_path):
 
     def relaxed(beta, tau):
         return speculative(
-            model, toy_task, path, speculative_verify="relaxed", speculative_beta=beta, speculative_tau=tau
+            model, toy_task, path, spec_drafter_verify="relaxed", spec_drafter_beta=beta, spec_drafter_tau=tau
         )
 
     everything = [h[0] for h in relaxed(vocabulary, math.inf).generate([model], sample)]
@@ -521,11 +530,11 @@ def test_relaxed_verification(toy_task, tmp_path):
     batched = top3.generate([model], sample)
     for i in range(8):
         assert top3.generate([model], sub_batch(sample, i))[0][0]["tokens"].tolist() == batched[i][0]["tokens"].tolist()
-    with pytest.raises(ValueError, match="--speculative-beta >= 1"):
+    with pytest.raises(ValueError, match="--spec-drafter-beta >= 1"):
         relaxed(0, 1.0)
 
 
-class RiggedFirstBlock(RiggedFirstBlockMixin, SpeculativeGenerator):
+class RiggedFirstBlock(RiggedFirstBlockMixin, SpecDrafterGenerator):
     """Drafts ``first_block`` (k drafts after BOS) at the first step, the drafter's drafts after."""
 
 
@@ -548,14 +557,14 @@ def test_relaxed_verification_on_a_rigged_block(toy_task, tmp_path, monkeypatch)
     accepted = record_accepted(monkeypatch)
     cases = [
         ({}, 0),
-        ({"speculative_beta": 1, "speculative_tau": math.inf}, 0),
-        ({"speculative_beta": 2, "speculative_tau": math.inf}, 2),
-        ({"speculative_beta": 3, "speculative_tau": math.inf}, 3),
-        ({"speculative_beta": 3, "speculative_tau": (gap1 + gap3) / 2}, 2 if gap1 < gap3 else 0),
-        ({"speculative_beta": 3, "speculative_tau": min(gap1, gap3) / 2}, 0),
+        ({"spec_drafter_beta": 1, "spec_drafter_tau": math.inf}, 0),
+        ({"spec_drafter_beta": 2, "spec_drafter_tau": math.inf}, 2),
+        ({"spec_drafter_beta": 3, "spec_drafter_tau": math.inf}, 3),
+        ({"spec_drafter_beta": 3, "spec_drafter_tau": (gap1 + gap3) / 2}, 2 if gap1 < gap3 else 0),
+        ({"spec_drafter_beta": 3, "spec_drafter_tau": min(gap1, gap3) / 2}, 0),
     ]
     for relaxed, drafts_accepted in cases:
-        verify = {"speculative_verify": "relaxed"} if relaxed else {}
+        verify = {"spec_drafter_verify": "relaxed"} if relaxed else {}
         generator = speculative(model, toy_task, path, RiggedFirstBlock, **verify, **relaxed)
         generator.first_block = [d1, d2, d3]
         accepted.clear()
@@ -574,8 +583,8 @@ def test_exact_verification_follows_fairseqs_length_unk_and_score_options(toy_ta
     model = drafter(toy_task, 3, seed)
 
     def decode(options):
-        task = with_task_options(toy_task, speculative_teacher=path)
-        return SpeculativeGenerator([model], task, Namespace(beam=1, **options)).generate([model], sample)
+        task = with_task_options(toy_task, spec_drafter_teacher=path)
+        return SpecDrafterGenerator([model], task, Namespace(beam=1, **options)).generate([model], sample)
 
     assert_same_hypotheses(
         decode(LENGTH_AND_SCORE_OPTIONS), fairseq_greedy(teacher, toy_task, sample, LENGTH_AND_SCORE_OPTIONS)
@@ -587,22 +596,22 @@ def test_decoding_options_are_checked(toy_task, tmp_path):
     path = str(tmp_path / "teacher.pt")
     teacher = random_teacher(toy_task, 0, path)
     model = drafter(toy_task, 2, 0)
-    with pytest.raises(ValueError, match="--speculative-teacher PATH"):
+    with pytest.raises(ValueError, match="--spec-drafter-teacher PATH"):
         speculative(model, toy_task, None)
-    with pytest.raises(FileNotFoundError, match="--speculative-teacher"):
+    with pytest.raises(FileNotFoundError, match="--spec-drafter-teacher"):
         speculative(model, toy_task, str(tmp_path / "missing.pt"))
     with pytest.raises(ValueError, match="needs a spec_drafter checkpoint"):
         speculative(teacher, toy_task, path)
     with pytest.raises(ValueError, match="--nbest 2 is not supported"):
-        SpeculativeGenerator([model], with_task_options(toy_task, speculative_teacher=path), Namespace(nbest=2))
+        SpecDrafterGenerator([model], with_task_options(toy_task, spec_drafter_teacher=path), Namespace(nbest=2))
     with pytest.raises(
         ValueError, match=r"speculative decoding \(spec_drafter\) emits one greedy .*: pass --beam 1 \(got 4\)"
     ):
-        SpeculativeGenerator([model], with_task_options(toy_task, speculative_teacher=path), Namespace(beam=4))
+        SpecDrafterGenerator([model], with_task_options(toy_task, spec_drafter_teacher=path), Namespace(beam=4))
     with pytest.raises(ValueError, match="--int8-drafts runs the drafter's decoder on the CPU in float32.*bfloat16"):
         speculative(drafter(toy_task, 2, 0).bfloat16(), toy_task, path, int8_drafts=True)
     with pytest.raises(ValueError, match="--max-drafting-sentences needs exact acceptance"):
-        speculative(model, toy_task, path, speculative_verify="relaxed", max_drafting_sentences=8)
+        speculative(model, toy_task, path, spec_drafter_verify="relaxed", max_drafting_sentences=8)
     with pytest.raises(ValueError, match="--max-drafting-sentences needs .* a value >= 0, got -1"):
         speculative(model, toy_task, path, max_drafting_sentences=-1)
 
@@ -615,7 +624,7 @@ def test_a_teacher_the_verifier_does_not_reproduce_is_refused(toy_task, tmp_path
     teacher, args = build(toy_task, ["--arch", arch] + TINY_SIZES, 0)
     path = str(tmp_path / "teacher.pt")
     save_checkpoint(teacher, args, path)
-    message = f"--speculative-teacher .* is a {arch} checkpoint .*not an autoregressive .*--arch transformer"
+    message = f"--spec-drafter-teacher .* is a {arch} checkpoint .*not an autoregressive .*--arch transformer"
     with pytest.raises(ValueError, match=message):
         speculative(drafter(toy_task, 2, 0), toy_task, path)
 
@@ -640,7 +649,7 @@ def test_a_teacher_trained_with_another_target_dictionary_is_refused(toy_task, t
     assert "cannot check" not in caplog.text
     with pytest.raises(
         ValueError,
-        match="--speculative-teacher .* was trained with the target dictionary .*other/dict"
+        match="--spec-drafter-teacher .* was trained with the target dictionary .*other/dict"
         ".tgt.txt, which is not this data-bin's .*trained on this data-bin",
     ):
         speculative(model, toy_task, str(tmp_path / "other" / "teacher.pt"))
@@ -658,10 +667,10 @@ def test_speculative_options_are_refused_for_other_models(toy_task, tmp_path, ar
     path = str(tmp_path / "teacher.pt")
     random_teacher(toy_task, 0, path)
     for task_options, given in (
-        ({"speculative_verify": "relaxed"}, "--speculative-verify relaxed"),
-        ({"speculative_teacher": path}, f"--speculative-teacher {path}"),
-        ({"speculative_beta": 5}, "--speculative-beta 5"),
-        ({"speculative_tau": 2.0}, "--speculative-tau 2.0"),
+        ({"spec_drafter_verify": "relaxed"}, "--spec-drafter-verify relaxed"),
+        ({"spec_drafter_teacher": path}, f"--spec-drafter-teacher {path}"),
+        ({"spec_drafter_beta": 5}, "--spec-drafter-beta 5"),
+        ({"spec_drafter_tau": 2.0}, "--spec-drafter-tau 2.0"),
     ):
         with pytest.raises(
             ValueError, match=f"{given} is a decoding option of spec_drafter models; this checkpoint is a {arch} model"
@@ -682,7 +691,7 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
     1.9: the states must pay. Takes ~40 s on the 2 cores (the
     teacher fixture excluded)."""
     teacher, data_bin = synthetic_teacher
-    states = ["--read-teacher-states", "--speculative-teacher", teacher] if reads_states else []
+    states = ["--read-teacher-states", "--spec-drafter-teacher", teacher] if reads_states else []
     checkpoint = train_model(
         data_bin,
         str(tmp_path / "drafter"),
@@ -726,7 +735,7 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
         return hypotheses(lines), tokens / steps if steps else None
 
     teacher_hypos, _ = decode(teacher)
-    drafting = ["--speculative-teacher", teacher, "--print-step", "--max-drafting-sentences", str(DRAFT_EVERY_STEP)]
+    drafting = ["--spec-drafter-teacher", teacher, "--print-step", "--max-drafting-sentences", str(DRAFT_EVERY_STEP)]
     hypos, per_call = decode(checkpoint, drafting)
     assert hypos == teacher_hypos
     assert per_call >= threshold, f"{per_call:.2f} tokens per teacher call (threshold {threshold})"
@@ -739,7 +748,7 @@ def test_drafter_learns_to_draft_the_teachers_output(synthetic_teacher, tmp_path
 def test_a_drafter_validates_through_speculative_decoding_with_eval_bleu(dummy_data_bin, tiny_teacher, tmp_path):
     """The GPU preset's drafter recipe validates with ``--eval-bleu`` through speculative decoding, whose teacher is
     loaded into the drafter's task: that teacher (itself trained with ``--eval-bleu``) gets no validation generator
-    of its own, which would be built with the drafter's ``--speculative-teacher`` and refused. The best checkpoint is
+    of its own, which would be built with the drafter's ``--spec-drafter-teacher`` and refused. The best checkpoint is
     the one with the most accepted drafts (``--best-checkpoint-metric accepted_drafts``): 3 epochs of one update each
     (``--max-tokens 4000``) at the learning rates 0.003, 0.003, then 0.03, which unlearns drafting, put the best
     validation in the middle (measured accepted drafts: 0.813, 0.912, 0.431). Takes ~3 s besides the teacher."""
@@ -761,7 +770,7 @@ def test_a_drafter_validates_through_speculative_decoding_with_eval_bleu(dummy_d
                 tiny_teacher,
                 "--criterion",
                 "spec_drafter_loss",
-                "--speculative-teacher",
+                "--spec-drafter-teacher",
                 tiny_teacher,
                 "--eval-bleu",
                 "--eval-bleu-args",
@@ -782,3 +791,30 @@ def test_a_drafter_validates_through_speculative_decoding_with_eval_bleu(dummy_d
     assert [updates for updates, _ in accepted] == [1, 2, 3], accepted
     assert accepted[1][1] > max(accepted[0][1], accepted[2][1]), accepted  # the best is neither the first nor the last
     assert len(validations(log, "bleu")) == 3  # every validation decoded (speculative decoding, --eval-bleu)
+
+
+def test_the_deprecated_option_names_still_work_and_say_so(toy_task, caplog):
+    """--speculative-teacher/-verify/-beta/-tau, the options' names before they took the system's: fairseq's parser
+    still accepts them, they set the same verification (with a warning naming the new option), and the two names of
+    one option given different values are refused."""
+    from nat_plugins.systems.spec_drafter.decoding import DEPRECATED_OPTIONS, SpecDrafterDecodingConfig
+
+    parser = options.get_generation_parser(default_task="translation_nat")
+    old = ["--speculative-teacher", "T.pt", "--speculative-verify", "relaxed", "--speculative-beta", "2"]
+    args = options.parse_args_and_arch(parser, ["DATA", "--task", "translation_nat", *old, "--speculative-tau", "0.5"])
+    new = ["--spec-drafter-teacher", "T.pt", "--spec-drafter-verify", "relaxed", "--spec-drafter-beta", "2"]
+    current = options.parse_args_and_arch(
+        options.get_generation_parser(default_task="translation_nat"),
+        ["DATA", "--task", "translation_nat", *new, "--spec-drafter-tau", "0.5"],
+    )
+    with caplog.at_level(logging.WARNING):
+        assert SpecDrafterDecodingConfig.parsed(args) == SpecDrafterDecodingConfig.parsed(current) == ("T.pt", 2, 0.5)
+    warned = [record.getMessage() for record in caplog.records]
+    for old_name, new_name in DEPRECATED_OPTIONS.items():
+        flag, new_flag = "--" + old_name.replace("_", "-"), "--" + new_name.replace("_", "-")
+        assert f"{flag} is deprecated: use {new_flag} (the same option)" in warned
+    disagree = with_task_options(toy_task, spec_drafter_teacher="A.pt", speculative_teacher="B.pt")
+    with pytest.raises(ValueError, match="--speculative-teacher B.pt and --spec-drafter-teacher A.pt disagree"):
+        SpecDrafterDecodingConfig.parsed(disagree.cfg)
+    with pytest.raises(ValueError, match="--speculative-verify 'sometimes': choose exact or relaxed"):
+        SpecDrafterDecodingConfig.parsed(with_task_options(toy_task, speculative_verify="sometimes").cfg)

@@ -12,10 +12,11 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from nat_plugins.engine import static_cache
 from nat_plugins.engine.block_call import IncrementalCache
+from nat_plugins.engine.config import STATE, TRACED_STEP_ENV
 from nat_plugins.engine.cpu_linear import int8_copy
-from nat_plugins.engine.static_cache import TRACE_ENV, TRACES, StaticCache, static_unsupported
+from nat_plugins.engine.static_cache import StaticCache, static_unsupported
 from nat_plugins.generators.verify_accept_loop import GreedyLoop, VerifyAcceptLoop, greedy_loop_refusal
-from nat_plugins.modules.segments import DEL_SYMBOL
+from nat_plugins.systems.recover_sat.segments import DEL_SYMBOL
 
 from .test_block_call import RandomDrafts, random_transformer
 from .test_blockwise import (
@@ -81,7 +82,7 @@ def check_steps_see_the_accepted_prefixes(task, model, accepted_per_step, keeps,
         for i, full in enumerate(expected):
             torch.testing.assert_close(features[i], full[-3:], rtol=1e-5, atol=1e-5)
         lengths = lengths + torch.tensor(accepted)
-    assert model.decoder not in TRACES
+    assert model.decoder not in STATE.traces
     return cache
 
 
@@ -102,7 +103,7 @@ def test_static_steps_see_exactly_the_accepted_prefixes(toy_task, pre_norm):
         ([1, 3, 2], [2, 1, 3], [3, 3, 1], [2, 2]),
         {3: [0, 2]},  # sentence 1 ends
     )
-    assert model.decoder not in TRACES
+    assert model.decoder not in STATE.traces
 
 
 def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weights(toy_task, monkeypatch):
@@ -114,7 +115,7 @@ def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weigh
     model = random_transformer(toy_task, seed=0).eval()
 
     def features(traced, batch_size, length, seed):
-        monkeypatch.setenv(TRACE_ENV, "1" if traced else "0")
+        monkeypatch.setenv(TRACED_STEP_ENV, "1" if traced else "0")
         sample = random_batch(toy_task.target_dictionary, batch_size, seed=seed)
         with torch.no_grad():
             cache = StaticCache(model.decoder, model.encoder.forward_torchscript(sample["net_input"]), length)
@@ -132,7 +133,7 @@ def test_the_traced_step_computes_the_eager_steps_features_and_follows_new_weigh
         )
         assert torch.equal(eager, traced)
         assert all(torch.equal(a, b) for a, b in zip(eager_buffers, traced_buffers))
-    (key, trace), *others = TRACES[model.decoder][1].items()
+    (key, trace), *others = STATE.traces[model.decoder][1].items()
     assert key == (torch.float32, 1, 4, False, False) and not others
     assert isinstance(trace, torch.jit.ScriptModule)  # a trace, not the eager fallback
     before = features(True, 1, 12, 0)[0]
@@ -153,12 +154,12 @@ def test_a_width_is_traced_once_it_recurs(toy_task):
     with torch.no_grad():
         cache = StaticCache(model.decoder, model.encoder.forward_torchscript(sample["net_input"]), 12)
         for call in range(static_cache.EAGER_CALLS_BEFORE_TRACING + 1):
-            assert (torch.float32, 1, 2, False, False) not in TRACES.get(model.decoder, (None, {}))[1], call
+            assert (torch.float32, 1, 2, False, False) not in STATE.traces.get(model.decoder, (None, {}))[1], call
             slots = torch.tensor([[3, 4]])
             cache.step(torch.tensor([[5, 9]]), slots, slots)
         slots = torch.arange(5).unsqueeze(0)
         cache.step(torch.tensor([[2, 5, 9, 7, 6]]), slots, slots)
-    traces = TRACES[model.decoder][1]
+    traces = STATE.traces[model.decoder][1]
     assert isinstance(traces[(torch.float32, 1, 2, False, False)], torch.jit.ScriptModule)
     assert (torch.float32, 1, 5, False, False) not in traces
 
@@ -179,7 +180,7 @@ def test_decoding_between_training_updates_uses_the_updated_weights(toy_task, mo
             return StaticCache(model.decoder, encoder_out, 6).step(tokens, slots, slots), encoder_out
 
     before, _ = static_features()
-    assert isinstance(TRACES[model.decoder][1][(torch.float32, 1, 3, False, False)], torch.jit.ScriptModule)
+    assert isinstance(STATE.traces[model.decoder][1][(torch.float32, 1, 3, False, False)], torch.jit.ScriptModule)
     model.train()
     model(**sample["net_input"], prev_output_tokens=tokens)  # a training forward ...
     for parameter in model.decoder.parameters():
@@ -204,10 +205,10 @@ def test_an_int8_decoders_step_is_traced_too(toy_task, monkeypatch):
     tokens = torch.tensor([[5, 9, 7]])
     out = {}
     for traced in ("0", "1"):
-        monkeypatch.setenv(TRACE_ENV, traced)
+        monkeypatch.setenv(TRACED_STEP_ENV, traced)
         with torch.no_grad():
             out[traced] = StaticCache(decoder, encoder_out, 8).step(tokens, slots, slots)
-    assert isinstance(TRACES[decoder][1][(torch.float32, 1, 3, False, False)], torch.jit.ScriptModule)
+    assert isinstance(STATE.traces[decoder][1][(torch.float32, 1, 3, False, False)], torch.jit.ScriptModule)
     assert torch.equal(out["0"], out["1"])
 
 
@@ -216,7 +217,7 @@ def test_the_static_step_is_used_where_it_runs_the_verifier(toy_task):
     model.eval()
     sample = random_batch(toy_task.target_dictionary, 2, seed=0)
     encoder_out = model.encoder.forward_torchscript(sample["net_input"])
-    loop = VerifyAcceptLoop([model], toy_task, Namespace(beam=1), verifier=model, block_size=2)
+    loop = VerifyAcceptLoop([model], toy_task, Namespace(beam=1), verifier=model, call_width=2)
     assert isinstance(loop.new_cache(encoder_out, 8), StaticCache)
     model.decoder.train()
     assert static_unsupported(model.decoder, encoder_out) == "the decoder is in training mode (dropout)"
@@ -348,7 +349,7 @@ def test_grouped_decoding_prints_the_same_on_the_static_cache_as_on_fairseqs(
     static = decode(model, task, sample, **options)
     if banked:
         assert counts.replays == counts.calls > 0
-    monkeypatch.setattr(model.decoder, "new_cache", lambda encoder_out, length: {})
+    monkeypatch.setattr(model.decoder, "new_cache", lambda encoder_out, length: IncrementalCache(model.decoder))
     incremental = decode(model, task, sample, **options)
     steps = {hyps[0]["steps"] for hyps in static}
     assert len(steps) > 1, "every sentence left the batch at the same step: the test does not reorder the cache"
@@ -369,7 +370,7 @@ def exact_paths(model, task, gen_args):
     generators = {"greedy loop": task.build_generator([model], gen_args)}
     assert isinstance(generators["greedy loop"], GreedyLoop)
     for name in ("static", "fairseq cache", "no cache"):
-        loop = RandomDrafts([model], task, gen_args, verifier=model, block_size=3, use_cache=name != "no cache")
+        loop = RandomDrafts([model], task, gen_args, verifier=model, call_width=3, use_cache=name != "no cache")
         loop.rng, loop.max_drafting_sentences = torch.Generator().manual_seed(0), math.inf
         if name == "fairseq cache":
             loop.new_cache = lambda encoder_out, length, loop=loop: IncrementalCache(loop.verifier.decoder)

@@ -12,6 +12,7 @@ from argparse import Namespace
 import torch
 
 from nat_plugins.engine import step_graphs
+from nat_plugins.engine.config import CUDA_GRAPHS_ENV, STATE
 from nat_plugins.engine.static_cache import StaticCache
 from nat_plugins.generators.verify_accept_loop import GreedyLoop
 
@@ -30,7 +31,7 @@ from .utils import random_batch
 
 def graphs(decoder):
     """Every graph of ``decoder``'s bank (None: a failed capture), by buffer shape and call shape."""
-    _version, sets = step_graphs.BANKS[decoder]
+    _version, sets = STATE.banks[decoder]
     return {(shape, key): graph for shape, found in sets.items() for b in found for key, graph in b.graphs.items()}
 
 
@@ -72,7 +73,7 @@ def test_decoders_on_the_banked_step_print_fairseqs_greedy_output(toy_task, tmp_
     _generators, (_diverged, _sentences, tokens, calls) = check_exact_decoder(toy_task, "cpu", torch.float32, cases)
     assert calls < tokens  # drafts were accepted
     assert graphs_on_the_cpu.replays == graphs_on_the_cpu.calls > 0
-    assert step_graphs.CAPTURE_FAILURES == {}
+    assert STATE.capture_failures == {}
 
 
 def test_every_decoder_on_the_static_step_prints_the_same_with_graphs_as_without(
@@ -105,7 +106,7 @@ def test_buffer_sets_and_graphs_serve_later_batches_until_the_weights_change(toy
         return cache, features, expected
 
     first, _, _ = decode(0)
-    sets = step_graphs.BANKS[model.decoder][1]
+    sets = STATE.banks[model.decoder][1]
     (shape,) = sets
     assert len(sets[shape]) == 1 and len(captures) == 1
     alive_at_once, _, _ = decode(1)
@@ -114,11 +115,11 @@ def test_buffer_sets_and_graphs_serve_later_batches_until_the_weights_change(toy
     later, graphed, _ = decode(2)
     assert len(captures) == 2  # the first set and its graph
     del later
-    monkeypatch.setenv(step_graphs.GRAPHS_ENV, "0")
+    monkeypatch.setenv(CUDA_GRAPHS_ENV, "0")
     replays = graphs_on_the_cpu.replays
     _, eager, _ = decode(2)
     assert graphs_on_the_cpu.replays == replays and torch.equal(eager, graphed)
-    monkeypatch.delenv(step_graphs.GRAPHS_ENV)
+    monkeypatch.delenv(CUDA_GRAPHS_ENV)
     with torch.no_grad():
         for parameter in model.decoder.layers[0].parameters():
             parameter.mul_(1.5)
@@ -143,10 +144,10 @@ def test_a_failed_capture_runs_eagerly_and_says_why(toy_task, graphs_on_the_cpu,
     def failing(run):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
-    step_graphs.BANKS.clear()
+    STATE.banks.clear()
     monkeypatch.setattr(step_graphs, "capture", failing)
     assert torch.equal(step(), graphed) and torch.equal(step(), graphed)
-    assert step_graphs.CAPTURE_FAILURES == {"RuntimeError: operation not permitted when stream is capturing": 1}
+    assert STATE.capture_failures == {"RuntimeError: operation not permitted when stream is capturing": 1}
     assert list(graphs(model.decoder).values()) == [None]
 
 
@@ -162,7 +163,7 @@ def test_a_bank_that_fills_the_device_is_dropped_for_the_new_set(toy_task, graph
 
     held = cache(2, 8)
     cache(1, 8), cache(1, 40)  # sets of other shapes, free once made
-    sets = step_graphs.BANKS[model.decoder][1]
+    sets = STATE.banks[model.decoder][1]
     assert len(sets) == 3
     new_buffers, failures = step_graphs.new_buffers, []
 

@@ -15,9 +15,9 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from fairseq.utils import strip_pad
 
 from nat_plugins.cli.distill import merge_shards
-from nat_plugins.criterions.fertility_nat_loss import FertilityNATLoss
-from nat_plugins.models.plugin_model import NATPluginModel
 from nat_plugins.modules.options import check_label_smoothing
+from nat_plugins.modules.plugin_model import NATPluginModel
+from nat_plugins.systems.fertility_nat.loss import FertilityNATLoss
 from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfig, TranslationNATTask
 
 from .utils import REPO_ROOT, TINY_TRANSFORMER, USER_DIR, console_script, with_task_options

@@ -1,5 +1,5 @@
 """The checks every teacher checkpoint goes through (nat_plugins/modules/teacher.py): ``--npd-teacher``,
-``--teacher-path``, ``--speculative-teacher`` and ``--init-from-ar`` refuse a checkpoint that is not an autoregressive
+``--teacher-path``, ``--spec-drafter-teacher`` and ``--init-from-ar`` refuse a checkpoint that is not an autoregressive
 encoder-decoder, and one trained with other dictionaries than the student's data-bin, also after the teacher's data
 directory moved (the dictionaries ``translation_nat`` stores in its checkpoints)."""
 
@@ -15,7 +15,7 @@ from nat_plugins.tasks.translation_nat import TranslationNATConfig, TranslationN
 
 from .utils import TINY_TRANSFORMER
 
-TEACHER_OPTIONS = ["--npd-teacher", "--teacher-path", "--speculative-teacher"]
+TEACHER_OPTIONS = ["--npd-teacher", "--teacher-path", "--spec-drafter-teacher"]
 SIZES = [a for a in TINY_TRANSFORMER[2:] if a != "--share-all-embeddings"]
 WORDS = [f"w{i}" for i in range(24)]
 SWAPPED = [WORDS[1], WORDS[0]] + WORDS[2:]  # a dictionary of the same size, two symbols swapped

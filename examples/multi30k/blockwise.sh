@@ -13,7 +13,7 @@
 #                 to the teacher's while heads 2..k agree with it more often. Two output projections per update
 #                 instead of k: 0.69 of the teacher's updates/s where all heads (mean) train at 0.44, for the same
 #                 BLEU (docs/design-notes.md). (One random head per update, the paper's recipe, collapses: head 1
-#                 decides the output but is trained on 1/k of the updates; nat_plugins/criterions/blockwise_loss.py has
+#                 decides the output but is trained on 1/k of the updates; nat_plugins/systems/blockwise/loss.py has
 #                 the measurements.)
 # Decode with
 #   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \

@@ -2,7 +2,7 @@
 # Semi-Autoregressive Transformer (Wang et al. 2018) on Multi30k: K tokens per decoder call, trained on the
 # distilled targets and initialised from the AR teacher (encoder, embeddings and decoder: same sizes), with two
 # options beyond the paper against the stutter of a group's positions ("Zwei Zwei Männer Männer"):
-# --group-slot-embedding and --group-repeat-bias (nat_plugins/models/sat_transformer.py, docs/design-notes.md).
+# --group-slot-embedding and --group-repeat-bias (nat_plugins/systems/sat/model.py, docs/design-notes.md).
 # The paper's model: pass --no-slot-options as the first fairseq-train argument.
 #   [PRESET=cpu|gpu] bash examples/multi30k/sat.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
 # --init-from-ar-scope paper warm-starts only what the paper initialises (encoder, embeddings, output projection).

@@ -7,12 +7,12 @@
 # is trained on the teacher's greedy outputs (train.kd_greedy.TGT, distilled by this script when absent: the drafts
 # must be what exact verification accepts, the teacher's argmax) with spec_drafter_loss: cross-entropy of the K draft
 # slots after every prefix of each target. Each prefix token's input adds the teacher's decoder state before it
-# (--read-teacher-states, read from --speculative-teacher in training and from the verifier when decoding: 2.27 ->
+# (--read-teacher-states, read from --spec-drafter-teacher in training and from the verifier when decoding: 2.27 ->
 # 2.34 tokens per teacher call on the CPU quickstart's teacher, for 14% more training time; docs/design-notes.md).
 #   [PRESET=cpu|gpu] [DRAFTER_LAYERS=N] bash examples/multi30k/spec_drafter.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]
-# Decode (the teacher verifies; --speculative-verify relaxed trades exactness for longer accepted runs):
+# Decode (the teacher verifies; --spec-drafter-verify relaxed trades exactness for longer accepted runs):
 #   fairseq-generate DATA_BIN --user-dir nat_plugins --task translation_nat --path SAVE_DIR/checkpoint_*.pt \
-#     --speculative-teacher TEACHER_CKPT --beam 1 --print-step [--speculative-verify relaxed --speculative-beta 3 --speculative-tau 1]
+#     --spec-drafter-teacher TEACHER_CKPT --beam 1 --print-step [--spec-drafter-verify relaxed --spec-drafter-beta 3 --spec-drafter-tau 1]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../../run_scripts/common.sh"
 usage="usage: spec_drafter.sh DATA_BIN TEACHER_CKPT SAVE_DIR K [fairseq-train args]"
@@ -36,4 +36,4 @@ STUDENT_ARGS+=(--freeze-encoder --read-teacher-states)
 exec "${FAIRSEQ_TRAIN[@]}" "$DATA_BIN" --user-dir "$USER_DIR" --task translation_nat "${DEVICE_ARGS[@]}" \
   "${ARCH_ARGS[@]}" --decoder-layers "$DRAFTER_LAYERS" "${STUDENT_ARGS[@]}" --draft-size "$K" \
   --init-from-ar "$TEACHER" --use-distilled target --distilled-name kd_greedy --criterion spec_drafter_loss --label-smoothing 0.1 \
-  --speculative-teacher "$TEACHER" --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"
+  --spec-drafter-teacher "$TEACHER" --eval-bleu-args '{"beam": 1}' --save-dir "$SAVE_DIR" "$@"

@@ -110,10 +110,13 @@ from nat_plugins.bench.measure import (
     FairseqRunner,
     batch1_stats,
     exact_check,
+    first_difference,
     generation_cfg,
     load_split,
     make_row,
+    pass_check,
     prints_teacher_greedy,
+    same_weights,
     solo_exact_check,
     source_lengths,
 )
@@ -474,9 +477,11 @@ def main(args) -> dict:
     rows = [row_of(k, runner, timings, args.batch_size, references) for k, runner in enumerate(runners)]
     tolerance = NEAR_TIE_TOLERANCE["fp16" if args.fp16 else "fp32"]
     add_exact_checks(rows, runners, anchor, timings, tolerance)
+    add_twin_checks(rows, runners, timings, tolerance)
     if solo:
         solo.check_outputs({runner.spec.name: outputs for runner, outputs in zip(runners, timings[1][1])})
         add_solo_exact_checks(rows, anchor, timings, solo.outputs, tolerance)
+        add_solo_twin_checks(rows, runners, timings, solo.outputs, tolerance)
     for row in rows:
         row.write_hyps(args.out_dir)
         row.spec = row.spec.relative_to(args.work_dir)  # as the reports name it
@@ -575,6 +580,74 @@ def add_solo_exact_checks(rows, anchor: int, timings: dict, solo_outputs: dict, 
             key = "solo" if size == 1 else f"solo {size}"
             own_check = row.exact_check[str(size)]
             row.exact_check[key] = solo_exact_check(solo, outputs[anchor], outputs[k], own_check, tolerance)
+
+
+def pytorch_twin(runner, runners) -> Optional[int]:
+    """The row whose tokens ``runner``'s must be: for the fertility NAT decoded by ONNX Runtime in float32
+    (``--onnx-model``), the same NAT's PyTorch row with the same fertility rule in this run (None: no such row, or
+    ``runner`` is not such a row; int8 graphs are another precision, checked by their BLEU)."""
+    if not isinstance(runner, FairseqRunner):
+        return None
+    generator = runner.decoder.generation.generator
+    onnx = getattr(generator, "onnx", None)
+    if onnx is None or onnx.int8:
+        return None
+    model = runner.decoder.generation.models[0]
+    for j, other in enumerate(runners):
+        if other is runner or not isinstance(other, FairseqRunner):
+            continue
+        twin = other.decoder.generation.generator
+        if (
+            type(twin) is type(generator)
+            and twin.onnx is None
+            and twin.mode == generator.mode
+            and same_weights(other.decoder.generation.models[0], model)
+        ):
+            return j
+    return None
+
+
+def twin_check(outputs: dict, twin: dict, twin_runner, tolerance: float) -> dict:
+    """:func:`.measure.pass_check` of a row's ``outputs`` of one timed pass against its twin's ``twin`` (the PyTorch
+    row's): a differing sentence is a near-tie where the twin's own pass nearly chose the row's tokens
+    (:meth:`~nat_plugins.systems.fertility_nat.decoding.FertilityNATGenerator.choice_margin`)."""
+    generation = twin_runner.decoder.generation
+    divergences = []
+    for i in sorted(outputs):
+        ids, other = outputs[i].ids, twin[i].ids
+        if ids != other:
+            source = generation.to_device(generation.dataset[i]["source"]).unsqueeze(0)
+            margin = generation.generator.choice_margin(source, torch.tensor(other), torch.tensor(ids))
+            divergences.append({"sentence": i, "position": first_difference(ids, other), "log_prob_gap": margin})
+    return pass_check(len(outputs), divergences, tolerance)
+
+
+def add_twin_checks(rows, runners, timings: dict, tolerance: float):
+    """``twin_check`` of every row that must print another row's tokens (:func:`pytorch_twin`): ``reference`` (that
+    row's name) and, by timed pass, :func:`twin_check`."""
+    for k, runner in enumerate(runners):
+        j = pytorch_twin(runner, runners)
+        if j is not None:
+            passes = {
+                str(size): twin_check(outputs[k], outputs[j], runners[j], tolerance)
+                for size, (_, outputs) in timings.items()
+            }
+            rows[k].twin_check = {"reference": runners[j].spec.name, "passes": passes}
+
+
+def add_solo_twin_checks(rows, runners, timings: dict, solo_outputs: dict, tolerance: float):
+    """The solo pass of a row with a ``twin_check``, checked against its twin's round-robin outputs as
+    :func:`add_solo_exact_checks` checks the exact rows (``passes["solo"]``, ``["solo <size>"]``)."""
+    names = [runner.spec.name for runner in runners]
+    for k, row in enumerate(rows):
+        if row.twin_check is None or row.name not in solo_outputs:
+            continue
+        j = names.index(row.twin_check["reference"])
+        passes = row.twin_check["passes"]
+        for size, solo in sorted(solo_outputs[row.name].items()):
+            outputs = timings[size][1]
+            key = "solo" if size == 1 else f"solo {size}"
+            passes[key] = solo_exact_check(solo, outputs[j], outputs[k], passes[str(size)], tolerance)
 
 
 def active_openmp(argv: List[str]):

@@ -16,6 +16,7 @@ import functools
 import logging
 import shlex
 import statistics
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -31,7 +32,7 @@ from fairseq_cli.generate import get_symbols_to_strip_from_output
 from torch import nn
 
 from ..cli.decoding import Generation, load_generation
-from ..engine import static_cache, step_graphs
+from ..engine import STATE
 from ..generators.verify_accept_loop import VerifyAcceptLoop
 from ..modules.teacher import FrozenTeacher
 from .analysis import corpus_bleu
@@ -171,7 +172,7 @@ class DecoderPassCounter:
     layer of every decoder stack (:func:`decoder_stacks`) of the ensemble ``models`` and the generator's
     ``auxiliary`` models: every pass runs it once, through fairseq's layer forward or the lean forward of
     :mod:`~nat_plugins.engine.lean_decoder` (which does not call the layer itself); a traced static step, which runs
-    no hooks, reports its pass to :data:`~nat_plugins.engine.static_cache.PASS_OBSERVERS` (and the run that makes a
+    no hooks, reports its pass to ``STATE.pass_observers`` (:mod:`nat_plugins.engine.config`; the run that makes a
     trace is not counted).
 
     ``passes`` = the most passes of any ensemble member (members are called together, one pass each per step)
@@ -192,14 +193,14 @@ class DecoderPassCounter:
                 hook = functools.partial(self._count, group)
                 self.handles.append(layer.self_attn_layer_norm.register_forward_pre_hook(hook))
                 self.group_of[id(layer)] = group
-        static_cache.PASS_OBSERVERS.append(self._traced_pass)
+        STATE.pass_observers.append(self._traced_pass)
         return self
 
     def __exit__(self, *exc):
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        static_cache.PASS_OBSERVERS.remove(self._traced_pass)
+        STATE.pass_observers.remove(self._traced_pass)
 
     def _count(self, group, _module, _inputs):
         if not torch.jit.is_tracing():  # making a trace runs the layers once more
@@ -221,6 +222,42 @@ class DecoderPassCounter:
         return max(self.counts[:members]) + sum(self.counts[members:])
 
 
+class DraftingTimer:
+    """The host time a verify-accept loop spends in its drafting calls (blockwise's heads, the speculative drafter:
+    :meth:`~nat_plugins.generators.verify_accept_loop.VerifyAcceptLoop.propose`), measured by the benchmark, not by the
+    loop: while entered, the ``generator``'s ``propose`` is wrapped with a timer on ``clock`` (an attribute of the
+    instance, over its class's method), and ``seconds`` sums its calls since the last :meth:`reset`. Meaningful on the
+    CPU, which has computed the drafts when ``propose`` returns (a GPU runs them asynchronously)."""
+
+    def __init__(self, generator: VerifyAcceptLoop, clock: Callable[[], float] = time.perf_counter):
+        self.generator, self.clock = generator, clock
+        self.seconds = 0.0
+        self.saved = None
+
+    def __enter__(self):
+        self.saved = vars(self.generator).get("propose")  # an instance's own propose (None: its class's)
+        propose = self.generator.propose
+
+        @functools.wraps(propose)
+        def timed(*args, **kwargs):
+            started = self.clock()
+            drafts = propose(*args, **kwargs)
+            self.seconds += self.clock() - started
+            return drafts
+
+        self.generator.propose = timed
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is None:
+            del self.generator.propose
+        else:
+            self.generator.propose = self.saved
+
+    def reset(self):
+        self.seconds = 0.0
+
+
 def seed_everything(seed: int):
     """The same seed before every decoded unit, so a sampling decoder's output does not depend on the schedule."""
     np.random.seed(seed)
@@ -231,9 +268,9 @@ def seed_everything(seed: int):
 class Output:
     """What a row reports of one decoded sentence: its detokenized best hypothesis, emitted tokens (EOS included),
     ``hypo["steps"]`` where the generator reports it, decoder passes (batch 1 only; None: not observable), the
-    hypothesis' token ids (EOS included; None where the row does not keep them) and, for a verify-accept loop on the
-    CPU, its drafting calls and the seconds they took (``hypo["drafting_steps"]`` or ``["drafter_steps"]``,
-    ``["drafting_seconds"]``)."""
+    hypothesis' token ids (EOS included; None where the row does not keep them) and, for a verify-accept loop, its
+    drafting calls (``hypo["drafting_steps"]`` or ``["drafter_steps"]``) and, at batch 1 on the CPU, the seconds they
+    took (:class:`DraftingTimer`)."""
 
     text: str
     tokens: int
@@ -247,7 +284,8 @@ class Output:
 class FairseqRunner:
     """A row decoded the way fairseq-generate does, timed by :func:`.schedule.run_rounds`: the sentences collated
     (source ids) off the clock, ``task.inference_step`` on the clock (CUDA synchronised), the best hypotheses
-    detokenized off it; decoder passes counted (:class:`DecoderPassCounter`) in every batch-1 unit."""
+    detokenized off it; decoder passes counted (:class:`DecoderPassCounter`) in every batch-1 unit, and a
+    verify-accept loop's drafting calls timed on the CPU (:class:`DraftingTimer`)."""
 
     def __init__(self, spec: RowSpec, cfg, seed: int, num_sentences: int):
         logger.info("row %r: %s %s", spec.name, spec.checkpoint, shlex.join(spec.args))
@@ -265,6 +303,9 @@ class FairseqRunner:
         self.counter = DecoderPassCounter(generation.models, auxiliary).__enter__()  # hooks for the whole run
         if not all(self.counter.stacks):
             logger.warning("row %r: no decoder layers to count passes of (not a Transformer decoder?)", spec.name)
+        self.drafting_timer = None  # the whole run, as the counter's hooks
+        if isinstance(generation.generator, VerifyAcceptLoop) and not generation.use_cuda:
+            self.drafting_timer = DraftingTimer(generation.generator).__enter__()
         self.outputs: Dict[int, Output] = {}
         # CUDA: why captures of the static step's graphs failed while decoding this row, with how many
         self.graph_capture_failures: Counter = Counter()
@@ -276,18 +317,22 @@ class FairseqRunner:
         if generation.use_cuda:
             torch.cuda.synchronize()
         self.counter.reset()
+        if self.drafting_timer is not None:
+            self.drafting_timer.reset()
         return sample
 
     def decode(self, sample):
-        failed_before = Counter(step_graphs.CAPTURE_FAILURES)
+        failed_before = Counter(STATE.capture_failures)
         hypos = self.decoder.generation.decode(sample)
         if self.decoder.generation.use_cuda:
             torch.cuda.synchronize()
-        self.graph_capture_failures.update(Counter(step_graphs.CAPTURE_FAILURES) - failed_before)  # this row's
+        self.graph_capture_failures.update(Counter(STATE.capture_failures) - failed_before)  # this row's
         return [nbest[0] for nbest in hypos]
 
     def record(self, sample, best):
         passes = self.counter.passes if len(best) == 1 else None
+        timer = self.drafting_timer
+        drafting_seconds = timer.seconds if timer is not None and len(best) == 1 else None
         for sample_id, hypo in zip(sample["id"].tolist(), best):
             steps = hypo.get("steps")
             self.outputs[sample_id] = Output(
@@ -297,7 +342,7 @@ class FairseqRunner:
                 passes,
                 tuple(hypo["tokens"].tolist()),
                 hypo.get("drafting_steps", hypo.get("drafter_steps")),
-                hypo.get("drafting_seconds"),
+                drafting_seconds,
             )
 
     @torch.no_grad()

@@ -14,7 +14,14 @@ import fairseq
 import torch
 
 from ..cli.rep_mis import DEFAULT_WINDOW, repeated_ratio
-from ..engine import attention, cpu_linear
+from ..engine import (
+    MAX_LAYOUT_SPREAD,
+    STATE,
+    WEIGHT_FIRST,
+    cpu_model,
+    describe_attention_backends,
+    linear_layout_choice,
+)
 from ..version import __version__
 from .analysis import ctranslate2_agreement, fastest_ctranslate2_greedy, pareto_front
 from .paper_points import PAPER_POINTS
@@ -32,7 +39,7 @@ def device_name(use_cuda: bool) -> str:
     """GPU name, or the CPU model and torch's thread count."""
     if use_cuda:
         return torch.cuda.get_device_name()
-    return f"{cpu_linear.cpu_model()} ({torch.get_num_threads()} threads)"
+    return f"{cpu_model()} ({torch.get_num_threads()} threads)"
 
 
 def initial_environment() -> Dict[str, str]:
@@ -113,8 +120,8 @@ def run_metadata(
         "ctranslate2_fastest_greedy": fastest and {"latency": fastest[0].name, "throughput": fastest[1].name},
         "ctranslate2_agreement": ctranslate2_agreement(rows),
         # the layout of the plugin rows' CPU linear layers in this process (engine/cpu_linear.py)
-        "attention_backends": attention.describe(),
-        "linear_layout": None if use_cuda or not cpu_linear.MODEL_SHAPES else cpu_linear.choice().to_json(),
+        "attention_backends": describe_attention_backends(),
+        "linear_layout": None if use_cuda or not STATE.model_shapes else linear_layout_choice().to_json(),
     }
 
 
@@ -269,6 +276,7 @@ def markdown_report(meta: dict, rows: List[Row], paired: Optional[List[dict]] = 
         "(nat_plugins/engine/attention.py)",
         *budget_lines(meta),
         exact_line(meta),
+        *twin_check_lines(rows),
         layout_line(meta),
         *graph_failure_lines(rows),
         "- decoder calls / sent: decoder passes per timed batch-1 sentence (runs of a decoder layer stack, "
@@ -407,11 +415,11 @@ def layout_line(meta: dict) -> str:
         if chosen["torch_ms"] is not None
         else ""
     )
-    if (chosen.get("spread") or 0) > cpu_linear.MAX_SPREAD:
+    if (chosen.get("spread") or 0) > MAX_LAYOUT_SPREAD:
         times += f" (fastest passes; they varied up to {chosen['spread']:.1f}×, so the choice was not cached)"
     return (
         f"- CPU linear layout of the plugin rows and *AR teacher, greedy (plugin layout)*: **{chosen['layout']}** "
-        f"({'W·xᵀ' if chosen['layout'] == cpu_linear.WEIGHT_FIRST else 'F.linear, x·Wᵀ'}) at {chosen['threads']} "
+        f"({'W·xᵀ' if chosen['layout'] == WEIGHT_FIRST else 'F.linear, x·Wᵀ'}) at {chosen['threads']} "
         f"thread{'s' if chosen['threads'] > 1 else ''}, {how}{times} (engine/cpu_linear.py)"
     )
 
@@ -426,6 +434,27 @@ def exact_line(meta: dict) -> str:
         f"given the common prefix differ by less than {meta['exact_check']['near_tie_tolerance']:g} (floating-point "
         "rounding); a row is exact when every difference is a near-tie, and flagged `≠ greedy` where one is not"
     )
+
+
+def twin_check_lines(rows: List[Row]) -> List[str]:
+    """A line per row checked against another row's tokens (the NAT through ONNX Runtime float32 against its PyTorch
+    row, ``twin_check``): the passes and how many sentences differed, near-ties among them."""
+    lines = []
+    for row in rows:
+        if row.twin_check is None:
+            continue
+        passes = row.twin_check["passes"]
+        differ = sum(check["differ"] for check in passes.values())
+        near = sum(check["near_ties"] for check in passes.values())
+        verdict = (
+            "the same tokens" if differ == near else f"**{differ - near} sentences differ by more than a near-tie**"
+        )
+        lines.append(
+            f"- {row.name}: against *{row.twin_check['reference']}*, token for token in every timed pass "
+            f"({', '.join(passes)}): {verdict} ({differ} differ, {near} of them near-ties: the PyTorch pass's top-2 "
+            "gap where they part, a fertility's or a token's, below the tolerance above)"
+        )
+    return lines
 
 
 def pyplot():

@@ -10,7 +10,7 @@ import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -248,6 +248,9 @@ class Row:
     # output (.measure.prints_teacher_greedy): {"sentences", "differ", "near_ties", "divergences"}
     # (.measure.exact_check); None: not such a row
     exact_check: Optional[Dict[str, dict]] = None
+    # a row that must print another row's tokens (the NAT through ONNX Runtime float32: its PyTorch row's),
+    # {"reference": that row's name, "passes": {pass: .measure.pass_check}} (benchmark.add_twin_checks); None: none
+    twin_check: Optional[Dict[str, Any]] = None
     # derived against the other rows by .analysis (None where the reference row is absent): BLEU as % of the teacher's
     # beam row's, and every speedup as the median over rounds of the paired per-round ratios (the reference's time on
     # the round's block / this row's; batch 1 for latency, the batched pass for throughput)

@@ -48,7 +48,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..engine import cpu_linear
+from ..engine import STATE, WeightFirstLinear, linear_layout_choice
 from .ctranslate2_rows import ctranslate2_runners
 from .measure import FairseqRunner, SoloOutput, generation_cfg, load_split
 from .progress import progress_line
@@ -355,7 +355,7 @@ class Pass:
 class Calibration:
     """Every engine's median seconds per calibration sentence in every setting (``seconds[name][label]``), the
     setting chosen for it, and the linear layout each thread count's first torch process chose
-    (``cpu_linear.LayoutChoice`` as JSON)."""
+    (``LayoutChoice`` of engine/cpu_linear.py as JSON)."""
 
     settings: List[Setting]
     sentences: int
@@ -555,8 +555,8 @@ def engine_layout(runner) -> Optional[str]:
     generation = getattr(getattr(runner, "decoder", None), "generation", None)
     if generation is None:
         return None
-    swapped = any(type(m) is cpu_linear.WeightFirstLinear for model in generation.models for m in model.modules())
-    return cpu_linear.choice().layout if swapped else FAIRSEQ_LAYOUT
+    swapped = any(type(m) is WeightFirstLinear for model in generation.models for m in model.modules())
+    return linear_layout_choice().layout if swapped else FAIRSEQ_LAYOUT
 
 
 def time_engine(runner, passes: List[dict]) -> dict:
@@ -593,7 +593,7 @@ def child_main(job_file: str):
             # torch's threads, or the intra-op threads CTranslate2 was given
             "threads": torch.get_num_threads() if job["family"] == TORCH_FAMILY else job["threads"],
             "engines": engines,
-            "linear_layout": cpu_linear.choice().to_json() if cpu_linear.MODEL_SHAPES else None,
+            "linear_layout": linear_layout_choice().to_json() if STATE.model_shapes else None,
         }
         with open(command["out"], "w", encoding="utf-8") as f:
             json.dump(answer, f)

@@ -13,7 +13,7 @@ import torch
 from fairseq import checkpoint_utils, utils
 from fairseq.logging import progress_bar
 
-from ..engine.attention import attention_backends
+from ..engine import attention_backends
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``nat-export-onnx CHECKPOINT OUT_DIR [--int8]``: the fertility NAT's single pass as two ONNX graphs, which
 ``fairseq-generate``/``fairseq-interactive`` run in ONNX Runtime with ``--onnx-model OUT_DIR``
-(:mod:`nat_plugins.generators.fertility_nat_onnx`).
+(:mod:`nat_plugins.systems.fertility_nat.onnx_decoding`).
 
     nat-export-onnx ckpt/fertility-nat/checkpoint_last.pt onnx/float32
     nat-export-onnx ckpt/fertility-nat/checkpoint_last.pt onnx/int8 --int8     # int8 weights (dynamic quantization)
@@ -43,12 +43,12 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 from torch import nn
 
-from ..generators import fertility_nat_onnx as graphs
-from ..models.fertility_nat import FertilityNATModel
-from ..modules import nad
-from ..modules.fertility import nat_output
-from ..modules.nad import copy_source, fertility_copy_index, uniform_fertility
+from ..modules import nat_decoder
+from ..modules.nat_decoder import copy_source, fertility_copy_index, uniform_fertility
 from ..modules.teacher import checkpoint_arch, teacher_symbols
+from ..systems.fertility_nat import onnx_decoding as graphs
+from ..systems.fertility_nat.fertility import nat_output
+from ..systems.fertility_nat.model import FertilityNATModel
 from ..tasks.translation_nat import TranslationNATTask
 from ..version import __version__
 
@@ -84,7 +84,7 @@ class EncoderGraph(nn.Module):
 class DecoderGraph(nn.Module):
     """The copied inputs (B, T, C), the target padding mask (B, T), the encoder states (S, B, C) and padding mask
     (B, S), ``--unkpen`` (a scalar) -> the NAT's tokens (B, T) and their log-probabilities (B, T)
-    (:func:`~nat_plugins.modules.fertility.nat_output`)."""
+    (:func:`~nat_plugins.systems.fertility_nat.fertility.nat_output`)."""
 
     def __init__(self, model: FertilityNATModel) -> None:
         super().__init__()
@@ -156,13 +156,13 @@ def trace_examples(model: FertilityNATModel) -> Tuple[Tuple[torch.Tensor, ...], 
 
 
 def exportable_self_attention_mask(length: int, mask_diagonal: bool, reference: torch.Tensor) -> Optional[torch.Tensor]:
-    """:func:`~nat_plugins.modules.nad.self_attention_mask` (the same values) in operators ONNX has: the exporter has
-    no ``fill_diagonal_``."""
+    """:func:`~nat_plugins.modules.nat_decoder.self_attention_mask` (the same values) in operators ONNX has: the
+    exporter has no ``fill_diagonal_``."""
     if not mask_diagonal:
         return None
     positions = torch.arange(length, device=reference.device)
     diagonal = positions.unsqueeze(0) == positions.unsqueeze(1)
-    return torch.zeros_like(diagonal, dtype=reference.dtype).masked_fill(diagonal, nad.HIDDEN)
+    return torch.zeros_like(diagonal, dtype=reference.dtype).masked_fill(diagonal, nat_decoder.HIDDEN)
 
 
 def export_graph(module: nn.Module, example: Tuple[torch.Tensor, ...], path: str, kind: str, opset: int) -> None:
@@ -188,7 +188,7 @@ def export_graph(module: nn.Module, example: Tuple[torch.Tensor, ...], path: str
             "scores": {0: "batch", 1: "target"},
         }
     module.eval()  # the exporter restores the module's mode afterwards: it must be evaluation's to begin with
-    exportable = mock.patch.object(nad, "self_attention_mask", exportable_self_attention_mask)
+    exportable = mock.patch.object(nat_decoder, "self_attention_mask", exportable_self_attention_mask)
     with warnings.catch_warnings(), torch.no_grad(), exportable:
         # the tracer's warnings name the model's Python branches on tensors (padding present, a position check): the
         # traced batches take the general branch (trace_examples)

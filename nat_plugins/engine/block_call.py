@@ -229,10 +229,17 @@ def rollback_cache(
 class IncrementalCache:
     """fairseq's ``incremental_state`` behind the interface of :class:`~nat_plugins.engine.static_cache.StaticCache`
     (for the decoders the static step does not run): :func:`decoder_block_features` calls, :func:`rollback_cache`
-    after a call on several tokens, and fairseq's reorder."""
+    after a call on several tokens, and fairseq's reorder. ``incremental_state``: the state to keep (a fresh one by
+    default; e.g. the one fairseq's ``SequenceGenerator`` keeps for a model)."""
 
-    def __init__(self, decoder: TransformerDecoderBase) -> None:
-        self.decoder, self.state = decoder, {}
+    # fairseq's forward reads the encoder output at every call (its padding mask; its keys and values at the first):
+    # a caller keeps that output, in the order of the cache's sentences
+    holds_encoder_out = False
+
+    def __init__(self, decoder: TransformerDecoderBase, incremental_state: Optional[IncrementalState] = None) -> None:
+        self.decoder = decoder
+        # fairseq's cache, which fairseq's forward reads and extends (StaticCache: None, its static step runs)
+        self.incremental_state: IncrementalState = {} if incremental_state is None else incremental_state
 
     def step(
         self,
@@ -242,14 +249,14 @@ class IncrementalCache:
         encoder_out: Optional[Dict[str, List[torch.Tensor]]],
     ) -> torch.Tensor:
         """:func:`decoder_block_features` (the cache is compact: ``slots`` are not needed)."""
-        return decoder_block_features(self.decoder, tokens, positions, encoder_out, self.state)
+        return decoder_block_features(self.decoder, tokens, positions, encoder_out, self.incremental_state)
 
     def accept(self, width: int, accepted: torch.Tensor, kept_length: int) -> None:
         """After a call on ``width`` tokens per sentence, keep ``accepted`` (B,) of them (``kept_length``: the
         longest kept prefix)."""
         if width > 1:  # a one-token call accepts its token
-            rollback_cache(self.decoder, self.state, width, accepted, kept_length=kept_length)
+            rollback_cache(self.decoder, self.incremental_state, width, accepted, kept_length=kept_length)
 
     def reorder(self, keep: torch.Tensor) -> None:
         """Keep sentences ``keep`` (indices into the batch), in that order (fairseq's reorder)."""
-        self.decoder.reorder_incremental_state_scripting(self.state, keep)
+        self.decoder.reorder_incremental_state_scripting(self.incremental_state, keep)

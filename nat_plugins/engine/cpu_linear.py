@@ -10,12 +10,13 @@
 * :func:`int8_copy` (``--int8-drafts``): a copy with int8 weights, a quarter of the bytes, for layers that only draft;
   :func:`int8_decoder_copy` (``--int8-decoder``): a model whose decoder is such a copy.
 
-The layout (environment variable ``NAT_LINEAR_LAYOUT``): ``auto`` (the default) times both at the first product on the
-CPU, at torch's thread count then (:func:`time_layouts`: the linear layers of every model given to
-:func:`use_weight_first_linears`, one row and :data:`FEW_ROWS` rows), and keeps the choice for the process and on disk
-(``$XDG_CACHE_HOME/nat_plugins/linear_layout.json``, by default under ``~/.cache``; keyed by CPU model, torch version,
-thread count and weight shapes, so the processes of one benchmark decide alike; delete the file to measure again).
-``weight-first`` or ``torch`` forces one.
+The layout (``NAT_LINEAR_LAYOUT``, :attr:`.config.EngineConfig.linear_layout`): ``auto`` (the default) times both at
+the first product on the CPU, at torch's thread count then (:func:`time_layouts`: the linear layers of every model
+given to :func:`use_weight_first_linears`, one row and :data:`FEW_ROWS` rows), and keeps the choice for the process
+and on disk (``$XDG_CACHE_HOME/nat_plugins/linear_layout.json``, by default under ``~/.cache``; keyed by CPU model,
+torch version, thread count and weight shapes, so the processes of one benchmark decide alike; delete the file to
+measure again). ``weight-first`` or ``torch`` forces one. The choices and the registered models' shapes are process
+state (``STATE.layout_choices``, ``STATE.model_shapes``: :mod:`.config`).
 """
 
 import copy
@@ -32,14 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import AUTO, STATE, TORCH, WEIGHT_FIRST, engine_config
+
 # from about this many rows on, W·xᵀ is no faster than F.linear (docs/design-notes.md, *CPU linear layers*)
 MAX_ROWS = 256
 # one row is a matrix-vector product either way; as two columns it gains only on big weights such as the output
 # projection (same note)
 MIN_WEIGHT_FOR_ONE_ROW = 1 << 20
 
-LAYOUT_ENV = "NAT_LINEAR_LAYOUT"
-AUTO, WEIGHT_FIRST, TORCH = "auto", "weight-first", "torch"
 FEW_ROWS = 4  # rows of the measured few-row products: a verify-accept block, a beam of 4
 REPEATS = 9  # timed passes of each layout
 # a measurement whose slowest pass of a layout took more than this many times its fastest was disturbed (another
@@ -68,11 +69,6 @@ class LayoutChoice:
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)
-
-
-CHOICES: Dict[int, LayoutChoice] = {}  # this process's layout per torch thread count
-# the (out, in, bias) of every linear layer of each model given to use_weight_first_linears, once per distinct model
-MODEL_SHAPES: Dict[Tuple[Tuple[int, int, bool], ...], None] = {}
 
 
 def weight_first_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -114,7 +110,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
 def layout(weight: torch.Tensor) -> str:
     """The layout of :func:`linear` at torch's current thread count (:func:`choice`; ``weight``: the product asking,
     measured alone when no model was registered)."""
-    chosen = CHOICES.get(torch.get_num_threads())
+    chosen = STATE.layout_choices.get(torch.get_num_threads())
     return (chosen or choice(weight)).layout
 
 
@@ -122,13 +118,13 @@ def choice(weight: Optional[torch.Tensor] = None) -> LayoutChoice:
     """This process's layout at torch's current thread count, chosen once (:func:`choose`) over the linear layers of
     every model given to :func:`use_weight_first_linears` so far, else over ``weight`` alone; kept for the process
     (a model registered later does not change it)."""
-    threads = torch.get_num_threads()
-    if threads not in CHOICES:
-        shapes = [shape for model in sorted(MODEL_SHAPES) for shape in model]
+    threads, choices = torch.get_num_threads(), STATE.layout_choices
+    if threads not in choices:
+        shapes = [shape for model in sorted(STATE.model_shapes) for shape in model]
         if not shapes and weight is not None:
             shapes = [(weight.size(0), weight.size(1), True)]
-        CHOICES[threads] = choose(shapes, threads)
-    return CHOICES[threads]
+        choices[threads] = choose(shapes, threads)
+    return choices[threads]
 
 
 def choose(
@@ -139,9 +135,7 @@ def choose(
     else W·xᵀ where :func:`time_layouts` times its fastest pass faster than ``F.linear``'s, cached unless the passes
     varied more than :data:`MAX_SPREAD` (the minimum is what another process's load disturbs least; a disturbed
     measurement is not kept for the processes after)."""
-    override = os.environ.get(LAYOUT_ENV, AUTO)
-    if override not in (AUTO, WEIGHT_FIRST, TORCH):
-        raise ValueError(f"{LAYOUT_ENV}={override!r}: expected {AUTO!r}, {WEIGHT_FIRST!r} or {TORCH!r}")
+    override = engine_config().linear_layout  # a bad value refused there
     distinct = [list(shape) for shape in sorted({(out, into) for out, into, _ in shapes})]
     where = {"threads": threads, "shapes": distinct, "cpu": cpu_model(), "torch_version": torch.__version__}
     if override != AUTO:
@@ -262,7 +256,7 @@ def use_weight_first_linears(module: nn.Module) -> nn.Module:
             layer.__class__ = WeightFirstLinear
             shapes.append((layer.out_features, layer.in_features, layer.bias is not None))
     if shapes:
-        MODEL_SHAPES[tuple(shapes)] = None
+        STATE.model_shapes[tuple(shapes)] = None
     return module
 
 

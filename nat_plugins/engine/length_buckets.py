@@ -21,7 +21,7 @@ from .step_graphs import SOURCE_MULTIPLE, round_up
 
 def length_buckets_wanted(reference: torch.Tensor) -> bool:
     """Whether a single pass on ``reference``'s device pads its lengths to buckets: on CUDA (a plan per shape), not
-    on the CPU (tests force it there with monkeypatch)."""
+    on the CPU (tests force it there with monkeypatch, in the modules that import it)."""
     return reference.is_cuda
 
 

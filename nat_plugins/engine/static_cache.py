@@ -16,15 +16,14 @@ For one sentence on the CPU (batch 1) the layers run as a TorchScript trace, one
 that width recurs (~70 ms; :data:`EAGER_CALLS_BEFORE_TRACING`): the same operations on the same tensors, bit for bit,
 without Python's cost per operation, which at batch 1 is a third of the layers' time (docs/design-notes.md, *The
 traced static step*).
-``NAT_TRACED_STEP=0`` runs them eagerly. On CUDA the buffers come from the decoder's bank of bucketed shapes and each
+``NAT_TRACED_STEP=0`` (:attr:`.config.EngineConfig.traced_step`) runs them eagerly; the traces are kept per decoder in
+``STATE.traces`` (:mod:`.config`). On CUDA the buffers come from the decoder's bank of bucketed shapes and each
 call shape is replayed as a CUDA graph (:mod:`.step_graphs`).
 """
 
 import functools
-import os
 import warnings
-import weakref
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
@@ -33,6 +32,7 @@ from torch import nn
 
 from . import cpu_linear, step_graphs
 from .block_call import layer_inputs, layer_outputs
+from .config import STATE, engine_config
 from .lean_decoder import (
     attend,
     feed_forward,
@@ -46,19 +46,10 @@ from .lean_decoder import (
     weights_version,
 )
 
-TRACE_ENV = "NAT_TRACED_STEP"  # "0": run the layers eagerly (StaticCache.run)
-# each decoder's traces of static_layers: the weights version they were made with, the traces by the key
-# StaticCache.run builds and the eager calls of each key so far (kept per decoder object, outside it: copies of a
-# decoder, its state dict and its pickles carry none)
-TRACES: "weakref.WeakKeyDictionary[TransformerDecoderBase, Tuple[tuple, Dict[tuple, Callable], Dict[tuple, int]]]" = (
-    weakref.WeakKeyDictionary()
-)
 # a width's first calls run eagerly: a trace costs ~70 ms to make and saves ~0.1 ms a call, so it pays for the widths
 # a loop repeats (every step's), not for a call made once per batch (the drafter reading the prefix the batch's greedy
 # steps emitted, of another width each time: one trace per batch made the first batched pass ~50% slower)
 EAGER_CALLS_BEFORE_TRACING = 8
-# told the decoder of every traced call (a trace runs no module hooks): the benchmark's DecoderPassCounter
-PASS_OBSERVERS: List[Callable[[TransformerDecoderBase], None]] = []
 
 
 def static_unsupported(
@@ -159,13 +150,19 @@ def tracing_wanted(x: torch.Tensor) -> bool:
     gradients, unless ``NAT_TRACED_STEP=0``. A trace costs ~70 ms to make and saves ~0.1-0.15 ms a call: at batch 1
     it pays within a few sentences; a batch's calls are longer and its size changes as sentences end, one trace
     each."""
-    return x.size(0) == 1 and x.is_cpu and not torch.is_grad_enabled() and os.environ.get(TRACE_ENV, "1") != "0"
+    return x.size(0) == 1 and x.is_cpu and not torch.is_grad_enabled() and engine_config().traced_step
 
 
 class StaticCache:
     """Preallocated self-attention buffers of ``decoder`` for the batch of ``encoder_out`` (``length`` slots per
-    sentence) and its encoder keys and values (see the module). :meth:`step` runs the decoder; :meth:`reorder` keeps
-    some sentences."""
+    sentence) and its encoder keys and values (see the module). :meth:`step` runs the decoder (:meth:`run` its layers
+    on given inputs); :meth:`accept` and :meth:`reorder` as :class:`~.block_call.IncrementalCache`'s, whose interface
+    this shares (:func:`~nat_plugins.engine.decoding_cache` returns either)."""
+
+    # no fairseq incremental state: the static step runs the layers (IncrementalCache: fairseq's forward on its dict)
+    incremental_state = None
+    # the encoder's keys and values are computed once, here: a caller keeps no encoder output for this cache
+    holds_encoder_out = True
 
     def __init__(
         self, decoder: TransformerDecoderBase, encoder_out: Dict[str, List[torch.Tensor]], length: int
@@ -206,6 +203,11 @@ class StaticCache:
             shape = (memory.size(0), layer.self_attn.num_heads, length, layer.self_attn.head_dim)
             self.keys.append(memory.new_zeros(shape))
             self.values.append(memory.new_zeros(shape))
+
+    @property
+    def slots(self) -> int:
+        """Slots per sentence in the buffers (at least the ``length`` asked for; on CUDA rounded up)."""
+        return self.keys[0].size(2)
 
     def use(self, buffers: "step_graphs.StepBuffers") -> None:
         """Run on a buffer set of the decoder's bank (on CUDA: :mod:`.step_graphs`)."""
@@ -268,8 +270,8 @@ class StaticCache:
         return layers(*(step_graphs.padded_rows(t, self.buffers.rows) for t in inputs))[: inputs[0].size(0)]
 
     def observe_pass(self) -> None:
-        """Tell :data:`PASS_OBSERVERS` of a call that runs no module hooks (a trace, a graph's replay)."""
-        for observe in PASS_OBSERVERS:
+        """Tell ``STATE.pass_observers`` of a call that runs no module hooks (a trace, a graph's replay)."""
+        for observe in STATE.pass_observers:
             observe(self.decoder)
 
     def trace(self, inputs: List[torch.Tensor], has_hidden_slots: bool) -> Optional[Callable[..., torch.Tensor]]:
@@ -279,10 +281,10 @@ class StaticCache:
         tensors it was made with (fused q/k/v projections included)."""
         if self.traces is None:  # once per batch: the weights as this batch finds them
             version = weights_version(self.decoder)
-            made_with, self.traces, self.eager_calls = TRACES.get(self.decoder, (None, {}, {}))
+            made_with, self.traces, self.eager_calls = STATE.traces.get(self.decoder, (None, {}, {}))
             if made_with != version:
                 self.traces, self.eager_calls = {}, {}
-                TRACES[self.decoder] = (version, self.traces, self.eager_calls)
+                STATE.traces[self.decoder] = (version, self.traces, self.eager_calls)
                 forget_when_trained(self.decoder, forget_traces)
         key = (inputs[0].dtype, *inputs[1].shape, has_hidden_slots, self.encoder_bias is not None)
         if key not in self.traces:
@@ -350,7 +352,7 @@ def forget_traces(decoder: TransformerDecoderBase) -> None:
     """Drop ``decoder``'s traces: called before its forwards in training mode (:func:`~.lean_decoder.
     forget_when_trained`), since fairseq's optimizers update the weights without the version counters the traces' key
     reads."""
-    TRACES.pop(decoder, None)
+    STATE.traces.pop(decoder, None)
 
 
 def trace_layers(

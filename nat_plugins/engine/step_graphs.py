@@ -10,16 +10,16 @@ of nearby shapes share them and the graphs captured on them. Rows past the batch
 and source positions past its source are never seen by a real sentence's query (the encoder bias hides the source
 positions; a sentence's queries see its own row and slots only), so every sentence's features are those of the same
 step on its own shapes, up to rounding. On CUDA the bucketed buffers are used with or without graphs
-(``NAT_CUDA_GRAPHS=0``: eagerly), so the two compute the same kernels on the same shapes: the same tokens.
+(``NAT_CUDA_GRAPHS=0``, :attr:`.config.EngineConfig.cuda_graphs`: eagerly), so the two compute the same kernels on the
+same shapes: the same tokens.
 
 A call shape (new tokens per sentence, hidden slots or not) is captured once it has run eagerly
 :data:`EAGER_CALLS_BEFORE_CAPTURE` times on those buffers; a capture that fails leaves that shape eager and is
-counted in :data:`CAPTURE_FAILURES` by its reason (the benchmark reports them per row). The graphs hold the weights'
-addresses and the fused q/k/v copies made from them: the bank is dropped when a decoder's weights changed (another
-tensor or an in-place update) or it runs in training mode.
+counted in ``STATE.capture_failures`` (:mod:`.config`) by its reason (the benchmark reports them per row). The graphs
+hold the weights' addresses and the fused q/k/v copies made from them: the bank (``STATE.banks``) is dropped when a
+decoder's weights changed (another tensor or an in-place update) or it runs in training mode.
 """
 
-import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -27,17 +27,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from fairseq.models.transformer import TransformerDecoderBase
 
+from .config import STATE, engine_config
 from .lean_decoder import forget_when_trained, weights_version
 
-GRAPHS_ENV = "NAT_CUDA_GRAPHS"  # "0": the bucketed buffers, run eagerly (no capture)
 # a call shape's first calls on a set of buffers run eagerly: a capture (a warm-up call and the capture) costs a few
 # eager calls, and the drafter reads the prefix a batch's greedy steps emitted once, in a width of its own
 EAGER_CALLS_BEFORE_CAPTURE = 2
 SLOTS_MULTIPLE = 32  # self-attention slots rounded up to a multiple of this
 SOURCE_MULTIPLE = 16  # encoder positions rounded up to a multiple of this
 SETS_PER_SHAPE = 4  # buffer sets a bank keeps per shape (caches alive at once: a generator's next batch's and last)
-# why captures failed, with how many, over the process (the benchmark attributes them to rows by difference)
-CAPTURE_FAILURES: Dict[str, int] = {}
 
 
 def rows_bucket(rows: int) -> int:
@@ -57,7 +55,8 @@ def graphs_wanted(reference: torch.Tensor) -> bool:
 
 
 def capture_enabled() -> bool:
-    return os.environ.get(GRAPHS_ENV, "1") != "0"
+    """Whether call shapes are captured as CUDA graphs (``NAT_CUDA_GRAPHS``)."""
+    return engine_config().cuda_graphs
 
 
 @dataclass
@@ -98,15 +97,9 @@ class StepBuffers:
         return self.user is None or self.user() is None
 
 
-# per decoder: the weights' version the bank's graphs were made with, and its buffer sets by shape
-BANKS: "weakref.WeakKeyDictionary[TransformerDecoderBase, Tuple[tuple, Dict[tuple, List[StepBuffers]]]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def forget_graphs(decoder: TransformerDecoderBase) -> None:
     """Drop ``decoder``'s buffer sets and graphs (called before its forwards in training mode)."""
-    BANKS.pop(decoder, None)
+    STATE.banks.pop(decoder, None)
 
 
 def new_buffers(
@@ -135,10 +128,10 @@ def checkout(
     dropped first if the decoder's weights changed since its graphs were made, or if the device has no memory left
     for a new set (every shape ever seen keeps its sets: a long run over many shapes on a small GPU would fill it)."""
     version = weights_version(decoder)
-    made_with, sets = BANKS.get(decoder, (None, {}))
+    made_with, sets = STATE.banks.get(decoder, (None, {}))
     if made_with != version:
         sets = {}
-        BANKS[decoder] = (version, sets)
+        STATE.banks[decoder] = (version, sets)
         forget_when_trained(decoder, forget_graphs)
     shape = (
         reference.dtype,
@@ -190,7 +183,7 @@ def graph_for(
 ) -> Optional[StepGraph]:
     """The graph of ``run`` (the step on its input tensors, rows padded to the set's) for ``inputs``' call shape on
     ``buffers``: None while that shape has run eagerly fewer than :data:`EAGER_CALLS_BEFORE_CAPTURE` times, with
-    ``NAT_CUDA_GRAPHS=0``, or where its capture failed (counted in :data:`CAPTURE_FAILURES`)."""
+    ``NAT_CUDA_GRAPHS=0``, or where its capture failed (counted in ``STATE.capture_failures``)."""
     if not capture_enabled():
         return None
     key = (inputs[0].size(1), has_hidden_slots)
@@ -205,7 +198,8 @@ def graph_for(
             buffers.graphs[key] = StepGraph(static, output, replay)
         except Exception as error:  # noqa: BLE001 - the shape runs eagerly: the same kernels, the same output
             reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            CAPTURE_FAILURES[reason] = CAPTURE_FAILURES.get(reason, 0) + 1
+            failures = STATE.capture_failures
+            failures[reason] = failures.get(reason, 0) + 1
             buffers.graphs[key] = None
     return buffers.graphs[key]
 

@@ -13,8 +13,6 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.dataclass.configs import GenerationConfig
 from torch import nn
 
-from ..engine.static_cache import StaticCache
-
 # fairseq's encoder output (``encoder_out``, ``encoder_padding_mask``, ...: lists of tensors)
 EncoderOut = Dict[str, List[torch.Tensor]]
 # one hypothesis in fairseq's format (``tokens``, ``score``, ``positional_scores``, ...) plus the plugin's ``steps``
@@ -28,7 +26,7 @@ class DecodingConfig(FairseqDataclass):
     """A generator's own decoding options, declared in its file beside it. They are options of the task
     ``translation_nat``, whose config (:class:`~nat_plugins.tasks.translation_nat.TranslationNATConfig`) is composed
     from these classes: so they reach ``fairseq-generate``/``-interactive`` and the hub with their help text and stay
-    out of the checkpoint's model options, which would freeze them (DESIGN.md §6).
+    out of the checkpoint's model options, which would freeze them.
 
     ``owners``: the registered model architectures whose decoder reads every option of the class; the task refuses a
     value other than the default for any other model (its table
@@ -236,9 +234,9 @@ class PluginGenerator:
     def keep_grouped(self, cache: Any, encoder_out: EncoderOut, keep: torch.Tensor) -> EncoderOut:
         """Keep the sentences ``keep`` (indices into the batch) of a grouped decoder's ``cache``
         (:meth:`~nat_plugins.modules.grouped_decoder.GroupedTransformerDecoder.new_cache`) and return their
-        ``encoder_out`` (unchanged where the static cache holds the encoder's keys and values: no longer read)."""
+        ``encoder_out`` (unchanged where the cache holds the encoder's keys and values: no longer read)."""
         self.model.decoder.reorder_cache(cache, keep)
-        if isinstance(cache, StaticCache):
+        if cache.holds_encoder_out:
             return encoder_out
         return self.model.encoder.reorder_encoder_out(encoder_out, keep)
 

@@ -18,7 +18,9 @@ later) or, for decoders it does not run, fairseq's, rolled back per sentence
 steps once the batch keeps the device busy, so with exact acceptance the loop takes plain greedy steps while more than
 ``--max-drafting-sentences`` sentences are decoding (:meth:`VerifyAcceptLoop.block_width`).
 
-A subclass passes ``verifier`` and ``block_size`` k and implements :meth:`~VerifyAcceptLoop.propose` (the k-1 drafts,
+A subclass passes ``verifier`` and ``call_width``, the tokens a verifier call scores (ŷ_{j+1} and the drafts: Stern et
+al.'s block size k for blockwise decoding, the drafter's k drafts + 1 for speculative decoding; each paper's k keeps
+its paper's meaning), and implements :meth:`~VerifyAcceptLoop.propose` (the call_width - 1 drafts,
 obeying fairseq's length rules: :meth:`~VerifyAcceptLoop.constrain_logits`); it may override
 :meth:`~VerifyAcceptLoop.verifier_logits`, :meth:`~VerifyAcceptLoop.start` and :meth:`~VerifyAcceptLoop.reorder`.
 Blockwise decoding drafts with its k-1 extra heads, speculative decoding with a separate drafter;
@@ -26,17 +28,20 @@ Blockwise decoding drafts with its k-1 extra heads, speculative decoding with a 
 """
 
 import math
-import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from ..engine.block_call import IncrementalCache, decoder_block_features, inexact_verifier
-from ..engine.cpu_linear import int8_decoder_copy
-from ..engine.lean_decoder import lean_unsupported
-from ..engine.static_cache import StaticCache, static_unsupported
+from ..engine import (
+    DecodingCache,
+    decoder_block_features,
+    decoding_cache,
+    inexact_verifier,
+    int8_decoder_copy,
+    lean_unsupported,
+)
 from .base import UNSUPPORTED_OPTIONS, DecodingConfig, EncoderOut, Hypothesis, PluginGenerator
 
 # the default of --max-drafting-sentences on the CPU: drafts only for a sentence decoding alone (measurements:
@@ -146,7 +151,7 @@ class LoopState:
 
     max_len: int  # the batch's length limit: output position max_len may only be EOS
     encoder_out: EncoderOut  # the verifier's, of the rows
-    cache: Optional[Union[StaticCache, IncrementalCache]]  # the verifier's; None: every call recomputes the prefix
+    cache: Optional[DecodingCache]  # the verifier's; None: every call recomputes the prefix
     offsets: torch.Tensor  # (k,): 1..k, a block's positions after j
     tokens: torch.Tensor  # (B, L): y_t at column t (t = 0: BOS), pad after ŷ_{j+1}
     scores: torch.Tensor  # (B, L): log p(y_t | y_<t)
@@ -168,10 +173,13 @@ class LoopState:
     # leaves the batch when it ends), so they are counted on the host and copied to a sentence's row when it ends
     calls: int = 0
     drafting_calls: int = 0
-    # seconds spent drafting so far (:meth:`VerifyAcceptLoop.propose`, host clock; None where the device runs
-    # asynchronously), copied to a sentence's ``out_drafting_seconds`` when it ends as the calls are
-    drafting_seconds: Optional[float] = None
-    out_drafting_seconds: Optional[List[float]] = None
+    # the batch's drafting limit (:meth:`VerifyAcceptLoop.drafting_limit_on`; None: drafts at every step)
+    drafting_limit: Optional[float] = None
+    # whether the current call's positions can reach the length limit, or be below --min-len: the rules
+    # :meth:`VerifyAcceptLoop.constrain_logits` skips where they cannot apply (set before each call)
+    may_reach_max_len: bool = True
+    may_be_below_min_len: bool = True
+    own: Any = None  # a subclass's own state of the batch (what :meth:`VerifyAcceptLoop.start` returned)
 
 
 class VerifyAcceptLoop(PluginGenerator):
@@ -182,10 +190,10 @@ class VerifyAcceptLoop(PluginGenerator):
     as there), so exact acceptance gives the hypotheses ``fairseq-generate --beam 1`` gives for the verifier (up to
     near-ties: see the module). Each hypothesis also carries ``steps`` (verifier calls for its sentence, a first call
     on BOS alone included), ``drafting_steps`` (those of them that verified drafts), ``mean_accepted_block``
-    (emitted tokens, EOS included, per verifier call) and, on the CPU, ``drafting_seconds`` (host time spent drafting
-    while the sentence was decoding: its own at batch 1, the batch's beside others). With ``use_cache=False`` every
+    (emitted tokens, EOS included, per verifier call); the loop measures nothing (the benchmark times the drafting
+    calls from outside: :class:`~nat_plugins.bench.measure.DraftingTimer`). With ``use_cache=False`` every
     call recomputes the whole prefix (the reference path). ``min_block_size``: the caller's checked value (blockwise:
-    :meth:`~nat_plugins.generators.blockwise_decoding.BlockwiseDecodingConfig.parsed`). ``max_drafting_sentences``
+    :meth:`~nat_plugins.systems.blockwise.decoding.BlockwiseDecodingConfig.parsed`). ``max_drafting_sentences``
     (exact acceptance only, :meth:`VerifyAcceptDecodingConfig.checked_drafting_limit`): drafts only while at most that
     many sentences are decoding, greedy steps before (:meth:`block_width`); ``math.inf``: drafts at every step; None:
     :data:`CPU_MAX_DRAFTING_SENTENCES` on the CPU, drafts at every step on a GPU or with inexact acceptance.
@@ -203,7 +211,7 @@ class VerifyAcceptLoop(PluginGenerator):
         task: Any,
         gen_args: Any,
         verifier: nn.Module,
-        block_size: int,
+        call_width: int,
         top_m: int = 1,
         min_block_size: int = 1,
         tolerance: float = math.inf,
@@ -213,7 +221,7 @@ class VerifyAcceptLoop(PluginGenerator):
         super().__init__(models, task, gen_args)
         self.require_greedy("emits one greedy hypothesis per sentence (no beam search)")
         self.verifier = verifier
-        self.block_size = block_size
+        self.call_width = call_width
         self.top_m, self.min_block_size, self.tolerance = top_m, min_block_size, tolerance
         self.exact = top_m == 1 and min_block_size == 1
         self.max_drafting_sentences = VerifyAcceptDecodingConfig.checked_drafting_limit(
@@ -221,8 +229,8 @@ class VerifyAcceptLoop(PluginGenerator):
         )
         self.use_cache = use_cache
         self.max_positions = verifier.max_decoder_positions()
-        self.may_reach_max_len = True  # whether the current step's positions can reach the length limit
-        self.may_be_below_min_len = True  # whether they can be below --min-len
+        # the batch being decoded, for the hooks the loop calls without it (verify, propose: constrain_logits)
+        self.batch_state: Optional[LoopState] = None
 
     # ----- hooks ---------------------------------------------------------------------------------------------------
 
@@ -247,32 +255,41 @@ class VerifyAcceptLoop(PluginGenerator):
         With :attr:`drafts_after_bos`, the first call has j = -1, ``first`` = BOS and no ``features``."""
         raise NotImplementedError
 
-    def start(self, sample: Dict[str, Any], encoder_out: EncoderOut) -> None:
-        """Called once per batch before the first call (``encoder_out``: the verifier's)."""
+    def start(self, sample: Dict[str, Any], encoder_out: EncoderOut) -> Any:
+        """Called once per batch before the first call (``encoder_out``: the verifier's); what it returns is kept in
+        the batch's state as ``own`` (a drafter's own per-batch state)."""
 
     def reorder(self, keep: torch.Tensor) -> None:
         """Sentences ``keep`` (indices into the current batch) stay in the batch, the others have ended."""
 
     # ----- the loop ------------------------------------------------------------------------------------------------
 
-    def block_width(self, num_sentences: int) -> int:
+    def drafting_limit_on(self, device: torch.device) -> Optional[float]:
+        """The drafting limit of a batch on ``device`` (:meth:`block_width`): ``max_drafting_sentences``, by default
+        :data:`CPU_MAX_DRAFTING_SENTENCES` on the CPU with exact acceptance, else None (drafts at every step)."""
+        if self.max_drafting_sentences is not None:
+            return self.max_drafting_sentences
+        return CPU_MAX_DRAFTING_SENTENCES if self.exact and device.type == "cpu" else None
+
+    def block_width(self, state: LoopState) -> int:
         """Tokens per sentence of the next call: k (ŷ_{j+1} and k-1 drafts), or 1 (a greedy step: ŷ_{j+1} alone)
-        while more than ``max_drafting_sentences`` sentences are still decoding (see the module). Sentences only
+        while more than the batch's drafting limit of sentences are still decoding (see the module). Sentences only
         leave the batch, so a batch takes greedy steps first and drafts from the step where few enough are left."""
-        limit = self.drafting_limit
-        return self.block_size if limit is None or num_sentences <= limit else 1
+        limit = state.drafting_limit
+        return self.call_width if limit is None or state.last.size(0) <= limit else 1
 
     def constrain_logits(self, logits: torch.Tensor, position: torch.Tensor, max_len: int) -> torch.Tensor:
         """``SequenceGenerator``'s rules on ``logits`` (..., V) of the 0-based output ``position``, in place (see
         :meth:`~nat_plugins.generators.base.PluginGenerator.constrain`), skipping those that cannot apply: the
         forced EOS at ``max_len`` and the held-back EOS below ``--min-len`` are checked only when this step's positions
-        can reach them."""
+        can reach them (the batch's :class:`LoopState`; every rule outside a batch)."""
+        state = self.batch_state
         logits[..., self.pad] = -math.inf
         if self.unk_penalty:
             logits[..., self.unk] -= self.unk_penalty
-        if self.min_len > 0 and self.may_be_below_min_len:
+        if self.min_len > 0 and (state is None or state.may_be_below_min_len):
             logits[..., self.eos].masked_fill_(position < self.min_len, -math.inf)
-        if self.may_reach_max_len:
+        if state is None or state.may_reach_max_len:
             self.force_eos(logits, position >= max_len)
         return logits
 
@@ -289,14 +306,11 @@ class VerifyAcceptLoop(PluginGenerator):
         best, greedy = logits.max(dim=-1)
         return greedy, best - logsumexp, logits, logsumexp
 
-    def new_cache(self, encoder_out: EncoderOut, length: int) -> Union[StaticCache, IncrementalCache]:
-        """The verifier's cache for a batch: the static step (:mod:`~nat_plugins.engine.static_cache`, ``length``
-        slots per sentence) where it runs the verifier's decoder, else fairseq's ``incremental_state`` rolled back
-        after every call."""
-        decoder = self.verifier.decoder
-        if static_unsupported(decoder, encoder_out) is None:
-            return StaticCache(decoder, encoder_out, length)
-        return IncrementalCache(decoder)
+    def new_cache(self, encoder_out: EncoderOut, length: int) -> DecodingCache:
+        """The verifier's cache for a batch (:func:`~nat_plugins.engine.decoding_cache`): the static step
+        (:mod:`~nat_plugins.engine.static_cache`, ``length`` slots per sentence) where it runs the verifier's decoder,
+        else fairseq's ``incremental_state`` rolled back after every call."""
+        return decoding_cache(self.verifier.decoder, encoder_out, length)
 
     def recompute_block(
         self,
@@ -328,43 +342,46 @@ class VerifyAcceptLoop(PluginGenerator):
         refuse_search_inputs`). The loop: :meth:`start_batch`, then per step :meth:`retire_finished` and
         :meth:`draft_verify_accept` until every sentence has ended."""
         self.refuse_search_inputs(prefix_tokens, constraints)
-        state = self.start_batch(sample, bos_token)
-        while self.retire_finished(state):
-            self.draft_verify_accept(state)
-        hypos = self.hypotheses(state.out_tokens, state.out_scores, state.out_lengths, state.out_steps)
-        if state.out_drafting_seconds is not None:
-            for (hypo,), seconds in zip(hypos, state.out_drafting_seconds):
-                hypo["drafting_seconds"] = seconds
-        return hypos
+        try:
+            state = self.start_batch(sample, bos_token)
+            while self.retire_finished(state):
+                self.draft_verify_accept(state)
+        finally:
+            self.batch_state = None  # the batch's tensors (its cache among them) are not kept past it
+        return self.hypotheses(state.out_tokens, state.out_scores, state.out_lengths, state.out_steps)
 
     def start_batch(self, sample: Dict[str, Any], bos_token: Optional[int]) -> LoopState:
-        """Set up a batch: its length limit (one for the batch, from its padded source length, as
-        ``SequenceGenerator``'s), the drafting limit on its device, the verifier's encoder output and cache, the
-        token and score rows, and ŷ_1 (:meth:`first_call`) unless the first block drafts after BOS."""
-        k = self.block_size
+        """Set up a batch: its length limit (one for the batch, as ``SequenceGenerator``'s: :meth:`batch_max_len`),
+        the verifier's encoder output, the batch's state (:meth:`new_state`, kept as :attr:`batch_state` while the
+        batch decodes), and ŷ_1 (:meth:`first_call`) unless the first block drafts after BOS."""
         net_input = sample["net_input"]
-        src_tokens = net_input["src_tokens"]
-        bsz, src_len = src_tokens.shape[:2]
-        device = src_tokens.device
-        max_len = self.max_lengths(src_tokens.new_full((1,), src_len), self.max_positions - 1)
-        self.check_min_len(max_len)
-        max_len = int(max_len)
-
-        self.drafting_limit = self.max_drafting_sentences
-        if self.drafting_limit is None:
-            self.drafting_limit = CPU_MAX_DRAFTING_SENTENCES if self.exact and device.type == "cpu" else None
+        max_len = self.batch_max_len(net_input["src_tokens"], self.max_positions - 1)
         encoder_out = self.verifier.encoder.forward_torchscript(net_input)
-        self.start(sample, encoder_out)
-        cache = self.new_cache(encoder_out, max_len + k + 2) if self.use_cache else None
-        tokens = src_tokens.new_full((bsz, max_len + k + 2), self.pad)
+        own = self.start(sample, encoder_out)
+        self.batch_state = state = self.new_state(net_input["src_tokens"], bos_token, max_len, encoder_out)
+        state.own = own
+        if state.bos_block:
+            state.last = state.last - 1
+        else:
+            self.first_call(state)
+        return state
+
+    def new_state(
+        self, src_tokens: torch.Tensor, bos_token: Optional[int], max_len: int, encoder_out: EncoderOut
+    ) -> LoopState:
+        """The state of a batch of ``src_tokens`` before its first call: the verifier's cache, the token and score
+        rows (BOS at column 0) and the drafting limit on the batch's device (:meth:`drafting_limit_on`)."""
+        width, bsz, device = self.call_width, src_tokens.size(0), src_tokens.device
+        cache = self.new_cache(encoder_out, max_len + width + 2) if self.use_cache else None
+        tokens = src_tokens.new_full((bsz, max_len + width + 2), self.pad)
         tokens[:, 0] = self.eos if bos_token is None else bos_token
-        scores = torch.zeros(bsz, max_len + k + 2, device=device)
+        scores = torch.zeros(bsz, max_len + width + 2, device=device)
         last = torch.zeros(bsz, dtype=torch.long, device=device)
-        state = LoopState(
+        return LoopState(
             max_len=max_len,
             encoder_out=encoder_out,
             cache=cache,
-            offsets=torch.arange(1, k + 1, device=device),
+            offsets=torch.arange(1, width + 1, device=device),
             tokens=tokens,
             scores=scores,
             active=torch.arange(bsz, device=device),
@@ -378,21 +395,15 @@ class VerifyAcceptLoop(PluginGenerator):
             out_lengths=torch.zeros_like(last),
             out_steps=last.new_zeros(bsz, 2),
             bos_block=self.drafts_after_bos,
-            width=k,
+            width=width,
+            drafting_limit=self.drafting_limit_on(device),
         )
-        if device.type == "cpu":  # a CPU runs the drafts before the host clock is read again: timing them is free
-            state.drafting_seconds, state.out_drafting_seconds = 0.0, [0.0] * bsz
-        if state.bos_block:
-            state.last = last - 1
-        else:
-            self.first_call(state)
-        return state
 
     def first_call(self, state: LoopState) -> None:
         """The verifier's first call, on BOS alone: its argmax y_1 is ŷ_{j+1} of the first block (j = 0)."""
         state.calls = 1
-        self.may_reach_max_len = self.block_size >= state.max_len
-        self.may_be_below_min_len = True
+        state.may_reach_max_len = self.call_width >= state.max_len
+        state.may_be_below_min_len = True
         bos, last = state.tokens[:, :1], state.last
         if state.cache is None:
             features = decoder_block_features(self.verifier.decoder, bos, last.unsqueeze(1), state.encoder_out, None)
@@ -421,17 +432,18 @@ class VerifyAcceptLoop(PluginGenerator):
             num_done, s.max_last = torch.stack([done.sum(), s.last.max()]).tolist()
         if s.accepted is not None and s.cache is not None:
             s.cache.accept(s.width, s.accepted, s.max_last + 1)
-        if not num_done:
-            return True
+        return not num_done or self.retire(s, done, num_done)
+
+    def retire(self, state: LoopState, done: torch.Tensor, num_done: int) -> bool:
+        """Move the ``num_done`` sentences ``done`` (B,) to the output (tokens, scores, length, calls) and keep the
+        rows of the others, in the state, the cache and the subclass's (:meth:`reorder`); False when none is left."""
+        s = state
         remaining = s.last.size(0) - num_done
         order = done.to(torch.uint8).argsort(stable=True)  # the sentences still decoding first
         gone, keep = order[remaining:], order[:remaining]
         rows = s.active[gone]
         s.out_tokens[rows], s.out_scores[rows] = s.tokens[gone], s.scores[gone]
         s.out_steps[rows] = rows.new_tensor([s.calls, s.drafting_calls])
-        if s.drafting_seconds is not None:
-            for row in rows.tolist():
-                s.out_drafting_seconds[row] = s.drafting_seconds
         if s.finished is None:
             s.out_lengths[rows] = s.last[gone] + 1
         else:
@@ -453,30 +465,45 @@ class VerifyAcceptLoop(PluginGenerator):
         one; the accepted prefix written (:func:`accepted_lengths`), and the verifier's argmax after it as the next
         ŷ_{j+1}."""
         s = state
-        width = self.block_width(s.last.size(0))
-        self.may_reach_max_len = s.max_last + width >= s.max_len
-        # every row's j is at least the calls so far - 1 (each call accepts a token or more), and the positions this
-        # call verifies are after j
-        self.may_be_below_min_len = s.calls < self.min_len
-        s.calls += 1
-        s.drafting_calls += width > 1
+        width = self.begin_step(s)
         if width == 1 and s.cache is not None and not s.bos_block:
             self.greedy_step(s)
             return
         proposals = s.first.unsqueeze(1)
         if width > 1:
-            started = time.perf_counter()
             drafts = self.propose(s.first, s.features, s.tokens[:, : s.max_last + 2], s.last, s.max_len)
-            if s.drafting_seconds is not None:
-                s.drafting_seconds += time.perf_counter() - started
             proposals = torch.cat([proposals, drafts], dim=1)
-        block_offsets = s.offsets[:width]
-        index = s.last.unsqueeze(1) + block_offsets
+        index = s.last.unsqueeze(1) + s.offsets[:width]
+        self.accept_block(s, proposals, index, self.block_features(s, proposals, index))
+
+    def begin_step(self, state: LoopState) -> int:
+        """The next call's width (:meth:`block_width`), with the length rules its positions can meet
+        (:meth:`constrain_logits`) and the call counted."""
+        s = state
+        width = self.block_width(s)
+        s.may_reach_max_len = s.max_last + width >= s.max_len
+        # every row's j is at least the calls so far - 1 (each call accepts a token or more), and the positions this
+        # call verifies are after j
+        s.may_be_below_min_len = s.calls < self.min_len
+        s.calls += 1
+        s.drafting_calls += width > 1
+        return width
+
+    def block_features(self, state: LoopState, proposals: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The verifier's decoder output (B, w, d) for the block ``proposals`` (B, w) at positions ``index`` (B, w):
+        one call against the cache, or (cache off) on the whole prefix."""
+        s = state
         if s.cache is not None:
-            positions = index.clamp(max=s.max_len) if self.may_reach_max_len else index
-            x = s.cache.step(proposals, positions, index, s.encoder_out)
-        else:
-            x = self.recompute_block(s.tokens, proposals, index, s.encoder_out, s.max_len, s.max_last + width + 1)
+            positions = index.clamp(max=s.max_len) if s.may_reach_max_len else index
+            return s.cache.step(proposals, positions, index, s.encoder_out)
+        width = proposals.size(1)
+        return self.recompute_block(s.tokens, proposals, index, s.encoder_out, s.max_len, s.max_last + width + 1)
+
+    def accept_block(self, state: LoopState, proposals: torch.Tensor, index: torch.Tensor, x: torch.Tensor) -> None:
+        """Verify the block ``proposals`` (B, w) at ``index`` from its decoder output ``x`` (B, w, d): write the
+        accepted prefix (:func:`accepted_lengths`) and take the verifier's argmax after it as the next ŷ_{j+1}."""
+        s, width = state, proposals.size(1)
+        block_offsets = s.offsets[:width]
         greedy, greedy_scores, logits, logsumexp = self.verify(x, index, s.max_len)
         # a first block's BOS (= EOS in fairseq) does not end it
         checked = proposals.masked_fill(block_offsets.eq(1), self.pad) if s.bos_block else proposals
@@ -499,7 +526,7 @@ class VerifyAcceptLoop(PluginGenerator):
         and :meth:`retire_finished` has written it)."""
         s = state
         index = s.last.unsqueeze(1) + 1
-        positions = index.clamp(max=s.max_len) if self.may_reach_max_len else index
+        positions = index.clamp(max=s.max_len) if s.may_reach_max_len else index
         s.features = s.cache.step(s.first.unsqueeze(1), positions, index, s.encoder_out)[:, 0]
         s.last = index.squeeze(1)
         s.first, s.first_score, _, _ = self.verify(s.features, s.last, s.max_len)
@@ -539,7 +566,7 @@ class GreedyLoop(VerifyAcceptLoop):
         verifier = models[0]
         if GreedyLoopDecodingConfig.of(task.cfg).int8_decoder:
             verifier = int8_decoder_copy(verifier, "the decoder", "--int8-decoder")
-        super().__init__(models, task, gen_args, verifier=verifier, block_size=1)
+        super().__init__(models, task, gen_args, verifier=verifier, call_width=1)
 
 
 def greedy_loop_refusal(models: List[nn.Module], gen_args: Any, **build_kwargs: Any) -> Optional[str]:

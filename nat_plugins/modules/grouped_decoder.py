@@ -1,30 +1,47 @@
 """fairseq's Transformer decoder over target positions that come in groups of K decoded together: the groups of the
 Semi-Autoregressive Transformer (Wang et al., EMNLP 2018, §3) and the steps of RecoverSAT's K segments in its
 step-major layout (Ran et al., ACL 2020, §3.1). Both attend under the relaxed causal mask (a query of group g sees
-every position of groups 0..g, :func:`~nat_plugins.modules.sat_masks.relaxed_causal_mask`) and, in incremental
+every position of groups 0..g, :func:`~relaxed_causal_mask`) and, in incremental
 decoding, add one whole group (the last K positions) to the key/value cache per call; they differ only in the
 positional part of the input embedding (:meth:`GroupedTransformerDecoder.add_positions`).
 
-Decoding keeps that cache in a :class:`~nat_plugins.engine.static_cache.StaticCache` where the static step runs the
-decoder (:meth:`GroupedTransformerDecoder.new_cache`): a group's K slots are written in place and see every slot
-written so far (the relaxed causal mask needs no mask in a step), padded inputs (RecoverSAT's ended segments) hidden as
-fairseq's key padding mask hides them; else in fairseq's ``incremental_state``.
+Decoding keeps that cache in the engine's decoding cache (:meth:`GroupedTransformerDecoder.new_cache`,
+:func:`~nat_plugins.engine.decoding_cache`): the static step's buffers where it runs the decoder, a group's K slots
+written in place and seeing every slot written so far (the relaxed causal mask needs no mask in a step), padded inputs
+(RecoverSAT's ended segments) hidden as fairseq's key padding mask hides them; else fairseq's ``incremental_state``,
+which this decoder's own forward extends.
 """
 
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from torch import nn
 
-from ..engine.lean_decoder import IncrementalState
-from ..engine.static_cache import StaticCache, static_unsupported
-from .sat_masks import relaxed_causal_mask
+from ..engine import DecodingCache, IncrementalState, StaticCache, decoding_cache
 
-# a batch's decoding cache (:meth:`GroupedTransformerDecoder.new_cache`)
-DecodingCache = Union[StaticCache, IncrementalState]
+
+def relaxed_causal_mask(size: int, group_size: int) -> torch.Tensor:
+    """Additive (size, size) mask (0 = visible, -inf = hidden) for target positions grouped by ``group_size`` K.
+
+    The query at position i belongs to group g = i // K and sees every key position j < (g + 1) * K: all of
+    its own group and everything before it (the paper's relaxed causal mask). K = 1 is the causal mask of
+    fairseq's Transformer decoder.
+    """
+    if group_size < 1:
+        raise ValueError(f"group size K must be >= 1, got {group_size}")
+    positions = torch.arange(size)
+    group_end = (positions // group_size + 1) * group_size
+    visible = positions.unsqueeze(0) < group_end.unsqueeze(1)
+    return utils.fill_with_neg_inf(torch.zeros(size, size)).masked_fill_(visible, 0.0)
+
+
+# what a forward decodes incrementally against (any non-None value): fairseq's incremental state, or the static cache
+# whose step runs the layers (GroupedTransformerDecoder.group_features)
+IncrementalInput = Union[IncrementalState, StaticCache]
 
 
 class GroupedTransformerDecoder(TransformerDecoderBase):
@@ -43,17 +60,17 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         self.group_size = group_size
 
     def add_positions(
-        self, x: torch.Tensor, prev_output_tokens: torch.Tensor, incremental_state: Optional[DecodingCache]
+        self, x: torch.Tensor, prev_output_tokens: torch.Tensor, incremental_state: Optional[IncrementalInput]
     ) -> torch.Tensor:
         """``x`` ((B, T, C): the scaled token embeddings of the new positions, the last K of
         ``prev_output_tokens`` with an ``incremental_state``, else all of them) plus their positional input."""
         raise NotImplementedError
 
     def layer_inputs(
-        self, prev_output_tokens: torch.Tensor, incremental_state: Optional[DecodingCache]
+        self, prev_output_tokens: torch.Tensor, incremental_state: Optional[IncrementalInput]
     ) -> torch.Tensor:
         """The first layer's input ((B, T, C), before dropout) of the new positions: all of ``prev_output_tokens``,
-        or its last K with an ``incremental_state`` (any non-None value: a dict or a :class:`StaticCache`)."""
+        or its last K with an ``incremental_state`` (any non-None value: a dict or a static cache)."""
         tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -self.group_size :]
         x = self.embed_scale * self.embed_tokens(tokens.contiguous())
         if self.quant_noise is not None:
@@ -66,11 +83,10 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         return x
 
     def new_cache(self, encoder_out: Optional[Dict[str, List[torch.Tensor]]], length: int) -> DecodingCache:
-        """The decoding cache of a batch: a :class:`StaticCache` of ``length`` slots where the static step runs this
-        decoder (in evaluation, fairseq's layers), else fairseq's ``incremental_state`` (a dict)."""
-        if static_unsupported(self, encoder_out) is None:
-            return StaticCache(self, encoder_out, length)
-        return {}
+        """The decoding cache of a batch (:func:`~nat_plugins.engine.decoding_cache`): the static step's buffers of
+        ``length`` slots where it runs this decoder (in evaluation, fairseq's layers), else fairseq's
+        ``incremental_state`` behind the same interface."""
+        return decoding_cache(self, encoder_out, length)
 
     def group_features(
         self,
@@ -79,24 +95,23 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         cache: DecodingCache,
     ) -> torch.Tensor:
         """Features (B, K, C) of the last group of ``prev_output_tokens`` (whole groups), the earlier ones being in
-        ``cache`` (:meth:`new_cache`), which this call extends by the group."""
-        if not isinstance(cache, StaticCache):
-            return self.extract_features(prev_output_tokens, encoder_out=encoder_out, incremental_state=cache)[0]
+        ``cache`` (:meth:`new_cache`), which this call extends by the group: the static step on its buffers, or this
+        decoder's forward on fairseq's state (the cache's ``incremental_state``)."""
+        state = cache.incremental_state
+        if state is not None:
+            return self.extract_features(prev_output_tokens, encoder_out=encoder_out, incremental_state=state)[0]
         bsz, used = prev_output_tokens.shape
         slots = torch.arange(used - self.group_size, used, device=prev_output_tokens.device).expand(bsz, -1)
         padded = prev_output_tokens.eq(self.padding_idx)
         hidden_slots = None
         if padded.any():  # padding (a finished sentence's) is never seen; the buffers' other slots are after `used`
-            hidden_slots = F.pad(padded, (0, cache.keys[0].size(2) - used))
+            hidden_slots = F.pad(padded, (0, cache.slots - used))
         x = self.layer_inputs(prev_output_tokens, cache)
         return cache.run(x, slots, slots.new_full(slots.shape, used - 1), hidden_slots)
 
     def reorder_cache(self, cache: DecodingCache, keep: torch.Tensor) -> None:
         """Keep the sentences ``keep`` (indices into the batch) of ``cache`` (:meth:`new_cache`)."""
-        if isinstance(cache, StaticCache):
-            cache.reorder(keep)
-        else:
-            self.reorder_incremental_state_scripting(cache, keep)
+        cache.reorder(keep)
 
     def buffered_future_mask(self, tensor: torch.Tensor) -> torch.Tensor:
         """The relaxed causal mask (T, T) for ``tensor`` (T, B, C), built once for the longest T seen, then sliced."""
@@ -110,7 +125,7 @@ class GroupedTransformerDecoder(TransformerDecoderBase):
         self,
         prev_output_tokens: torch.Tensor,
         encoder_out: Optional[Dict[str, List[torch.Tensor]]],
-        incremental_state: Optional[DecodingCache] = None,
+        incremental_state: Optional[IncrementalInput] = None,
         full_context_alignment: bool = False,
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,

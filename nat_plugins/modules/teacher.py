@@ -6,7 +6,7 @@ registered as a submodule: it is not saved in the student's checkpoint, not seen
 by DDP. It is put in eval mode with ``requires_grad=False`` and moved to the student's device/dtype on first use.
 Checkpoints are pickles: load only trusted files.
 
-A teacher checkpoint (``--npd-teacher``, ``--teacher-path``, ``--speculative-teacher``; ``--init-from-ar`` reads one
+A teacher checkpoint (``--npd-teacher``, ``--teacher-path``, ``--spec-drafter-teacher``; ``--init-from-ar`` reads one
 too) is refused when its architecture is not an autoregressive encoder-decoder that fairseq's ``SequenceGenerator``
 decodes (:func:`refuse_non_autoregressive`: a nat_plugins model, which declares its own decoder, or one of fairseq's
 NAT models: their decoders are not run teacher-forced like a Transformer's), and when it was trained with other
@@ -25,7 +25,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqEncoderDe
 from fairseq.models.nat import FairseqNATModel
 from fairseq.tasks import FairseqTask
 
-from ..engine import length_buckets, prepare_for_decoding
+from ..engine import bucketed, length_buckets_wanted, prepare_for_decoding, widened
 from .log_probs import token_log_probs
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class FrozenTeacher:
     the checks of the module docstring.
 
     ``option`` names the command-line option in error messages (``--teacher-path``, ``--npd-teacher``,
-    ``--speculative-teacher``)."""
+    ``--spec-drafter-teacher``)."""
 
     def __init__(self, path: str, task: FairseqTask, option: str) -> None:
         if not path:
@@ -245,10 +245,10 @@ class FrozenTeacher:
         model = self.model
         dictionary = model.decoder.dictionary
         pad, eos = dictionary.pad(), dictionary.eos()
-        buckets = length_buckets.length_buckets_wanted(tokens)
+        buckets = length_buckets_wanted(tokens)
         if buckets:
-            width = length_buckets.bucketed(src_tokens.size(1))
-            src_tokens = length_buckets.widened(src_tokens, width, model.encoder.padding_idx, on_the_left=True)
+            width = bucketed(src_tokens.size(1))
+            src_tokens = widened(src_tokens, width, model.encoder.padding_idx, on_the_left=True)
         encoder_out = model.encoder(src_tokens, src_lengths=src_lengths)
         if order is not None:
             encoder_out = model.encoder.reorder_encoder_out(encoder_out, order)
@@ -257,6 +257,6 @@ class FrozenTeacher:
         prev = torch.cat([tokens.new_full((tokens.size(0), 1), eos), target[:, :-1]], dim=1)
         prev = prev.masked_fill(prev.eq(eos) & (torch.arange(prev.size(1), device=prev.device) > 0), pad)
         if buckets:
-            prev = length_buckets.widened(prev, length_buckets.bucketed(prev.size(1)), pad)
+            prev = widened(prev, bucketed(prev.size(1)), pad)
         logits, extra = model.decoder(prev, encoder_out=encoder_out)
         return (logits[:, : target.size(1)], extra), target

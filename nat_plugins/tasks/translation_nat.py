@@ -48,14 +48,8 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from torch import nn
 
 from ..compat import PluginCheckpointMarker
-from ..engine import prepare_for_decoding
-from ..engine.attention import attention_backends
+from ..engine import attention_backends, prepare_for_decoding
 from ..generators.base import DecodingConfig, Hypothesis, option_owners
-from ..generators.blockwise_decoding import BlockwiseDecodingConfig
-from ..generators.fertility_nat_decoding import FertilityNATDecodingConfig
-from ..generators.nad_ad_decoding import NADADDecodingConfig
-from ..generators.recover_sat_decoding import RecoverSATDecodingConfig
-from ..generators.spec_drafter_decoding import SpecDrafterDecodingConfig
 from ..generators.verify_accept_loop import (
     GreedyLoop,
     GreedyLoopDecodingConfig,
@@ -63,13 +57,19 @@ from ..generators.verify_accept_loop import (
     greedy_loop_refusal,
 )
 from ..modules.teacher import stored_dictionaries
+from ..systems.blockwise.decoding import BlockwiseDecodingConfig
+from ..systems.fertility_nat.decoding import FertilityNATDecodingConfig
+from ..systems.nad_ad.decoding import NADADDecodingConfig
+from ..systems.recover_sat.decoding import RecoverSATDecodingConfig
+from ..systems.spec_drafter.decoding import SpecDrafterDecodingConfig
 
 logger = logging.getLogger(__name__)
 
 SIDE_INPUTS = ("fertility", "kd_target")
 DISTILLED_MODES = ChoiceEnum(["none", "target", "side"])
 
-# every generator's decoding options (declared beside it: generators/*), in the order --help lists them
+# every generator's decoding options (declared beside it: systems/*/decoding.py, generators/verify_accept_loop.py),
+# in the order --help lists them
 DECODING_CONFIGS: Tuple[Type[DecodingConfig], ...] = (
     RecoverSATDecodingConfig,
     BlockwiseDecodingConfig,
@@ -346,7 +346,7 @@ class TranslationNATTask(TranslationTask):
     def build_model(self, cfg: Any, from_checkpoint: bool = False) -> nn.Module:
         """The model, and with ``--eval-bleu`` the validation generator of the model being trained only: a model
         loaded from a checkpoint into this task (a teacher of speculative decoding, NPD or L_RKL) gets none, since
-        its generator would be built with the trained model's decoding options (``--speculative-teacher``)."""
+        its generator would be built with the trained model's decoding options (``--spec-drafter-teacher``)."""
         if from_checkpoint:
             model = FairseqTask.build_model(self, cfg, from_checkpoint)
         else:

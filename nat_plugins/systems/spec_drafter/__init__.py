@@ -1,0 +1,5 @@
+"""Speculative decoding with a trained drafter (Xia et al., Findings of EMNLP 2023).
+
+Its model, loss and decoding side by side; README.md maps the paper to the code."""
+
+from . import loss, model  # noqa: F401  (registers the model and criterion with fairseq)
