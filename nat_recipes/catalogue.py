@@ -962,7 +962,10 @@ def fertility_nat(value: Union[int, Npd]) -> Config:
             "; ranked by the teacher's log-probability per token (--npd-ranking mean, as the authors' released code "
             "ranks them; the paper's eq. 8: the sum)"
         )
-    fine_tuned = f"{NAT_INIT}; then fine-tuned towards the teacher (eq. 11: reverse KL + REINFORCE, λ = 0.25)"
+    fine_tuned = (
+        f"{NAT_INIT}; then fine-tuned towards the teacher (eq. 11: reverse KL + REINFORCE, λ = 0.25; the fertilities' "
+        "reward per output position, --rkl-reward mean, beyond the paper: its sum shortened the outputs)"
+    )
     config = Config(
         jobs=(
             job(

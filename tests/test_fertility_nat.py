@@ -1253,3 +1253,21 @@ def test_nat_learns_the_synthetic_task_with_predicted_fertilities(synthetic_teac
             total += int(out["mask"].sum())
     assert correct / total >= 0.95, f"fertility accuracy {correct / total:.3f}"
     assert student_bleu >= 0.6 * teacher_bleu, f"NAT {student_bleu:.1f} BLEU vs the teacher's {teacher_bleu:.1f}"
+
+
+def test_the_per_position_reward_does_not_favour_a_shorter_output():
+    """--rkl-reward: a sampled output of 2 positions at L_RKL 4.0 (2.0 a position) against the average-fertility
+    output of 5 at 7.5 (1.5 a position). Summed (eq. 10 as written) the short sample has the lower loss and its
+    log-probability is pushed up; per position it has the higher loss and is pushed down. Bad values are refused."""
+    from nat_plugins.systems.fertility_nat.finetune_loss import reinforce_surrogate
+
+    positions = (torch.tensor([2]), torch.tensor([5]))
+    for reward, direction in (("sum", 1.0), ("mean", -1.0)):
+        sample_lprob = torch.tensor([-1.0], requires_grad=True)
+        surrogate = reinforce_surrogate(torch.tensor([4.0]), torch.tensor([7.5]), sample_lprob, positions, reward)
+        surrogate.backward()
+        # gradient descent moves log p_F(f) against the gradient: up (+1) for a reward better than the baseline's
+        assert torch.sign(-sample_lprob.grad).item() == direction, reward
+    assert float(reinforce_surrogate(torch.tensor([4.0]), torch.tensor([7.5]), torch.tensor([-1.0]), positions)) == 3.5
+    with pytest.raises(ValueError, match="--rkl-reward must be 'sum' or 'mean'"):
+        reinforce_surrogate(torch.tensor([4.0]), torch.tensor([7.5]), torch.tensor([-1.0]), positions, "max")

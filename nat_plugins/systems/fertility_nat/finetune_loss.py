@@ -16,7 +16,9 @@ Eq. 11, the fine-tuning objective implemented here (the released salesforce code
 
 * the first term is trained with REINFORCE on the fertility predictor (a score-function loss, since
   ``Variable.reinforce`` no longer exists): (L_RKL(f) - L_RKL(f_avg)).detach() * log p_F(f), one f sampled per
-  sentence, with the average-fertility decode (f_avg = Round(E[f]), §4.1) as the baseline;
+  sentence, with the average-fertility decode (f_avg = Round(E[f]), §4.1) as the baseline; L_RKL summed over the
+  output's positions as eq. 10 writes it, which rewards shorter outputs, or per position with ``--rkl-reward mean``
+  (beyond the paper: :func:`reinforce_surrogate`);
 * the second term is backpropagated through the decoder fed the aligner (gold) fertilities f_gold;
 * L_KD is ``fertility_nat_loss`` on the (distilled) training batch, reusing the same gold-fertility decoder pass;
 * λ = ``--rkl-weight`` (paper: 0.25).
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
     from .model import FertilityNATModel
 
 RKL_FORMS = ChoiceEnum(["ce", "kl"])
+RKL_REWARDS = ChoiceEnum(["sum", "mean"])
 
 
 @dataclass
@@ -85,6 +88,15 @@ class NATRKLFinetuneConfig(FertilityNATLossConfig):
             "whose extra student-entropy term rewards spread"
         },
     )
+    rkl_reward: RKL_REWARDS = field(
+        default="sum",
+        metadata={
+            "help": "the REINFORCE reward of the sampled fertilities (eq. 11's first term): 'sum' (default, the "
+            "paper's), L_RKL summed over the output's positions, which a shorter output lowers (on Multi30k the "
+            "fine-tuning then shortens the NAT's outputs); 'mean', L_RKL per output position (beyond the paper), "
+            "which does not favour length"
+        },
+    )
 
 
 def rkl_loss(
@@ -102,6 +114,25 @@ def rkl_loss(
     if form == "kl":
         per_position = per_position + (nat_probs * nat_lprobs).sum(dim=-1)
     return (per_position * mask.to(per_position.dtype)).sum(dim=1)
+
+
+def reinforce_surrogate(
+    rkl_sampled: torch.Tensor,
+    rkl_baseline: torch.Tensor,
+    sample_lprob: torch.Tensor,
+    positions: Tuple[torch.Tensor, torch.Tensor],
+    reward: str = "sum",
+) -> torch.Tensor:
+    """The score-function surrogate of eq. 11's first term, sum_n (L_RKL(f_n) - L_RKL(f_avg,n)).detach() *
+    log p_F(f_n), from the rows' L_RKL (:func:`rkl_loss`, detached) of the sampled and the average fertilities and
+    ``sample_lprob`` log p_F(f) (N,); ``reward`` 'mean' divides each L_RKL by its output's ``positions`` (sampled,
+    average; (N,) each) first, so that a shorter output is not a lower loss for being shorter."""
+    if reward not in ("sum", "mean"):
+        raise ValueError(f"--rkl-reward must be 'sum' or 'mean', got {reward!r}")
+    if reward == "mean":
+        sampled_positions, baseline_positions = (p.clamp(min=1).to(rkl_sampled.dtype) for p in positions)
+        rkl_sampled, rkl_baseline = rkl_sampled / sampled_positions, rkl_baseline / baseline_positions
+    return ((rkl_sampled - rkl_baseline).detach() * sample_lprob).sum()  # rewards are -L_RKL: lower is better
 
 
 @contextlib.contextmanager
@@ -124,6 +155,7 @@ class NATRKLFinetune(FertilityNATLoss):
         teacher_path=None,
         rkl_weight=0.25,
         rkl_form="ce",
+        rkl_reward="sum",
         rkl_max_len_a=2.0,
         rkl_max_len_b=10,
         label_smoothing=0.0,
@@ -135,6 +167,9 @@ class NATRKLFinetune(FertilityNATLoss):
             raise ValueError(f"--rkl-weight must be in [0, 1], got {rkl_weight}")
         self.rkl_weight = rkl_weight
         self.rkl_form = rkl_form
+        if rkl_reward not in ("sum", "mean"):
+            raise ValueError(f"--rkl-reward must be 'sum' or 'mean', got {rkl_reward!r}")
+        self.rkl_reward = rkl_reward
         self.max_len_a, self.max_len_b = rkl_max_len_a, rkl_max_len_b
         self.teacher = FrozenTeacher(teacher_path, task, "--teacher-path")  # a plain object: not a submodule
 
@@ -210,7 +245,10 @@ class NATRKLFinetune(FertilityNATLoss):
                 decoded["out"][bsz:], teacher_lprobs[bsz:, :width], decoded["mask"][bsz:], self.rkl_form
             )
         rkl_sampled, rkl_baseline = rkl_noisy[:bsz], rkl_noisy[bsz:]
-        reinforce = ((rkl_sampled - rkl_baseline) * sample_lprob).sum()  # rewards are -L_RKL: a lower loss is better
+        positions = decoded["mask"][bsz:].sum(dim=1)
+        reinforce = reinforce_surrogate(
+            rkl_sampled, rkl_baseline, sample_lprob, (positions[:bsz], positions[bsz:]), self.rkl_reward
+        )
         return dict(
             terms,
             kd=kd_loss,
