@@ -573,13 +573,18 @@ def add_solo_exact_checks(rows, anchor: int, timings: dict, solo_outputs: dict, 
     exact check and was timed alone: the speed-ups a user is shown come from that pass, so the verdict "prints the
     teacher's greedy output" covers it."""
     for k, row in enumerate(rows):
-        if row.exact_check is None or row.name not in solo_outputs:
-            continue
-        for size, solo in sorted(solo_outputs[row.name].items()):
-            outputs = timings[size][1]
-            key = "solo" if size == 1 else f"solo {size}"
-            own_check = row.exact_check[str(size)]
-            row.exact_check[key] = solo_exact_check(solo, outputs[anchor], outputs[k], own_check, tolerance)
+        if row.exact_check is not None and row.name in solo_outputs:
+            check_solo_passes(row.exact_check, k, anchor, timings, solo_outputs[row.name], tolerance)
+
+
+def check_solo_passes(passes: dict, k: int, reference: int, timings: dict, solo: dict, tolerance: float):
+    """Row ``k``'s solo outputs ``solo`` ({batch size: outputs}) checked against row ``reference``'s round-robin
+    outputs of the same size (:func:`.measure.solo_exact_check`, with row ``k``'s own check of that pass), written into
+    ``passes`` as ``"solo"`` (batch 1) and ``"solo <size>"``."""
+    for size, alone in sorted(solo.items()):
+        outputs = timings[size][1]
+        key = "solo" if size == 1 else f"solo {size}"
+        passes[key] = solo_exact_check(alone, outputs[reference], outputs[k], passes[str(size)], tolerance)
 
 
 def pytorch_twin(runner, runners) -> Optional[int]:
@@ -640,14 +645,9 @@ def add_solo_twin_checks(rows, runners, timings: dict, solo_outputs: dict, toler
     :func:`add_solo_exact_checks` checks the exact rows (``passes["solo"]``, ``["solo <size>"]``)."""
     names = [runner.spec.name for runner in runners]
     for k, row in enumerate(rows):
-        if row.twin_check is None or row.name not in solo_outputs:
-            continue
-        j = names.index(row.twin_check["reference"])
-        passes = row.twin_check["passes"]
-        for size, solo in sorted(solo_outputs[row.name].items()):
-            outputs = timings[size][1]
-            key = "solo" if size == 1 else f"solo {size}"
-            passes[key] = solo_exact_check(solo, outputs[j], outputs[k], passes[str(size)], tolerance)
+        if row.twin_check is not None and row.name in solo_outputs:
+            twin = names.index(row.twin_check["reference"])
+            check_solo_passes(row.twin_check["passes"], k, twin, timings, solo_outputs[row.name], tolerance)
 
 
 def active_openmp(argv: List[str]):

@@ -1,7 +1,7 @@
 """fairseq's Transformer decoder over target positions that come in groups of K decoded together: the groups of the
 Semi-Autoregressive Transformer (Wang et al., EMNLP 2018, §3) and the steps of RecoverSAT's K segments in its
 step-major layout (Ran et al., ACL 2020, §3.1). Both attend under the relaxed causal mask (a query of group g sees
-every position of groups 0..g, :func:`~relaxed_causal_mask`) and, in incremental
+every position of groups 0..g, :func:`relaxed_causal_mask`) and, in incremental
 decoding, add one whole group (the last K positions) to the key/value cache per call; they differ only in the
 positional part of the input embedding (:meth:`GroupedTransformerDecoder.add_positions`).
 

@@ -167,9 +167,7 @@ class NATRKLFinetune(FertilityNATLoss):
             raise ValueError(f"--rkl-weight must be in [0, 1], got {rkl_weight}")
         self.rkl_weight = rkl_weight
         self.rkl_form = rkl_form
-        if rkl_reward not in ("sum", "mean"):
-            raise ValueError(f"--rkl-reward must be 'sum' or 'mean', got {rkl_reward!r}")
-        self.rkl_reward = rkl_reward
+        self.rkl_reward = rkl_reward  # checked where it is used, as rkl_form (reinforce_surrogate)
         self.max_len_a, self.max_len_b = rkl_max_len_a, rkl_max_len_b
         self.teacher = FrozenTeacher(teacher_path, task, "--teacher-path")  # a plain object: not a submodule
 
