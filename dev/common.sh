@@ -1,7 +1,8 @@
 # Sourced by the dev scripts that add measurements to a finished quickstart run (dev/nad_ad_seeds.sh,
 # dev/fairseq_peers.sh, dev/variant.sh): run_scripts/common.sh, then
 #   run_dir WORK SCRIPT FILE...   cd into the run's work folder WORK; exit, saying what to run, when it lacks a FILE
-#   train_once NAME RECIPE ARGS   bash examples/multi30k/RECIPE ARGS (which save into ckpt/NAME) unless
+#   train_once NAME RECIPE ARGS   bash examples/multi30k/RECIPE ARGS (RECIPE with a "/": relative to the
+#                                 repository) which save into ckpt/NAME, unless
 #                                 ckpt/NAME/$STUDENT_CHECKPOINT exists and its training was not interrupted (an
 #                                 interrupted one resumes); output in logs/NAME.log, its tail on failure;
 #                                 with TRAINING_TIMES set, "NAME<TAB>seconds" is appended to that file
@@ -22,13 +23,14 @@ run_dir() {
 }
 
 train_once() {
-  local name=$1 recipe=$2 started
+  local name=$1 recipe=$ROOT/examples/multi30k/$2 started
+  [[ $2 == */* ]] && recipe=$ROOT/$2
   shift 2
   [ -f "ckpt/$name/$STUDENT_CHECKPOINT" ] && [ ! -f "ckpt/$name/.unfinished" ] && return
   log "training $name (log: $PWD/logs/$name.log)"
   started=$(date +%s)
   mkdir -p "ckpt/$name" && touch "ckpt/$name/.unfinished"
-  bash "$ROOT/examples/multi30k/$recipe" "$@" > "logs/$name.log" 2>&1 || { tail -n 30 "logs/$name.log" >&2; exit 1; }
+  bash "$recipe" "$@" > "logs/$name.log" 2>&1 || { tail -n 30 "logs/$name.log" >&2; exit 1; }
   rm "ckpt/$name/.unfinished"
   [ -z "${TRAINING_TIMES:-}" ] || printf '%s\t%s\n' "$name" "$(( $(date +%s) - started ))" >> "$TRAINING_TIMES"
 }

@@ -1,5 +1,5 @@
-"""A BLEU gain over several training seeds: each seed's BLEU, mean ± sample std, and sacreBLEU's paired bootstrap
-(1,000 resamples) on the seeds' hypotheses pooled (seed i of the system paired with seed i of the baseline, the
+"""A BLEU gain over several training seeds: each seed's BLEU and paired bootstrap, mean ± sample std, and sacreBLEU's
+paired bootstrap (1,000 resamples) on the seeds' hypotheses pooled (seed i of the system paired with seed i of the baseline, the
 references repeated once per seed), so that seed noise and test-set noise are judged together.
 
 Reads a finished ``nat-benchmark`` out-dir (its results.json and hypothesis files); ``--baseline`` and ``--system``
@@ -47,10 +47,20 @@ def seed_gain(baselines: list, systems: list, references: list) -> dict:
     }
     (test,) = paired_bootstrap([("baseline", "system")], pooled, references * len(systems))
     gains = [system["bleu"] - baseline["bleu"] for baseline, system in zip(baselines, systems)]
+    per_seed = [
+        paired_bootstrap([("baseline", "system")], {"baseline": b["hyps"], "system": s["hyps"]}, references)[0]
+        for b, s in zip(baselines, systems)
+    ]
     return {
         "seeds": [
-            {"baseline": b["name"], "baseline_bleu": b["bleu"], "system": s["name"], "system_bleu": s["bleu"]}
-            for b, s in zip(baselines, systems)
+            {
+                "baseline": b["name"],
+                "baseline_bleu": b["bleu"],
+                "system": s["name"],
+                "system_bleu": s["bleu"],
+                "p_value": test["p_value"],
+            }
+            for b, s, test in zip(baselines, systems, per_seed)
         ],
         "baseline_bleu": mean_std([row["bleu"] for row in baselines]),
         "system_bleu": mean_std([row["bleu"] for row in systems]),
@@ -60,12 +70,14 @@ def seed_gain(baselines: list, systems: list, references: list) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| seed | baseline BLEU | system BLEU | gain |", "|---:|---:|---:|---:|"]
+    lines = ["| seed | baseline BLEU | system BLEU | gain | paired p |", "|---:|---:|---:|---:|---:|"]
     for i, seed in enumerate(result["seeds"], 1):
         gain = seed["system_bleu"] - seed["baseline_bleu"]
-        lines.append(f"| {i} | {seed['baseline_bleu']:.2f} | {seed['system_bleu']:.2f} | {gain:+.2f} |")
+        lines.append(
+            f"| {i} | {seed['baseline_bleu']:.2f} | {seed['system_bleu']:.2f} | {gain:+.2f} | {seed['p_value']:.4f} |"
+        )
     (bm, bs), (sm, ss), (gm, gs) = result["baseline_bleu"], result["system_bleu"], result["gain"]
-    lines.append(f"| mean ± std | {bm:.2f} ± {bs:.2f} | {sm:.2f} ± {ss:.2f} | {gm:+.2f} ± {gs:.2f} |")
+    lines.append(f"| mean ± std | {bm:.2f} ± {bs:.2f} | {sm:.2f} ± {ss:.2f} | {gm:+.2f} ± {gs:.2f} | |")
     pooled = result["pooled"]
     lines += [
         "",

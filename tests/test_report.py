@@ -505,6 +505,8 @@ def test_a_gain_over_seeds_pools_each_seeds_pair_of_hypotheses():
     systems = [{**good, "name": f"sys {i}", "bleu": 42.0 + 2 * i} for i in (1, 2, 3)]
     result = seed_gain(baselines, systems, references)
     assert [seed["system"] for seed in result["seeds"]] == ["sys 1", "sys 2", "sys 3"]
+    assert all(0 < seed["p_value"] <= 0.05 for seed in result["seeds"])  # each seed's own paired test
+    assert "| 1 | 41.00 | 44.00 | +3.00 | 0.0010 |" in dev_module("seed_gain").markdown(result)
     assert result["gain"] == pytest.approx((4.0, 1.0))  # gains 3, 4, 5: mean 4, sample std 1
     pooled = result["pooled"]
     assert pooled["system_bleu"] == pytest.approx(100.0) and pooled["baseline_bleu"] < 100.0
