@@ -1,15 +1,17 @@
 """BLEU of noisy parallel decoding's selection rules over the same candidates (Gu et al., ICLR 2018, §4.1).
 
 ``fertility_nat`` NPD decodes S fertility sequences per sentence and keeps the candidate the AR teacher scores best
-(the log-probability of its tokens and EOS, eq. 8). This script decodes the S candidates exactly as
-:class:`~nat_plugins.systems.fertility_nat.decoding.FertilityNATGenerator` does (same fertilities, dedup, decoding
-and teacher scores: a subclass that records them and returns the generator's own output), in the benchmark's
-batches (``--batch-size`` sentences in the split's length order, ``--seed`` set before every batch), and scores
-every selection rule on them with sacreBLEU (13a) against the raw references:
+(the log-probability of its tokens and EOS: eq. 8's sum, or per token, the default). This script decodes the S
+candidates exactly as :class:`~nat_plugins.systems.fertility_nat.decoding.FertilityNATGenerator` does (same
+fertilities, dedup, decoding and teacher scores: a subclass that records them and returns the generator's own
+output), in the benchmark's batches (``--batch-size`` sentences in the split's length order, ``--seed`` set before
+every batch), and scores every selection rule on them with sacreBLEU (13a) against the raw references:
 
 * ``argmax``: the argmax fertility sequence (candidate 0 of ``--candidates argmax_and_samples``);
-* ``teacher``: the teacher's log-probability sum, eq. 8 (asserted equal to the generator's output);
-* ``teacher / (len+1)``: that score divided by (length + 1), the hypothesis length with EOS in tokens;
+* ``teacher (eq. 8)``: the teacher's log-probability sum (asserted equal to the generator's output with
+  ``--npd-ranking sum``);
+* ``teacher / (len+1)^a``: that sum divided by (length + 1) ** a, the hypothesis length with EOS in tokens, for each
+  a of ``--lenpens`` (a = 1: ``--npd-ranking mean``, the generator's default; a: its ``--lenpen``);
 * ``random``: one of the S sequences drawn uniformly (a duplicate stands for the candidate it repeats);
 * ``oracle``: per sentence the candidate with the best sentence BLEU, the upper bound of any rescoring;
 * ``teacher greedy``: the teacher's own greedy output (fairseq's SequenceGenerator, beam 1), for reference.
@@ -132,6 +134,12 @@ def parse_args():
         default=os.path.dirname(os.path.abspath(nat_plugins.__file__)),
         help="fairseq --user-dir (default: the installed nat_plugins package)",
     )
+    parser.add_argument(
+        "--lenpens",
+        type=lambda text: [float(a) for a in text.split(",")],
+        default=[1.0],
+        help="comma-separated exponents a of the length-normalised rules (default: 1, the generator's default)",
+    )
     parser.add_argument("--max-batches", type=int, help="decode only the first N batches (a smoke test)")
     parser.add_argument("--no-teacher-greedy", action="store_true", help="skip decoding the teacher's greedy output")
     parser.add_argument("--compare-hyps", help="a hyp file (the benchmark's NPD row): count lines differing from ours")
@@ -153,7 +161,7 @@ def main():
         **vars(args), fp16=False, generate_args=f"--max-len-a {args.max_len_a} --max-len-b {args.max_len_b}"
     )
     row_args = ["--beam", "1", "--fertility-decoding", "npd", "--npd-samples", str(S)]
-    row_args += ["--npd-candidates", args.candidates, "--npd-teacher", args.teacher]
+    row_args += ["--npd-candidates", args.candidates, "--npd-teacher", args.teacher, "--npd-ranking", "sum"]
     spec = RowSpec(f"NAT, NPD S={S}", args.path, row_args)
     cfg = generation_cfg(harness, spec, use_cuda=False)
     row = load_row(cfg, spec)
@@ -203,7 +211,8 @@ def main():
     if args.candidates == "argmax_and_samples":
         choice["argmax"] = {i: 0 for i in ids}
     choice["teacher (eq. 8)"] = {i: first_best([c[2] for c in cands[i]]) for i in ids}
-    choice["teacher / (len+1)"] = {i: first_best([c[2] / (c[1] + 1) for c in cands[i]]) for i in ids}
+    for a in args.lenpens:
+        choice[f"teacher / (len+1)^{a:g}"] = {i: first_best([c[2] / (c[1] + 1) ** a for c in cands[i]]) for i in ids}
     choice["random"] = {i: slots[i][rng.integers(S)] for i in ids}
     choice["oracle (sentence BLEU)"] = {
         i: first_best([sacrebleu.sentence_bleu(c[0], [references[i]]).score for c in cands[i]]) for i in ids

@@ -1,6 +1,6 @@
 """A BLEU gain over several training seeds: each seed's BLEU and paired bootstrap, mean ± sample std, and sacreBLEU's
-paired bootstrap (1,000 resamples) on the seeds' hypotheses pooled (seed i of the system paired with seed i of the baseline, the
-references repeated once per seed), so that seed noise and test-set noise are judged together.
+paired bootstrap (1,000 resamples) on the seeds' hypotheses pooled (seed i of the system paired with seed i of the
+baseline, the references repeated once per seed), so that seed noise and test-set noise are judged together.
 
 Reads a finished ``nat-benchmark`` out-dir (its results.json and hypothesis files); ``--baseline`` and ``--system``
 name its rows, one per seed, in the same seed order:

@@ -169,3 +169,34 @@ def test_unknown_system_and_missing_arguments_are_named(recipe_env):
         text=True,
     )
     assert done.returncode == 2 and "sat needs 4 arguments" in done.stderr
+
+
+def multi30k_args(recipe_env, script, *args, **env):
+    out = run_script(script, *args, env={**recipe_env["env"], "PRESET": "cpu", **env})
+    return options.parse_args_and_arch(options.get_training_parser(), json.loads(out.strip().splitlines()[-1]))
+
+
+def test_nad_ad_from_scratch_trains_like_the_teacher_its_ar_twin(recipe_env):
+    """NAD_AD_INIT=scratch (Zhou et al.'s protocol): random weights and run_scripts/train_teacher.sh's training, so
+    that the teacher trained with the same --seed is its AR twin (dev/nad_ad_seeds.sh PROTOCOL=scratch)."""
+    data, teacher_ckpt, save = recipe_env["data"], recipe_env["teacher"], recipe_env["save"]
+    teacher = multi30k_args(recipe_env, "run_scripts/train_teacher.sh", data, save, "--seed", "2")
+    scratch = multi30k_args(
+        recipe_env, "examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, "--seed", "2", NAD_AD_INIT="scratch"
+    )
+    fine_tuned = multi30k_args(recipe_env, "examples/multi30k/nad_ad.sh", data, teacher_ckpt, save)
+    same = (
+        "max_tokens max_update lr warmup_updates lr_scheduler total_num_update dropout optimizer adam_betas "
+        "weight_decay seed encoder_layers encoder_embed_dim decoder_ffn_embed_dim share_all_embeddings label_smoothing"
+    ).split()
+    assert {key: getattr(scratch, key) for key in same} == {key: getattr(teacher, key) for key in same}
+    assert (scratch.seed, scratch.max_update, scratch.arch, scratch.criterion) == (
+        2,
+        500,
+        "nad_ad_transformer",
+        "nad_ad_loss",
+    )
+    assert scratch.init_from_ar is None and fine_tuned.init_from_ar == teacher_ckpt
+    assert fine_tuned.max_update < teacher.max_update  # the default: a student's budget from the teacher
+    with pytest.raises(AssertionError, match="NAD_AD_INIT must be 'teacher' or 'scratch'"):
+        run_script("examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, env={"NAD_AD_INIT": "pretrained"})
