@@ -22,7 +22,8 @@ usage="usage: nad_ad.sh DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]"
 DATA_BIN=${1:?$usage}; TEACHER=${2:?$usage}; SAVE_DIR=${3:?$usage}
 shift 3
 case ${NAD_AD_INIT:-teacher} in
-  teacher) student_args nad-ad  # the same budget as ar_baseline.sh (nat_recipes/catalogue.py)
+  teacher)
+    student_args nad-ad  # the same budget as ar_baseline.sh (nat_recipes/catalogue.py)
     TRAINING=("${STUDENT_ARGS[@]}" --init-from-ar "$TEACHER") ;;
   scratch) teacher_args "$@"; TRAINING=("${TEACHER_ARGS[@]}") ;;
   *) echo "nad_ad.sh: NAD_AD_INIT must be 'teacher' or 'scratch' (got '$NAD_AD_INIT')" >&2; exit 2 ;;
