@@ -214,7 +214,10 @@ def test_nad_ad_and_its_ar_baseline_are_decoded_in_the_same_linear_layout(task):
         assert len(linears) > 4 and all(type(decoded.get_submodule(n)) is WeightFirstLinear for n in linears), [
             n for n in linears if type(decoded.get_submodule(n)) is not WeightFirstLinear
         ]
-    assert type(model.decoder.nad_output_projection) is WeightFirstLinear
+    own = build(task, extra=["--nad-output-projection", "own"])
+    task.build_generator([own], Namespace(beam=2))
+    assert type(own.decoder.nad_output_projection) is WeightFirstLinear
+    assert type(model.decoder.output_projection) is WeightFirstLinear  # also the NAD's output layer (tied)
     assert type(model.encoder.nad.layers[0].pos_attn.v_proj) is WeightFirstLinear
 
 
@@ -311,12 +314,39 @@ def test_init_from_ar_copies_the_teacher(task, tiny_teacher):
         state["encoder.nad.layers.0.encoder_attn.q_proj.weight"], teacher["decoder.layers.0.encoder_attn.q_proj.weight"]
     )
     new = [name for name in state if name not in teacher]  # the new parts
-    assert "decoder.nad_output_projection.weight" in new and "decoder.layers.0.nad_attn.q_proj.weight" in new
+    assert "decoder.layers.0.nad_attn.q_proj.weight" in new
     assert any(name.startswith("encoder.nad.layers.0.pos_attn.") for name in new)
     # the NAD-AD attention starts as a no-op, so the AD starts as the teacher
     assert not state["decoder.layers.0.nad_attn.out_proj.weight"].any()
     assert not state["decoder.layers.0.nad_attn.out_proj.bias"].any()
     assert any(name.startswith("encoder.length_predictor.") for name in new)
+
+
+def test_the_nad_scores_with_the_ads_output_layer_unless_told_otherwise(task, tiny_teacher):
+    """--nad-output-projection ad (the default): the NAD's logits are the AD's output layer (with
+    --share-all-embeddings the shared embeddings) applied to its states, so a NAD added to a teacher starts with the
+    teacher's trained output layer and its loss trains the embeddings; own: a separate, random layer, which a
+    checkpoint saved before the option has (its args lack the option)."""
+    model = build(task, extra=["--init-from-ar", tiny_teacher]).train()
+    teacher = checkpoint_utils.load_checkpoint_to_cpu(tiny_teacher)["model"]
+    assert model.decoder.nad_output_projection is None
+    assert not any("nad_output_projection" in name for name in model.state_dict())
+    assert model.decoder.output_projection.weight is model.decoder.embed_tokens.weight
+    assert torch.equal(model.decoder.output_projection.weight, teacher["decoder.embed_tokens.weight"])
+    states = torch.randn(2, 3, model.decoder.embed_dim)
+    expected = states @ teacher["decoder.embed_tokens.weight"].t()
+    assert torch.allclose(model.decoder.nad_output_layer(states), expected, atol=1e-5)
+    sample = batch(task, range(4))
+    _, extra = model(**sample["net_input"], nad_lengths=sample["target"].ne(task.target_dictionary.pad()).sum(1) - 1)
+    extra["nad_logits"].logsumexp(-1).sum().backward()  # a NAD-only loss reaches the shared embeddings
+    assert model.decoder.embed_tokens.weight.grad.abs().sum() > 0
+
+    own = build(task, extra=["--init-from-ar", tiny_teacher, "--nad-output-projection", "own"])
+    assert "decoder.nad_output_projection.weight" not in teacher
+    assert not torch.allclose(own.decoder.nad_output_layer(states), expected, atol=1e-2)
+    old_args = model_args(task.cfg.data, TINY_NAD_AD)
+    del old_args.nad_output_projection
+    assert task.build_model(old_args).decoder.nad_output_projection is not None
 
 
 # ----- end to end and errors -----------------------------------------------------------------------------------
@@ -408,7 +438,7 @@ def test_use_distilled_must_be_side(distilled_bin, tmp_path, mode):
 
 
 def test_fertility_copy_uses_gold_fertilities_in_training_and_predicted_ones_at_inference(task):
-    model = build(task, extra=["--nad-input-copy", "fertility"])
+    model = build(task, extra=["--nad-input-copy", "fertility", "--nad-output-projection", "own"])
     sample = batch(task, range(4))
     src = sample["net_input"]["src_tokens"]
     fertility = model.encoder.copyable(src).long() * 2  # every source subword copied twice

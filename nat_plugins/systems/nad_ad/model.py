@@ -10,8 +10,10 @@ the top states of a non-autoregressive decoder (NAD) that runs once per sentence
   uniformly over a target length (``--nad-input-copy uniform``: the gold length of the distilled target in
   training, the argmax of a :class:`~nat_plugins.modules.nat_decoder.LengthPredictor` at inference) or by fertilities
   (``--nad-input-copy fertility``: the gold fertilities of the ``{split}.fert.{src}`` side file in training, the
-  argmax of a :class:`~nat_plugins.modules.nat_decoder.FertilityPredictor` at inference); it has its own output layer
-  (``decoder.nad_output_projection``), trained on the distilled target (criterion ``nad_ad_loss``, eq. of §3.3);
+  argmax of a :class:`~nat_plugins.modules.nat_decoder.FertilityPredictor` at inference); its logits come from the
+  AD's output layer (``--nad-output-projection ad``, the default: tied; with ``--share-all-embeddings`` the shared
+  embeddings) or its own (``own``: ``decoder.nad_output_projection``), trained on the distilled target (criterion
+  ``nad_ad_loss``, eq. of §3.3);
 * AD layer (:class:`NADADDecoderLayer`): masked self-attention -> **NAD-AD attention** over the top NAD states ->
   encoder-AD attention -> FFN, each a residual sublayer with its own LayerNorm (pre- or post-norm as fairseq's
   ``--decoder-normalize-before``).
@@ -27,7 +29,7 @@ exactly like the encoder attention). Training passes the gold length (``nad_leng
 ``--init-from-ar`` copies the AR teacher's encoder, embeddings, and the AD's self/encoder attention, FFN and
 LayerNorms, and the NAD layers' self/encoder attention and FFN from the teacher's decoder layers; the NAD-AD
 attention's output projection starts at zero (the AD starts as the teacher: exactly with pre-norm); the
-positional attention, the length/fertility predictor and the NAD output layer start random (all logged).
+positional attention, the length/fertility predictor and an own NAD output layer start random (all logged).
 """
 
 import argparse
@@ -67,6 +69,8 @@ from ...modules.nat_decoder import (
 from ...modules.options import COPY_MODES, DEFAULT_MAX_FERTILITY
 from ...modules.plugin_model import EncoderOut, IncrementalState, NATPluginModel, logits_at_positions
 from .decoding import NADADGenerator
+
+NAD_OUTPUT_CHOICES = ("ad", "own")  # --nad-output-projection
 
 logger = logging.getLogger(__name__)
 
@@ -174,17 +178,20 @@ class NADADDecoderLayer(TransformerDecoderLayerBase):
 
 
 class NADADDecoder(TransformerDecoderBase):
-    """The AD: fairseq's Transformer decoder built from :class:`NADADDecoderLayer` s, plus the NAD's own output
-    layer ``nad_output_projection`` (used by the criterion and for the ``--print-nad-draft`` drafts)."""
+    """The AD: fairseq's Transformer decoder built from :class:`NADADDecoderLayer` s, and the NAD's output layer
+    (used by the criterion and for the ``--print-nad-draft`` drafts): the AD's own (``nad_output="ad"``: tied, with
+    ``--share-all-embeddings`` the shared embeddings) or a separate ``nad_output_projection`` (``"own"``)."""
 
-    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False):
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, nad_output="ad"):
         if cfg.cross_self_attention:
             raise ValueError("nad_ad_transformer does not support --cross-self-attention")
         if cfg.checkpoint_activations:
             raise ValueError("nad_ad_transformer does not support --checkpoint-activations")
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-        self.nad_output_projection = nn.Linear(cfg.decoder.embed_dim, len(dictionary), bias=False)
-        nn.init.normal_(self.nad_output_projection.weight, mean=0.0, std=cfg.decoder.embed_dim**-0.5)
+        self.nad_output_projection = None
+        if nad_output == "own":
+            self.nad_output_projection = nn.Linear(cfg.decoder.embed_dim, len(dictionary), bias=False)
+            nn.init.normal_(self.nad_output_projection.weight, mean=0.0, std=cfg.decoder.embed_dim**-0.5)
 
     def build_decoder_layer(self, cfg: TransformerConfig, no_encoder_attn: bool = False) -> NADADDecoderLayer:
         return NADADDecoderLayer(cfg, no_encoder_attn=no_encoder_attn)
@@ -217,7 +224,7 @@ class NADADDecoder(TransformerDecoderBase):
 
     def nad_output_layer(self, nad_states: torch.Tensor) -> torch.Tensor:
         """NAD logits (..., V) of NAD states (..., C)."""
-        return self.nad_output_projection(nad_states)
+        return (self.nad_output_projection or self.output_projection)(nad_states)
 
 
 class NADADEncoder(TransformerEncoderBase):
@@ -415,6 +422,14 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
             "own longest (fewer padded positions: the CPU's choice); 1 runs it once per batch (fewer kernel "
             "launches: a GPU's); default 4",
         )
+        parser.add_argument(
+            "--nad-output-projection",
+            choices=NAD_OUTPUT_CHOICES,
+            default="ad",
+            help="the NAD's output layer: the AD's (ad: tied; with --share-all-embeddings the shared embeddings, so "
+            "a NAD added to a trained teacher starts with its trained output layer) or its own, randomly initialised "
+            "(own: what checkpoints saved before this option have)",
+        )
         cls.add_init_from_ar_args(parser)
 
     @classmethod
@@ -437,8 +452,9 @@ class NADADTransformerModel(NATPluginModel, TransformerModel):
 
     @classmethod
     def build_decoder(cls, cfg: argparse.Namespace, tgt_dict: Dictionary, embed_tokens: nn.Embedding) -> NADADDecoder:
+        nad_output = cfg.nad_output_projection
         cfg = TransformerConfig.from_namespace(cfg)
-        return NADADDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+        return NADADDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention, nad_output=nad_output)
 
     def forward(
         self,
@@ -525,6 +541,9 @@ def nad_ad_base_architecture(args: argparse.Namespace) -> None:
         args.max_fertility = DEFAULT_MAX_FERTILITY
     if getattr(args, "nad_length_buckets", None) is None:
         args.nad_length_buckets = 4
+    # new models get the parser's default, "ad"; a checkpoint saved before --nad-output-projection has its own layer
+    if getattr(args, "nad_output_projection", None) is None:
+        args.nad_output_projection = "own"
     args.init_from_ar = getattr(args, "init_from_ar", None)
 
 
