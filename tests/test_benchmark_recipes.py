@@ -197,6 +197,10 @@ def test_nad_ad_from_scratch_trains_like_the_teacher_its_ar_twin(recipe_env):
         "nad_ad_loss",
     )
     assert scratch.init_from_ar is None and fine_tuned.init_from_ar == teacher_ckpt
+    assert scratch.nad_output_projection == fine_tuned.nad_output_projection == "ad"  # tied to the embeddings
     assert fine_tuned.max_update < teacher.max_update  # the default: a student's budget from the teacher
     with pytest.raises(AssertionError, match="NAD_AD_INIT must be 'teacher' or 'scratch'"):
         run_script("examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, env={"NAD_AD_INIT": "pretrained"})
+    # dev/nad_ad_seeds.sh: seeds trained with other options must not take the default seeds' checkpoint names
+    with pytest.raises(AssertionError, match="NAD_AD_TRAIN_ARGS needs a NAD_AD_TAG"):
+        run_script("dev/nad_ad_seeds.sh", save, env={"NAD_AD_TRAIN_ARGS": "--nad-output-projection own"})
