@@ -5,7 +5,7 @@
 # benchmark rows are (dev/variant.sh: sacreBLEU, Rep/Mis, decoder calls) with sacreBLEU's paired bootstrap test of the
 # two. The recipes and their arguments come from the catalogue (nat_recipes/catalogue.py); the speculative drafter
 # prints the teacher's output either way, so what decides it is the tokens it gets accepted per teacher call.
-#   [PRESET=cpu|cpu-long] bash dev/init_scope.sh WORK [STEP ...]     (default steps: the four below)
+#   [PRESET=cpu|cpu-long] bash dev/init_scope.sh WORK [STEP ...]     (default steps: the three below; Encoder-NAD-AD trains from scratch)
 # Writes WORK/variants/STEP{,-scope-paper}.{gen,hyp} and prints one line per step.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -13,11 +13,10 @@ usage="usage: init_scope.sh WORK [STEP ...]"
 WORK=$(cd "${1:?$usage}" && pwd)
 shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(fertility-nat recover-sat-2 nad-ad spec-drafter-3)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(fertility-nat recover-sat-2 spec-drafter-3)
 declare -A DECODE=(
   [fertility-nat]="--fertility-decoding argmax"
   [recover-sat-2]="--print-segments"
-  [nad-ad]="--beam 4"
   [spec-drafter-3]="--spec-drafter-teacher $TEACHER --max-drafting-sentences 100000"
 )
 run_dir "$WORK" init_scope.sh bench/hyp.ar-teacher-greedy.txt "$TEACHER"

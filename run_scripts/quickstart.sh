@@ -8,7 +8,8 @@
 # shared embeddings or not, pre- or post-norm; sentencepiece, fastBPE or no BPE):
 #   TEACHER=path/checkpoint.pt DATA_BIN=path/data-bin bash run_scripts/quickstart.sh
 # distils it, trains the lossless systems on it (SYSTEMS=spec-drafter,blockwise by default; any of the catalogue's
-# systems, comma-separated: sat, recover-sat, fertility-nat, nad-ad) and benchmarks them against it on the data-bin's
+# students, comma-separated: sat, recover-sat, fertility-nat; not nad-ad, which the paper trains from scratch beside an
+# AR twin trained the same way, not from a teacher) and benchmarks them against it on the data-bin's
 # test split (REFERENCE=raw test targets, a line per test sentence, else the split's targets as text;
 # POST_PROCESS=sentencepiece|subword_nmt|none, else read off the dictionary). WORK defaults to
 # work/own-teacher-$PRESET-<the checkpoint's sha1, 8 digits>, and a WORK that holds another teacher's or data-bin's
@@ -41,6 +42,13 @@ if [ -n "${TEACHER:-}" ]; then  # bring your own teacher (above)
   WORK=${WORK:-$ROOT/work/own-teacher-$PRESET-${TEACHER_SUM:0:8}}
   REFERENCE=${REFERENCE:-$WORK/reference.test.txt}
   ONLY=(--only "${SYSTEMS:-spec-drafter,blockwise}")
+  if [[ ",${SYSTEMS:-}," == *",nad-ad,"* ]]; then
+    log "SYSTEMS=$SYSTEMS: Encoder-NAD-AD is compared with an AR twin trained by the same recipe from random weights" \
+      "(the paper's protocol), which a run on your own teacher cannot know. Train the pair yourself (examples/multi30k/" \
+      "nad_ad.sh with your teacher's training options, or NAD_AD_INIT=teacher nad_ad.sh with ar_baseline.sh), or" \
+      "leave nad-ad out of SYSTEMS." >&2
+    exit 2
+  fi
   REPORT_ARGS=("${ONLY[@]}" --command "TEACHER=$TEACHER DATA_BIN=$OWN_DATA_BIN ${SYSTEMS:+SYSTEMS=$SYSTEMS }PRESET=$PRESET bash run_scripts/quickstart.sh")
   TITLE="$(basename "$OWN_DATA_BIN") test, own teacher $(basename "$(dirname "$TEACHER")")/$(basename "$TEACHER") (PRESET=$PRESET)"
 else

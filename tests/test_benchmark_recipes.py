@@ -177,14 +177,15 @@ def multi30k_args(recipe_env, script, *args, **env):
 
 
 def test_nad_ad_from_scratch_trains_like_the_teacher_its_ar_twin(recipe_env):
-    """NAD_AD_INIT=scratch (Zhou et al.'s protocol): random weights and run_scripts/train_teacher.sh's training, so
-    that the teacher trained with the same --seed is its AR twin (dev/nad_ad_seeds.sh PROTOCOL=scratch)."""
+    """By default (Zhou et al.'s protocol, the quickstart's): random weights and run_scripts/train_teacher.sh's
+    training, so that the teacher trained with the same --seed is its AR twin; NAD_AD_INIT=teacher fine-tunes the
+    teacher for a student's budget instead."""
     data, teacher_ckpt, save = recipe_env["data"], recipe_env["teacher"], recipe_env["save"]
     teacher = multi30k_args(recipe_env, "run_scripts/train_teacher.sh", data, save, "--seed", "2")
-    scratch = multi30k_args(
-        recipe_env, "examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, "--seed", "2", NAD_AD_INIT="scratch"
+    scratch = multi30k_args(recipe_env, "examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, "--seed", "2")
+    fine_tuned = multi30k_args(
+        recipe_env, "examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, NAD_AD_INIT="teacher"
     )
-    fine_tuned = multi30k_args(recipe_env, "examples/multi30k/nad_ad.sh", data, teacher_ckpt, save)
     same = (
         "max_tokens max_update lr warmup_updates lr_scheduler total_num_update dropout optimizer adam_betas "
         "weight_decay seed encoder_layers encoder_embed_dim decoder_ffn_embed_dim share_all_embeddings label_smoothing"
@@ -198,8 +199,8 @@ def test_nad_ad_from_scratch_trains_like_the_teacher_its_ar_twin(recipe_env):
     )
     assert scratch.init_from_ar is None and fine_tuned.init_from_ar == teacher_ckpt
     assert scratch.nad_output_projection == fine_tuned.nad_output_projection == "ad"  # tied to the embeddings
-    assert fine_tuned.max_update < teacher.max_update  # the default: a student's budget from the teacher
-    with pytest.raises(AssertionError, match="NAD_AD_INIT must be 'teacher' or 'scratch'"):
+    assert fine_tuned.max_update < teacher.max_update  # a student's budget from the teacher
+    with pytest.raises(AssertionError, match="NAD_AD_INIT must be 'scratch' or 'teacher'"):
         run_script("examples/multi30k/nad_ad.sh", data, teacher_ckpt, save, env={"NAD_AD_INIT": "pretrained"})
     # dev/nad_ad_seeds.sh: seeds trained with other options must not take the default seeds' checkpoint names
     with pytest.raises(AssertionError, match="NAD_AD_TRAIN_ARGS needs a NAD_AD_TAG"):

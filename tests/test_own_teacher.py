@@ -352,6 +352,16 @@ def test_quickstart_refuses_a_reference_it_cannot_score_against_before_any_step(
     assert not work.exists() and not missing.exists(), "nothing is written for inputs it refuses"
 
 
+def test_encoder_nad_ad_is_refused_on_a_teacher_whose_recipe_its_ar_twin_needs(plain, tmp_path):
+    """Encoder-NAD-AD's comparison is with an AR twin trained by the same recipe from random weights; a run on your
+    own teacher cannot know that recipe, so SYSTEMS=...nad-ad is refused, with what to do, before anything is
+    written."""
+    work = tmp_path / "work"
+    run = quickstart(own_teacher_env(plain, work, SYSTEMS="sat,nad-ad"), timeout=300)
+    assert run.returncode == 2 and "SYSTEMS=sat,nad-ad: Encoder-NAD-AD is compared with an AR twin" in run.stderr
+    assert "leave nad-ad out of SYSTEMS" in run.stderr and not work.exists()
+
+
 def made_for(plain):
     with open(plain["teacher"], "rb") as f:
         sha1 = hashlib.sha1(f.read()).hexdigest()

@@ -145,19 +145,19 @@ def test_cpu_quickstart_rows_are_the_ones_it_made_before_the_catalogue(capsys):
             "fertility-nat-rkl",
             f"--beam 1 --fertility-decoding npd --npd-samples 10 --npd-teacher {T}",
         ),
-        ("Encoder-NAD-AD, beam 4", "nad-ad", "--beam 4"),
-        ("AR teacher + same updates, beam 4", "ar-baseline", "--beam 4"),
     ]
     words = cli(capsys, "rows", *run_options("cpu")).splitlines()
-    assert words[0::2] == ["--system"] * len(expected) + ["--paired-test"] * 4
-    assert words[1:-8:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
+    assert words[0::2] == ["--system"] * (len(expected) + 1) + ["--paired-test"] * 4
+    assert words[1:-10:2] == [f"{name}={ckpt.format(step)}::{args}" for name, step, args in expected]
+    # Encoder-NAD-AD, trained with the teacher's recipe, decodes the checkpoint that recipe selects, as the teacher
+    assert words[-9] == "Encoder-NAD-AD, beam 4=W/ckpt/nad-ad/checkpoint_best.pt::--beam 4"
     assert words[-7:-1:2] == [
         "NAT, argmax fertility::NAT, NPD S=10",
         "NAT, argmax fertility::NAT+FT, argmax fertility",
         "NAT+FT, argmax fertility::NAT+FT, NPD S=10",
     ]
-    assert words[-1] == "AR teacher + same updates, beam 4::Encoder-NAD-AD, beam 4"
-    assert [parse_system_spec(spec).name for spec in words[1:-8:2]] == [name for name, _, _ in expected]
+    assert words[-1] == "AR teacher, beam 4::Encoder-NAD-AD, beam 4"  # its AR twin: the teacher (the same recipe)
+    assert [parse_system_spec(spec).name for spec in words[1:-10:2]] == [name for name, _, _ in expected]
 
 
 def test_gpu_and_cpu_long_rows():
@@ -173,7 +173,7 @@ def test_gpu_and_cpu_long_rows():
         "NAT+FT, argmax fertility",
         "NAT+FT, NPD S=10",
     ]
-    assert gpu[-2:] == [catalogue.NAD_AD_ROW, catalogue.AR_SAME_UPDATES_ROW]  # fairseq's NAT/CMLM: the cpu-long preset
+    assert gpu[-1] == catalogue.NAD_AD_ROW  # fairseq's NAT/CMLM: the cpu-long preset
     speculative = catalogue.rows("gpu", "spec-drafter")[0].spec(
         catalogue.Run(checkpoint_name="c.pt", **RUN), catalogue.PRESETS["gpu"]
     )
@@ -210,10 +210,9 @@ def test_steps_are_the_quickstarts_jobs(capsys):
         ["fertility", "fertility-nat-rkl", f"{examples}/fertility_nat_rkl.sh", "W/data-bin", T]
         + ["W/ckpt/fertility-nat-rkl", "W/ckpt/fertility-nat/checkpoint_last.pt"],
         ["nad-ad", "nad-ad", f"{examples}/nad_ad.sh", "W/data-bin", T, "W/ckpt/nad-ad"],
-        ["ar-baseline", "ar-baseline", f"{examples}/ar_baseline.sh", "W/data-bin", T, "W/ckpt/ar-baseline"],
     ]
     gpu = [line.split("\t")[1] for line in cli(capsys, "steps", *run_options("gpu")).splitlines()]
-    assert gpu.count("fertility-nat") == 1 and gpu[-2:] == ["nad-ad", "ar-baseline"]
+    assert gpu.count("fertility-nat") == 1 and gpu[-1] == "nad-ad"
 
 
 def test_speed_steps_time_every_training_recipe(capsys):
@@ -230,8 +229,7 @@ def test_speed_steps_time_every_training_recipe(capsys):
         ("recover-sat-2", "teacher-on-distilled"),
         ("fertility-nat", "teacher-on-distilled"),
         ("fertility-nat-rkl", "teacher-on-distilled"),
-        ("nad-ad", "ar-baseline"),  # batched by the real targets, as its AR baseline
-        ("ar-baseline", "teacher-on-distilled"),
+        ("nad-ad", "teacher-on-distilled"),  # the teacher's recipe (its AD batched by the real targets)
     ]
     assert lines[0][2:] == ["run_scripts/train_teacher.sh", "W/data-bin", "S", "--use-distilled", "target"]
     assert lines[2][4:6] == ["W/ckpt/blockwise-4-frozen/checkpoint_last.pt", "S"]  # starts from the run's checkpoint
@@ -249,10 +247,14 @@ def test_one_system_with_other_values_and_existing_checkpoints(capsys, tmp_path)
     assert cli(capsys, "rows", *options, "--existing") == ""  # nothing trained yet
     (tmp_path / "ckpt" / "nad-ad").mkdir(parents=True)
     (tmp_path / "ckpt" / "nad-ad" / "checkpoint_last.pt").write_text("")
+    assert cli(capsys, "rows", *options, "--existing") == ""  # the row decodes checkpoint_best.pt, not there yet
+    (tmp_path / "ckpt" / "nad-ad" / "checkpoint_best.pt").write_text("")
     words = cli(capsys, "rows", *options, "--existing").splitlines()
     assert words == [
         "--system",
-        f"Encoder-NAD-AD, beam 4={os.path.join(tmp_path, 'ckpt/nad-ad/checkpoint_last.pt')}::--beam 4",
+        f"Encoder-NAD-AD, beam 4={os.path.join(tmp_path, 'ckpt/nad-ad/checkpoint_best.pt')}::--beam 4",
+        "--paired-test",  # against the teacher's beam row, which every benchmark makes
+        "AR teacher, beam 4::Encoder-NAD-AD, beam 4",
     ]
     with pytest.raises(SystemExit):
         catalogue.main(["rows", *options, "--values", "4"])  # --values needs --only
