@@ -69,8 +69,8 @@ student_args() {
 }
 # teacher_args [CALLER_ARGS]: TEACHER_ARGS, how the teacher trains on PRESET (run_scripts/train_teacher.sh) apart from
 # its architecture and loss: batch size, updates (TEACHER_UPDATES), schedule, optimiser, validation, checkpoint
-# selection, seed 1. Encoder-NAD-AD's paper protocol trains both of its models from scratch so
-# (NAD_AD_INIT=scratch bash examples/multi30k/nad_ad.sh; dev/nad_ad_seeds.sh PROTOCOL=scratch).
+# selection, seed 1. Encoder-NAD-AD (examples/multi30k/nad_ad.sh) trains from scratch so, the paper's protocol: the
+# teacher is its AR twin.
 teacher_args() {
   local warmup size selection
   if [ "$PRESET" = gpu ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The same-budget AR baseline for the students initialised from the teacher (the comparison Encoder-NAD-AD's
-# paper makes): the teacher itself, trained for the same number of updates (STUDENT_UPDATES) with the same
-# optimiser settings as the students (STUDENT_ARGS: fresh Adam, lr schedule and warm-up) on the real targets.
+# The same-budget AR baseline of Encoder-NAD-AD fine-tuned from the teacher (NAD_AD_INIT=teacher nad_ad.sh; the
+# paper's own protocol, nad_ad.sh's default, trains it from scratch and its baseline is the teacher): the teacher
+# itself, trained for the same number of updates (STUDENT_UPDATES) with the same optimiser settings as the students
+# (STUDENT_ARGS: fresh Adam, lr schedule and warm-up) on the real targets.
 # It starts from the teacher's weights (--finetune-from-model: ignored once SAVE_DIR has a checkpoint, so re-runs
 # resume) and is a plain fairseq Transformer, decoded by fairseq's SequenceGenerator.
 #   [PRESET=cpu|gpu] bash examples/multi30k/ar_baseline.sh DATA_BIN TEACHER_CKPT SAVE_DIR [fairseq-train args]
