@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job of the README, on Multi30k en->de: set-up, data, AR teacher, sequence-level distillation,
 # every plugin system that exists so far, and the benchmark table (teacher beam 4 + greedy in the same run).
-#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~45-50 min on 2 cores)
-#   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~3 h)
+#   bash run_scripts/quickstart.sh                # PRESET=cpu: 2-layer models, one configuration per system (~60-65 min on 2 cores)
+#   PRESET=cpu-long bash run_scripts/quickstart.sh  # the quality run on the CPU: converged teacher and students (~3 h 45 min)
 #   PRESET=gpu bash run_scripts/quickstart.sh     # transformer_iwslt_de_en-sized, fp16, ~13 min on one GPU
 # Bring your own teacher: a fairseq translation Transformer you trained, and the data-bin it was trained on (any size,
 # shared embeddings or not, pre- or post-norm; sentencepiece, fastBPE or no BPE):
@@ -90,10 +90,10 @@ if [ -n "${OWN_DATA_BIN:-}" ]; then
   log "TEACHER=$TEACHER: its shape for the students: $TEACHER_SHAPE; systems: ${ONLY[1]}; subwords: $POST_PROCESS"
 elif [ "$PRESET" = cpu ]; then
   log "PRESET=cpu: the whole pipeline on the CPU: a 2-layer 256-d teacher and one configuration of every system"
-  log "(~45-50 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
+  log "(~60-65 min on 2 cores). Small models, so BLEU is far below the papers'; PRESET=gpu runs iwslt-sized models on one GPU."
 elif [ "$PRESET" = cpu-long ]; then
   log "PRESET=cpu-long: the quality run on the CPU: the 2-layer 256-d teacher trained to convergence, every system"
-  log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~3 h on 2 cores: training ~2 h 30 min, then the benchmark)."
+  log "trained 4x longer than PRESET=cpu, fairseq's own NAT and CMLM for comparison (~3 h 45 min on 2 cores: training ~3 h 15 min, then the benchmark)."
 fi
 # the systems of the preset, their benchmark rows and the benchmark's options: nat_recipes/catalogue.py
 RECIPES=(--preset "$PRESET" --work "$WORK" --data-bin "$DATA_BIN" --teacher "$TEACHER"
