@@ -5,7 +5,8 @@
 # benchmark rows are (dev/variant.sh: sacreBLEU, Rep/Mis, decoder calls) with sacreBLEU's paired bootstrap test of the
 # two. The recipes and their arguments come from the catalogue (nat_recipes/catalogue.py); the speculative drafter
 # prints the teacher's output either way, so what decides it is the tokens it gets accepted per teacher call.
-#   [PRESET=cpu|cpu-long] bash dev/init_scope.sh WORK [STEP ...]     (default steps: the three below; Encoder-NAD-AD trains from scratch)
+#   [PRESET=cpu|cpu-long] bash dev/init_scope.sh WORK [STEP ...]     (default steps: the three below; not
+# Encoder-NAD-AD, which trains from scratch)
 # Writes WORK/variants/STEP{,-scope-paper}.{gen,hyp} and prints one line per step.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -44,9 +44,9 @@ if [ -n "${TEACHER:-}" ]; then  # bring your own teacher (above)
   ONLY=(--only "${SYSTEMS:-spec-drafter,blockwise}")
   if [[ ",${SYSTEMS:-}," == *",nad-ad,"* ]]; then
     log "SYSTEMS=$SYSTEMS: Encoder-NAD-AD is compared with an AR twin trained by the same recipe from random weights" \
-      "(the paper's protocol), which a run on your own teacher cannot know. Train the pair yourself (examples/multi30k/" \
-      "nad_ad.sh with your teacher's training options, or NAD_AD_INIT=teacher nad_ad.sh with ar_baseline.sh), or" \
-      "leave nad-ad out of SYSTEMS." >&2
+      "(the paper's protocol), which a run on your own teacher cannot know. Train the pair yourself" \
+      "(examples/multi30k/nad_ad.sh with your teacher's training options, or NAD_AD_INIT=teacher nad_ad.sh with" \
+      "ar_baseline.sh), or leave nad-ad out of SYSTEMS." >&2
     exit 2
   fi
   REPORT_ARGS=("${ONLY[@]}" --command "TEACHER=$TEACHER DATA_BIN=$OWN_DATA_BIN ${SYSTEMS:+SYSTEMS=$SYSTEMS }PRESET=$PRESET bash run_scripts/quickstart.sh")
