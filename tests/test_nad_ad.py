@@ -29,6 +29,8 @@ from nat_plugins.tasks.translation_nat import SideFileError, TranslationNATConfi
 
 from .utils import (
     SYNTHETIC_MODEL_SIZE,
+    SYNTHETIC_TEACHER_ARGS,
+    SYNTHETIC_TEACHER_UPDATES,
     TINY_TRANSFORMER,
     USER_DIR,
     generate_lines,
@@ -558,6 +560,47 @@ CONTINUE_TRAINING = SYNTHETIC_MODEL_SIZE + [
 ]
 
 
+def beam4_bleu(data_bin, checkpoint, name, draft=False):
+    """``{name: BLEU}`` of the checkpoint's beam-4 translations of the test set (and, with ``draft``, ``{name_draft:
+    BLEU}`` of the NAD's own argmax drafts, ``--print-nad-draft``)."""
+    options = ["--task", "translation_nat", "--beam", "4"] + (["--print-nad-draft"] if draft else [])
+    lines = generate_lines(data_bin, checkpoint, options)
+    references = {int(line[2:].split("\t")[0]): line.split("\t")[1] for line in lines if line.startswith("T-")}
+    ids = sorted(references)
+    outputs = {name: hypotheses(lines)}
+    if draft:  # NAD-<id>\t<draft>
+        outputs[f"{name}_draft"] = {
+            int(line[4:].split("\t")[0]): line.split("\t")[1] for line in lines if line.startswith("NAD-")
+        }
+    return {
+        system: sacrebleu.corpus_bleu([hyps[i] for i in ids], [[references[i] for i in ids]]).score
+        for system, hyps in outputs.items()
+    }
+
+
+def nad_memory_effect(checkpoint):
+    """How much the AD reads the NAD: the mean absolute change of its log-probability of the reference tokens
+    (teacher forcing, the test set) when the NAD memory is zeroed (exactly 0 for an AD that ignores it)."""
+    models, _cfg, nad_ad_task = checkpoint_utils.load_model_ensemble_and_task([checkpoint])
+    model = models[0].eval()
+    nad_ad_task.load_dataset("test")
+    dataset = nad_ad_task.dataset("test")
+    sample = dataset.collater([dataset[i] for i in range(len(dataset))])
+    net_input, target = sample["net_input"], sample["target"]
+    scored = target.ne(nad_ad_task.target_dictionary.pad())
+    with torch.no_grad():
+        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
+        zeroed = {**encoder_out, "nad_out": [torch.zeros_like(encoder_out["nad_out"][0])]}
+        reference_log_probs = [
+            model.decoder(net_input["prev_output_tokens"], encoder_out=memory)[0]
+            .log_softmax(dim=-1)
+            .gather(-1, target.unsqueeze(-1))
+            .squeeze(-1)[scored]
+            for memory in (encoder_out, zeroed)
+        ]
+    return (reference_log_probs[0] - reference_log_probs[1]).abs().mean().item()
+
+
 def test_nad_ad_from_the_teacher_learns_a_nad_the_ad_uses(synthetic_teacher, tmp_path):
     """Encoder-NAD-AD initialised from the synthetic teacher (NAD on the teacher's distilled targets) and the AR
     baseline (the teacher itself) each trained 100 more updates with the same optimiser settings; beam 4.
@@ -598,38 +641,36 @@ def test_nad_ad_from_the_teacher_learns_a_nad_the_ad_uses(synthetic_teacher, tmp
         + CONTINUE_TRAINING,
         max_update=NAD_AD_LEARNING_UPDATES,
     )
-    scores = {}
-    for name, checkpoint, prefixes in (("nad_ad", nad_ad, ("H-", "NAD-")), ("baseline", baseline, ("H-",))):
-        options = ["--task", "translation_nat", "--beam", "4"] + (["--print-nad-draft"] if "NAD-" in prefixes else [])
-        lines = generate_lines(data_bin, checkpoint, options)
-        references = {int(line[2:].split("\t")[0]): line.split("\t")[1] for line in lines if line.startswith("T-")}
-        ids = sorted(references)
-        for prefix in prefixes:
-            if prefix == "H-":
-                hyps, system = hypotheses(lines), name
-            else:  # NAD-<id>\t<draft>
-                hyps = {int(line[4:].split("\t")[0]): line.split("\t")[1] for line in lines if line.startswith(prefix)}
-                system = f"{name}_draft"
-            scores[system] = sacrebleu.corpus_bleu([hyps[i] for i in ids], [[references[i] for i in ids]]).score
+    scores = {**beam4_bleu(data_bin, nad_ad, "nad_ad", draft=True), **beam4_bleu(data_bin, baseline, "baseline")}
     assert scores["nad_ad_draft"] >= 7, scores
     assert scores["nad_ad"] >= scores["baseline"] - 4, scores
 
-    models, _cfg, nad_ad_task = checkpoint_utils.load_model_ensemble_and_task([nad_ad])
-    model = models[0].eval()
-    nad_ad_task.load_dataset("test")
-    dataset = nad_ad_task.dataset("test")
-    sample = dataset.collater([dataset[i] for i in range(len(dataset))])
-    net_input, target = sample["net_input"], sample["target"]
-    scored = target.ne(nad_ad_task.target_dictionary.pad())
-    with torch.no_grad():
-        encoder_out = model.encoder(net_input["src_tokens"], src_lengths=net_input["src_lengths"])
-        zeroed = {**encoder_out, "nad_out": [torch.zeros_like(encoder_out["nad_out"][0])]}
-        reference_log_probs = [
-            model.decoder(net_input["prev_output_tokens"], encoder_out=memory)[0]
-            .log_softmax(dim=-1)
-            .gather(-1, target.unsqueeze(-1))
-            .squeeze(-1)[scored]
-            for memory in (encoder_out, zeroed)
-        ]
-    change = (reference_log_probs[0] - reference_log_probs[1]).abs().mean().item()
+    change = nad_memory_effect(nad_ad)
     assert change >= 0.005, (change, scores)
+
+
+def test_nad_ad_from_scratch_learns_the_task_with_a_nad_the_ad_uses(synthetic_teacher, tmp_path):
+    """The paper's protocol, the presets' (examples/multi30k/nad_ad.sh's default): Encoder-NAD-AD trained from random
+    weights with the teacher's own recipe (SYNTHETIC_TEACHER_ARGS, seed 1) on the synthetic task, the NAD on the
+    teacher's distilled targets, for twice the teacher's updates (600); beam 4. Measured on the 2-core CPU, seeds 1 /
+    2 / 3 (the AR model trained by the same recipe for 600 updates: 95.5 / 93.6 / 96.3 BLEU):
+
+    * the AD learns the task: 94.3 / 94.3 / 79.9 BLEU (at the teacher's own 300 updates seed 1 reaches 73.1 against
+      the teacher's 87.6: the joint objective costs at a short budget, as on Multi30k); bar >= 75;
+    * the NAD learns: argmax drafts 61.4 / 60.0 / 57.1 BLEU; bar >= 40;
+    * the AD reads the NAD: zeroing the NAD memory moves its reference log-probabilities by 0.40 / 0.34 / 0.40 on
+      average (exactly 0 for an AD that ignores it); bar >= 0.1."""
+    _teacher, data_bin = synthetic_teacher
+    recipe = list(SYNTHETIC_TEACHER_ARGS)
+    recipe[recipe.index("--arch") + 1] = "nad_ad_transformer"
+    recipe[recipe.index("--criterion") + 1] = "nad_ad_loss"
+    nad_ad = train_model(
+        data_bin,
+        str(tmp_path / "nad-ad"),
+        recipe + ["--use-distilled", "side"],
+        max_update=2 * SYNTHETIC_TEACHER_UPDATES,
+    )
+    scores = beam4_bleu(data_bin, nad_ad, "nad_ad", draft=True)
+    change = nad_memory_effect(nad_ad)
+    assert scores["nad_ad"] >= 75 and scores["nad_ad_draft"] >= 40, scores
+    assert change >= 0.1, (change, scores)
